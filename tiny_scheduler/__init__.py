@@ -1,0 +1,56 @@
+"""tiny-scheduler: the job scheduler of a small self-hosted cloud.
+
+`create_app(settings)` builds one complete scheduler (store, job table, placement, service,
+HTTP API) from one settings object. Nothing is a module-level singleton, so two schedulers can
+run side by side in one process (the tests do). Background loops are built here too but only
+started by `start_background(app)`, which the gunicorn worker hook calls.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask
+
+from .config import Settings
+from .loops import Background
+from .placement import Placement
+from .registry import Registry
+from .service import Scheduler
+from .store import Store
+from .table import JobTable
+
+__all__ = ["Settings", "create_app", "start_background", "stop_background"]
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    """The scheduler as a WSGI app; settings default to the environment's."""
+    from . import api
+
+    settings = settings or Settings.from_env()
+    store = Store(settings.db_path)
+    loaded, last_seq = store.load()
+    store.start()
+    table = JobTable(loaded, last_seq)
+    service = Scheduler(settings, store, table, Placement(Registry(settings)))
+    log.info("loaded %d jobs from %s (last id job-%d)", len(table), settings.db_path, last_seq)
+
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
+    api.replies.attach(app, service)
+    api.init_app(app)
+    app.extensions["tiny_scheduler.background"] = Background(service)
+    return app
+
+
+def start_background(app: Flask) -> None:
+    """Start the daemon threads (timeouts, lost nodes, SQS, SNS, retention)."""
+    app.extensions["tiny_scheduler.background"].start()
+
+
+def stop_background(app: Flask) -> None:
+    """Stop the daemon threads, then commit what is queued and close the store."""
+    app.extensions["tiny_scheduler.background"].stop()
+    app.extensions["tiny_scheduler"].store.close()

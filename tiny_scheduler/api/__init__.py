@@ -1,0 +1,20 @@
+"""The HTTP API: blueprints for jobs, schedule and health, authentication, and error replies.
+
+Views only translate between HTTP and the service: read the request, call one service method,
+shape the reply. Every rule lives in the service or below it.
+"""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from . import auth, health, jobs, replies, schedule
+
+
+def init_app(app: Flask) -> None:
+    """Register the blueprints, the auth check and the error handlers on `app`."""
+    replies.init_app(app)
+    auth.init_app(app)
+    app.register_blueprint(health.bp)
+    app.register_blueprint(schedule.bp)
+    app.register_blueprint(jobs.bp)

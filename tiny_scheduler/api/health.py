@@ -1,0 +1,16 @@
+"""GET /health: whether the scheduler can take work (its store can be written)."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response
+
+from .replies import json_reply, scheduler
+
+bp = Blueprint("health", __name__)
+
+
+@bp.get("/health")
+def health() -> Response:
+    """200 healthy, or 503 unhealthy when the job store cannot be written."""
+    body = scheduler().health()
+    return json_reply(body, 200 if body["status"] == "healthy" else 503)

@@ -1,0 +1,54 @@
+"""The /jobs resource: submit, list (and the agent poll), read, update, cancel."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from flask import Blueprint, Response, request
+
+from .. import validation
+from ..jobs import JOB_ID_PREFIX
+from .replies import json_reply, scheduler
+
+bp = Blueprint("jobs", __name__)
+
+
+@bp.post("/jobs")
+def submit_job() -> Response:
+    """Create a job (201), or return the one an earlier request with the same
+    Idempotency-Key created (200)."""
+    job_request = validation.parse_job_request(request.get_data(cache=False))
+    key = request.headers.get("Idempotency-Key") or None
+    job, created = scheduler().submit(job_request, f"http:{key}" if key else None)
+    return json_reply(job.to_wire(), 201 if created else 200)
+
+
+@bp.get("/jobs")
+def list_jobs() -> Response:
+    """Jobs oldest first, filtered; with node_id and status=pending, the agent poll."""
+    query = validation.parse_query(request.args)
+    page = scheduler().list_jobs(query)
+    headers = None
+    if page.next_after is not None:
+        following = dict(request.args.items(), after=f"{JOB_ID_PREFIX}{page.next_after}")
+        headers = {"Link": f'<{request.path}?{urlencode(following)}>; rel="next"'}
+    return json_reply([job.to_wire() for job in page.jobs], headers=headers)
+
+
+@bp.get("/jobs/<job_id>")
+def get_job(job_id: str) -> Response:
+    """One job with its earlier attempts."""
+    return json_reply(scheduler().get(job_id).to_wire(with_attempts=True))
+
+
+@bp.patch("/jobs/<job_id>")
+def update_job(job_id: str) -> Response:
+    """An agent's report: running, done or failed."""
+    update = validation.parse_update(request.get_data(cache=False))
+    return json_reply(scheduler().update(job_id, update).to_wire())
+
+
+@bp.post("/jobs/<job_id>/cancel")
+def cancel_job(job_id: str) -> Response:
+    """Cancel a pending job."""
+    return json_reply(scheduler().cancel(job_id).to_wire())

@@ -1,0 +1,71 @@
+"""Reply shapes: compact JSON for success, `text/plain` message plus newline for errors.
+
+Every error a client can get, including Flask's own (unknown route, wrong method, body too
+large), leaves through here, so no HTML error page ever reaches an agent or a script.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from flask import Flask, Response, current_app
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from .. import errors
+from ..service import Scheduler
+
+log = logging.getLogger(__name__)
+
+_EXTENSION = "tiny_scheduler"
+
+
+def scheduler() -> Scheduler:
+    """The service of the app handling the current request."""
+    return current_app.extensions[_EXTENSION]
+
+
+def attach(app: Flask, service: Scheduler) -> None:
+    app.extensions[_EXTENSION] = service
+
+
+def json_reply(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    # orjson writes compact JSON (no spaces after ':' or ','), which the original's smoke
+    # scripts grep for.
+    return Response(orjson.dumps(body), status=status, mimetype="application/json", headers=headers)
+
+
+def text_reply(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        message + "\n", status=status, content_type="text/plain; charset=utf-8", headers=headers
+    )
+
+
+def init_app(app: Flask) -> None:
+    app.register_error_handler(errors.ServiceError, _service_error)
+    app.register_error_handler(RequestEntityTooLarge, _too_large)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected)
+
+
+def _service_error(exc: errors.ServiceError) -> Response:
+    headers = {"WWW-Authenticate": 'Bearer realm="tiny-scheduler"'}
+    return text_reply(exc.message, exc.status, headers if exc.status == 401 else None)
+
+
+def _too_large(exc: RequestEntityTooLarge) -> Response:
+    return text_reply(errors.REQUEST_TOO_LARGE, 413)
+
+
+def _http_error(exc: HTTPException) -> Response:
+    status = exc.code or 500
+    reply = text_reply((exc.name or "error").lower(), status)
+    if status == 405 and exc.get_response().headers.get("Allow"):
+        reply.headers["Allow"] = exc.get_response().headers["Allow"]
+    return reply
+
+
+def _unexpected(exc: Exception) -> Response:
+    log.exception("unexpected error")
+    return text_reply("internal error", 500)

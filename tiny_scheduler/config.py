@@ -1,0 +1,183 @@
+"""Settings: the one place where the scheduler's knobs, their defaults and their units live.
+
+`Settings.from_env()` reads every variable of the spec's configuration table once, at start-up.
+A value that does not parse raises `ConfigError` naming the variable, so that a typo stops the
+daemon instead of silently running with a default. Nothing else in the package reads
+`os.environ`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+DEFAULT_BIND = "0.0.0.0:9001"
+"""Listen address of the daemon (gunicorn `bind`)."""
+
+DEFAULT_DB = "scheduler.db"
+"""Path of the SQLite file, relative to the working directory."""
+
+DEFAULT_REGISTRY_URL = "http://127.0.0.1:9000"
+"""Base URL of the node registry."""
+
+DEFAULT_REGISTRY_CACHE_SECS = 2.0
+"""Seconds a fetched node list is reused before the registry is asked again."""
+
+DEFAULT_MAX_JOBS_PER_NODE = 1
+"""Running `run` jobs a node may have at once (services take no slot)."""
+
+DEFAULT_MAX_JOB_RETRIES = 1
+"""How many times a failed attempt is retried before the job stays failed."""
+
+DEFAULT_JOB_TIMEOUT_SECS = 3600
+"""Seconds a `run` job may run, counted from `running_at`, unless it sets `timeout_secs`."""
+
+DEFAULT_TIMEOUT_SCAN_INTERVAL_SECS = 10.0
+"""Seconds between two timeout / lost-node / retention scans."""
+
+DEFAULT_NODE_LOST_SECS = 60.0
+"""Seconds a node may be gone or unhealthy before its running jobs fail with `node lost`."""
+
+DEFAULT_JOB_RETENTION_SECS = 604800
+"""Seconds finished jobs are kept (a week); 0 keeps them forever."""
+
+DEFAULT_MAX_OUTPUT_BYTES = 1048576
+"""Bytes kept of each of stdout and stderr (the tail, behind a marker)."""
+
+DEFAULT_MAX_REQUEST_BYTES = 4194304
+"""Largest request body in bytes; larger ones get 413."""
+
+DEFAULT_SQS_QUEUE = "jobs"
+"""Queue the SQS loop ingests."""
+
+DEFAULT_SQS_POLL_INTERVAL_SECS = 5.0
+"""Seconds between two SQS polls."""
+
+DEFAULT_SNS_TOPIC = "job-status"
+"""Topic that final job states are published to."""
+
+REGISTRY_CONNECT_TIMEOUT_SECS = 1.0
+"""Seconds to open a connection to the registry before answering 503."""
+
+REGISTRY_READ_TIMEOUT_SECS = 3.0
+"""Seconds to wait for the registry's answer before answering 503 (a hung registry)."""
+
+
+class ConfigError(ValueError):
+    """A configuration variable is set to a value that does not parse."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything the scheduler can be told, typed and validated."""
+
+    bind: str = DEFAULT_BIND
+    db_path: str = DEFAULT_DB
+    registry_url: str = DEFAULT_REGISTRY_URL
+    registry_cache_secs: float = DEFAULT_REGISTRY_CACHE_SECS
+    api_key: str | None = None
+    auth_agent_exempt: bool = True
+    max_jobs_per_node: int = DEFAULT_MAX_JOBS_PER_NODE
+    max_job_retries: int = DEFAULT_MAX_JOB_RETRIES
+    job_timeout_secs: int = DEFAULT_JOB_TIMEOUT_SECS
+    timeout_scan_interval_secs: float = DEFAULT_TIMEOUT_SCAN_INTERVAL_SECS
+    node_lost_secs: float = DEFAULT_NODE_LOST_SECS
+    job_retention_secs: int = DEFAULT_JOB_RETENTION_SECS
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    sqs_url: str | None = None
+    sqs_queue: str = DEFAULT_SQS_QUEUE
+    sqs_poll_interval_secs: float = DEFAULT_SQS_POLL_INTERVAL_SECS
+    sns_url: str | None = None
+    sns_topic: str = DEFAULT_SNS_TOPIC
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Build settings from the environment; an empty variable counts as unset."""
+        env = _Env(os.environ if environ is None else environ)
+        return cls(
+            bind=env.text("SCHEDULER_BIND", DEFAULT_BIND),
+            db_path=env.text("SCHEDULER_DB", DEFAULT_DB),
+            registry_url=env.url("REGISTRY_URL", DEFAULT_REGISTRY_URL),
+            registry_cache_secs=env.number("REGISTRY_CACHE_SECS", DEFAULT_REGISTRY_CACHE_SECS, 0),
+            api_key=env.optional("TINYAWS_API_KEY"),
+            auth_agent_exempt=env.flag("AUTH_AGENT_EXEMPT", True),
+            max_jobs_per_node=env.integer("MAX_JOBS_PER_NODE", DEFAULT_MAX_JOBS_PER_NODE, 1),
+            max_job_retries=env.integer("MAX_JOB_RETRIES", DEFAULT_MAX_JOB_RETRIES, 0),
+            job_timeout_secs=env.integer("JOB_TIMEOUT_SECS", DEFAULT_JOB_TIMEOUT_SECS, 1),
+            timeout_scan_interval_secs=env.number(
+                "TIMEOUT_SCAN_INTERVAL_SECS", DEFAULT_TIMEOUT_SCAN_INTERVAL_SECS, 0.01
+            ),
+            node_lost_secs=env.number("NODE_LOST_SECS", DEFAULT_NODE_LOST_SECS, 0),
+            job_retention_secs=env.integer("JOB_RETENTION_SECS", DEFAULT_JOB_RETENTION_SECS, 0),
+            max_output_bytes=env.integer("MAX_OUTPUT_BYTES", DEFAULT_MAX_OUTPUT_BYTES, 256),
+            max_request_bytes=env.integer("MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES, 1024),
+            sqs_url=env.optional_url("SQS_URL"),
+            sqs_queue=env.text("SQS_QUEUE", DEFAULT_SQS_QUEUE),
+            sqs_poll_interval_secs=env.number(
+                "SQS_POLL_INTERVAL_SECS", DEFAULT_SQS_POLL_INTERVAL_SECS, 0.01
+            ),
+            sns_url=env.optional_url("SNS_URL"),
+            sns_topic=env.text("SNS_TOPIC", DEFAULT_SNS_TOPIC),
+        )
+
+
+class _Env:
+    """Typed readers over an environment mapping; each error names its variable."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._environ = environ
+
+    def optional(self, name: str) -> str | None:
+        value = self._environ.get(name, "").strip()
+        return value or None
+
+    def text(self, name: str, default: str) -> str:
+        return self.optional(name) or default
+
+    def url(self, name: str, default: str) -> str:
+        return self.optional_url(name) or default
+
+    def optional_url(self, name: str) -> str | None:
+        value = self.optional(name)
+        if value is None:
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ConfigError(f"{name} must be an http:// or https:// URL, got {value!r}")
+        return value.rstrip("/")
+
+    def integer(self, name: str, default: int, minimum: int) -> int:
+        raw = self.optional(name)
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+        if value < minimum:
+            raise ConfigError(f"{name} must be at least {minimum}, got {raw!r}")
+        return value
+
+    def number(self, name: str, default: float, minimum: float) -> float:
+        raw = self.optional(name)
+        if raw is None:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+        if not value >= minimum or value == float("inf"):
+            raise ConfigError(f"{name} must be a finite number of at least {minimum}, got {raw!r}")
+        return value
+
+    def flag(self, name: str, default: bool) -> bool:
+        raw = self.optional(name)
+        if raw is None:
+            return default
+        lowered = raw.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{name} must be 0 or 1, got {raw!r}")

@@ -1,0 +1,63 @@
+"""The errors the service raises, each carrying the HTTP status and the exact text clients see.
+
+The API layer turns any `ServiceError` into a `text/plain` reply of its message plus a newline
+(the wire contract); loops log them. Messages that the spec fixes are spelled out here once.
+"""
+
+from __future__ import annotations
+
+DECODE_JOB = "failed to decode job"
+DECODE_UPDATE = "failed to decode update"
+COMMAND_REQUIRED = "command or deploy_url is required"
+INVALID_STATUS = "invalid status"
+JOB_NOT_FOUND = "job not found"
+UNAUTHORIZED = "unauthorized"
+REQUEST_TOO_LARGE = "request body too large"
+STORE_UNAVAILABLE = "job store unavailable, nothing was changed; try again"
+
+
+class ServiceError(Exception):
+    """An error with an HTTP status and a message meant for the client."""
+
+    status = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(ServiceError):
+    status = 400
+
+
+class Unauthorized(ServiceError):
+    status = 401
+
+
+class NotFound(ServiceError):
+    status = 404
+
+
+class Conflict(ServiceError):
+    status = 409
+
+
+class TooLarge(ServiceError):
+    status = 413
+
+
+class Unavailable(ServiceError):
+    """A dependency (registry, store) cannot do its part right now; nothing was changed."""
+
+    status = 503
+
+
+class PlacementError(Unavailable):
+    """No node can take the job; the message is one of the spec's placement texts."""
+
+
+class StoreError(Unavailable):
+    """The store could not commit a change."""
+
+    def __init__(self, message: str = STORE_UNAVAILABLE) -> None:
+        super().__init__(message)

@@ -1,0 +1,288 @@
+"""The Job: its fields, its JSON shape on the wire, and the state machine it moves through.
+
+Jobs are treated as immutable values: a change makes a new `Job` with `evolve()`, and the job
+table swaps it in. A reader that holds a `Job` therefore always sees one consistent version
+and can serialize it without a lock. No I/O here: the store and the table own that.
+
+The state machine (`pending → running → done | failed`, `pending → cancelled`, and the retry
+of a failed attempt back to `pending`) lives only in this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+from typing import Any
+
+PENDING = "pending"
+RUNNING = "running"
+DONE = "done"
+FAILED = "failed"
+CANCELLED = "cancelled"
+STATUSES = (PENDING, RUNNING, DONE, FAILED, CANCELLED)
+FINAL_STATUSES = frozenset((DONE, FAILED, CANCELLED))
+
+RUN = "run"
+SERVICE = "service"
+JOB_TYPES = (RUN, SERVICE)
+
+# The statuses an update (PATCH) may ask for, and from which status each is allowed.
+UPDATE_STATUSES = (RUNNING, DONE, FAILED)
+_ALLOWED_FROM = {RUNNING: PENDING, DONE: RUNNING, FAILED: RUNNING}
+
+JOB_ID_PREFIX = "job-"
+TIMED_OUT_STDERR = "job timed out"
+NODE_LOST_STDERR = "node lost"
+
+
+class TransitionError(Exception):
+    """The job's current status does not allow the requested change (HTTP 409)."""
+
+    def __init__(self, job: Job, wanted: str) -> None:
+        self.current = job.status
+        self.wanted = wanted
+        super().__init__(f"job {job.job_id} is {job.status}, cannot become {wanted}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Attempt:
+    """One earlier failed attempt of a job that was retried."""
+
+    node_id: str
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    running_at: int | None
+    finished_at: int | None
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"node_id": self.node_id}
+        if self.exit_code is not None:
+            out["exit_code"] = self.exit_code
+        if self.stdout:
+            out["stdout"] = self.stdout
+        if self.stderr:
+            out["stderr"] = self.stderr
+        if self.running_at is not None:
+            out["running_at"] = format_time(self.running_at)
+        if self.finished_at is not None:
+            out["finished_at"] = format_time(self.finished_at)
+        return out
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Attempt:
+        return cls(
+            node_id=data["node_id"],
+            exit_code=data.get("exit_code"),
+            stdout=data.get("stdout", ""),
+            stderr=data.get("stderr", ""),
+            running_at=parse_time(data["running_at"]) if "running_at" in data else None,
+            finished_at=parse_time(data["finished_at"]) if "finished_at" in data else None,
+        )
+
+
+@dataclasses.dataclass(slots=True)
+class Job:
+    """A job as the scheduler keeps it. Times are integer microseconds since the epoch.
+
+    Treated as immutable (see the module docstring); not frozen only because a frozen
+    dataclass is several times slower to build, which shows when a million jobs load.
+    """
+
+    seq: int
+    node_id: str
+    command: str
+    created_at: int
+    instance_id: str = ""
+    deploy_url: str = ""
+    job_type: str = RUN
+    port: int = 0
+    env_vars: dict[str, str] | None = None
+    timeout_secs: int = 0
+    status: str = PENDING
+    retry_count: int = 0
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    running_at: int | None = None
+    finished_at: int | None = None
+    attempts: tuple[Attempt, ...] = ()
+    # Where the job came from, for deduplication (an Idempotency-Key or an SQS message);
+    # never sent on the wire.
+    dedupe_key: str | None = None
+
+    @property
+    def job_id(self) -> str:
+        return f"{JOB_ID_PREFIX}{self.seq}"
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+    @property
+    def takes_slot(self) -> bool:
+        """Whether this job, while running, counts against its node's MAX_JOBS_PER_NODE."""
+        return self.job_type != SERVICE
+
+    def evolve(self, **changes: Any) -> Job:
+        return dataclasses.replace(self, **changes)
+
+    def to_wire(self, with_attempts: bool = False) -> dict[str, Any]:
+        """The job's JSON object: fields in the spec's order, empty optional fields left out.
+
+        The real agent rejects a whole poll reply if one field is `null`, so no value here is
+        ever None.
+        """
+        out: dict[str, Any] = {"job_id": self.job_id, "node_id": self.node_id}
+        if self.instance_id:
+            out["instance_id"] = self.instance_id
+        out["command"] = self.command
+        if self.deploy_url:
+            out["deploy_url"] = self.deploy_url
+        out["job_type"] = self.job_type
+        if self.port:
+            out["port"] = self.port
+        if self.env_vars:
+            out["env_vars"] = self.env_vars
+        if self.timeout_secs:
+            out["timeout_secs"] = self.timeout_secs
+        out["status"] = self.status
+        out["retry_count"] = self.retry_count
+        if self.exit_code is not None:
+            out["exit_code"] = self.exit_code
+        if self.stdout:
+            out["stdout"] = self.stdout
+        if self.stderr:
+            out["stderr"] = self.stderr
+        out["created_at"] = format_time(self.created_at)
+        if self.running_at is not None:
+            out["running_at"] = format_time(self.running_at)
+        if self.finished_at is not None:
+            out["finished_at"] = format_time(self.finished_at)
+        if with_attempts and self.attempts:
+            out["attempts"] = [attempt.to_wire() for attempt in self.attempts]
+        return out
+
+
+# --- the state machine -------------------------------------------------------------------
+
+
+def check_update(job: Job, status: str) -> None:
+    """Raise TransitionError unless an update to `status` is allowed from the job's status.
+
+    `pending → running` is the one claim of a job; a finished job never runs again.
+    """
+    if _ALLOWED_FROM.get(status) != job.status:
+        raise TransitionError(job, status)
+
+
+def start(job: Job, now: int) -> Job:
+    check_update(job, RUNNING)
+    return job.evolve(status=RUNNING, running_at=now)
+
+
+def finish(job: Job, status: str, exit_code: int | None, stdout: str, stderr: str, now: int) -> Job:
+    """End the running attempt as done or failed (before any retry decision)."""
+    check_update(job, status)
+    return job.evolve(
+        status=status,
+        exit_code=exit_code,
+        stdout=stdout or job.stdout,
+        stderr=stderr or job.stderr,
+        finished_at=now,
+    )
+
+
+def should_retry(job: Job, max_retries: int) -> bool:
+    """A failed attempt goes back to pending while retries are left."""
+    return job.status == FAILED and job.retry_count < max_retries
+
+
+def retry(job: Job, node_id: str) -> Job:
+    """Record the failed attempt and put the job back to pending on `node_id`."""
+    attempt = Attempt(
+        node_id=job.node_id,
+        exit_code=job.exit_code,
+        stdout=job.stdout,
+        stderr=job.stderr,
+        running_at=job.running_at,
+        finished_at=job.finished_at,
+    )
+    return job.evolve(
+        status=PENDING,
+        node_id=node_id,
+        retry_count=job.retry_count + 1,
+        exit_code=None,
+        stdout="",
+        stderr="",
+        running_at=None,
+        finished_at=None,
+        attempts=(*job.attempts, attempt),
+    )
+
+
+def cancel(job: Job, now: int) -> Job:
+    if job.status != PENDING:
+        raise TransitionError(job, CANCELLED)
+    return job.evolve(status=CANCELLED, finished_at=now)
+
+
+def run_deadline(job: Job, default_timeout_secs: int) -> int | None:
+    """When a running `run` job times out, in microseconds; None for services."""
+    if job.job_type == SERVICE or job.running_at is None:
+        return None
+    timeout = job.timeout_secs or default_timeout_secs
+    return job.running_at + timeout * 1_000_000
+
+
+# --- ids, times and output ------------------------------------------------------------------
+
+
+def parse_job_id(job_id: str) -> int | None:
+    """The sequence number of a `job-N` id, or None when the text is not a canonical id."""
+    if not job_id.startswith(JOB_ID_PREFIX):
+        return None
+    digits = job_id[len(JOB_ID_PREFIX) :]
+    if not digits.isascii() or not digits.isdigit() or digits[0] == "0" or len(digits) > 18:
+        return None
+    return int(digits)
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+_EPOCH = datetime.datetime(1970, 1, 1)
+
+
+def format_time(us: int) -> str:
+    """RFC 3339 in UTC with microseconds and a Z, e.g. 2026-11-30T10:20:30.123456Z."""
+    moment = _EPOCH + datetime.timedelta(microseconds=us)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str) -> int:
+    """Inverse of format_time (also accepts offsets and fewer fraction digits)."""
+    moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    delta = moment - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    return delta // datetime.timedelta(microseconds=1)
+
+
+def cap_output(text: str, max_bytes: int) -> str:
+    """Keep at most `max_bytes` UTF-8 bytes of output: the tail, behind a marker line."""
+    if len(text) * 4 <= max_bytes:  # no encoding needed: cannot be over the cap
+        return text
+    data = text.encode("utf-8")
+    if len(data) <= max_bytes:
+        return text
+    # The marker's length depends on the count it prints: shrink the tail until both agree.
+    keep = max_bytes
+    while True:
+        marker = f"[tiny-scheduler: output truncated, {len(data) - keep} earlier bytes dropped]\n"
+        fits = max_bytes - len(marker.encode())
+        if fits == keep:
+            break
+        keep = fits
+    tail = data[len(data) - keep :].decode("utf-8", "ignore")  # a split character is dropped
+    return marker + tail

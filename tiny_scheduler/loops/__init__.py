@@ -1,0 +1,71 @@
+"""Background work: the daemon threads that keep the cluster honest while nobody calls.
+
+`Background` owns their lifecycle: built by the app factory, started once from the gunicorn
+worker hook, stopped on shutdown. Each loop calls the service, never the table or store.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from ..service import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class Loop:
+    """Runs `tick` every `interval` seconds on a daemon thread until stopped.
+
+    An exception in one tick is logged with its traceback and the loop goes on: one bad job
+    or one unreachable peer must never end the background work for good.
+    """
+
+    def __init__(self, name: str, interval: float, tick: Callable[[], object]) -> None:
+        self.name = name
+        self.interval = interval
+        self.tick = tick
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run_once(self) -> None:
+        """One tick, with the loop's error handling (tests call this directly)."""
+        try:
+            self.tick()
+        except Exception:
+            log.exception("%s: tick failed; will try again in %.1fs", self.name, self.interval)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.run_once()
+
+
+class Background:
+    """The scheduler's loops, started and stopped together."""
+
+    def __init__(self, service: Scheduler) -> None:
+        self.service = service
+        self.loops: list[Loop] = []
+        self._started = False
+
+    def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        for loop in self.loops:
+            loop.start()
+            log.info("started %s loop (every %.1fs)", loop.name, loop.interval)
+
+    def stop(self) -> None:
+        for loop in self.loops:
+            loop.stop()

@@ -1,0 +1,250 @@
+"""The scheduler's operations: submit, poll, list, get, update, cancel, and what loops need.
+
+This module ties the pieces together and owns the order of each operation: check the input,
+compute the job's next version with the state machine (`jobs`), choose a node (`placement`),
+commit it (`store`), and only then make it visible (`table`) and tell listeners (`events`).
+It knows nothing of HTTP: the API and the loops both call it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+
+from . import errors, jobs
+from .config import Settings
+from .jobs import Job
+from .placement import Placement
+from .store import Store
+from .table import JobTable
+from .validation import JobQuery, JobRequest, JobUpdate
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[str, "Job | None", str], None]
+"""Called after a committed change as listener(event, job, detail). Events: `submitted`
+(detail: the source, http or sqs), `started`, `finished` (a final status), `retried`, `moved`,
+`polled` (job None, detail the node)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Page:
+    jobs: list[Job]
+    next_after: int | None  # seq to continue after, when more jobs match
+
+
+class Scheduler:
+    """The service: every change to a job goes through here."""
+
+    def __init__(
+        self, settings: Settings, store: Store, table: JobTable, placement: Placement
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.table = table
+        self.placement = placement
+        self.listeners: list[Listener] = []
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> Job:
+        seq = jobs.parse_job_id(job_id)
+        job = self.table.get(seq) if seq is not None else None
+        if job is None:
+            raise errors.NotFound(errors.JOB_NOT_FOUND)
+        return job
+
+    def list_jobs(self, query: JobQuery) -> Page:
+        """Oldest first. The agent poll is capped at the node's free slots."""
+        if query.is_agent_poll and query.job_type is None and not query.after:
+            assert query.node_id is not None
+            found = self.table.poll(query.node_id, self.settings.max_jobs_per_node, query.limit)
+            self._emit("polled", None, query.node_id)
+            return Page(found, None)
+        found, more = self.table.query(
+            query.node_id, query.status, query.job_type, query.after, query.limit
+        )
+        if query.is_agent_poll:
+            free = self.table.free_slots(query.node_id or "", self.settings.max_jobs_per_node)
+            found = found[:free]
+            more = False
+        return Page(found, found[-1].seq if more and found else None)
+
+    def schedule(self) -> str:
+        """The node the next submission would go to (advances the round-robin, as it did)."""
+        return self.placement.place()
+
+    def health(self) -> dict[str, object]:
+        healthy = self.store.healthy or self.store.probe()
+        body: dict[str, object] = {
+            "service": "scheduler",
+            "status": "healthy" if healthy else "unhealthy",
+            "jobs": self.table.counts(),
+        }
+        if not healthy:
+            body["error"] = f"job store cannot be written: {self.store.last_error}"
+        return body
+
+    # --- changes ----------------------------------------------------------------------------
+
+    def submit(
+        self, request: JobRequest, dedupe_key: str | None = None, source: str = "http"
+    ) -> tuple[Job, bool]:
+        """Create a pending job, durable before this returns. With a dedupe key that already
+        created a job, return that job instead; the bool says whether a job was created."""
+        with self.table.deduplicating(dedupe_key) as existing:
+            if existing is not None:
+                return existing, False
+            node_id = self.placement.place(request.instance_id)
+            job = Job(
+                seq=self.table.new_seq(),
+                node_id=node_id,
+                command=request.command,
+                created_at=jobs.now_us(),
+                instance_id=request.instance_id,
+                deploy_url=request.deploy_url,
+                job_type=request.job_type,
+                port=request.port,
+                env_vars=request.env_vars,
+                timeout_secs=request.timeout_secs,
+                dedupe_key=dedupe_key,
+            )
+            self._commit(job)
+        log.info("job %s created on node %s (from %s)", job.job_id, node_id, source)
+        self._emit("submitted", job, source)
+        return job, True
+
+    def update(self, job_id: str, update: JobUpdate) -> Job:
+        """Apply an agent's report: the claim (running), or the end of an attempt."""
+        seq = self._seq(job_id)
+        with self.table.changing(seq) as job:
+            now = jobs.now_us()
+            try:
+                if update.status == jobs.RUNNING:
+                    new = jobs.start(job, now)
+                else:
+                    new = self._end_attempt(job, update, now)
+            except jobs.TransitionError as exc:
+                raise errors.Conflict(str(exc)) from None
+            self._commit(new)
+        self._announce(job, new)
+        return new
+
+    def cancel(self, job_id: str) -> Job:
+        seq = self._seq(job_id)
+        with self.table.changing(seq) as job:
+            try:
+                new = jobs.cancel(job, jobs.now_us())
+            except jobs.TransitionError as exc:
+                raise errors.Conflict(str(exc)) from None
+            self._commit(new)
+        self._announce(job, new)
+        return new
+
+    def fail_running(self, seq: int, stderr: str, retry: bool) -> Job | None:
+        """Fail a running job from the scheduler's side (timeout, lost node); None when the
+        job is no longer running by the time it is looked at."""
+        with self.table.changing(seq) as job:
+            if job.status != jobs.RUNNING:
+                return None
+            now = jobs.now_us()
+            new = jobs.finish(job, jobs.FAILED, -1, "", stderr, now)
+            if retry:
+                new = self._maybe_retry(new)
+            self._commit(new)
+        self._announce(job, new)
+        return new
+
+    def move_pending(self, seq: int) -> Job | None:
+        """Place a pending job again (its node is gone); None when it is no longer pending
+        or no other node can take it."""
+        with self.table.changing(seq) as job:
+            if job.status != jobs.PENDING or job.instance_id:
+                return None
+            node_id = self.placement.place(avoid=job.node_id)
+            if node_id == job.node_id:
+                return None
+            new = job.evolve(node_id=node_id)
+            self._commit(new)
+        log.info("job %s moved from node %s to %s", job.job_id, job.node_id, node_id)
+        self._emit("moved", new)
+        return new
+
+    def expire(self, cutoff: int, limit: int = 10000) -> int:
+        """Delete up to `limit` jobs that finished before `cutoff`; returns how many."""
+        seqs = self.table.finished_before(cutoff, limit)
+        if seqs:
+            self.store.delete(seqs)
+            self.table.remove(seqs)
+            log.info("retention removed %d finished jobs", len(seqs))
+        return len(seqs)
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _seq(self, job_id: str) -> int:
+        seq = jobs.parse_job_id(job_id)
+        if seq is None:
+            raise errors.NotFound(errors.JOB_NOT_FOUND)
+        return seq
+
+    def _end_attempt(self, job: Job, update: JobUpdate, now: int) -> Job:
+        cap = self.settings.max_output_bytes
+        new = jobs.finish(
+            job,
+            update.status,
+            update.exit_code,
+            jobs.cap_output(update.stdout, cap),
+            jobs.cap_output(update.stderr, cap),
+            now,
+        )
+        return self._maybe_retry(new)
+
+    def _maybe_retry(self, failed: Job) -> Job:
+        if not jobs.should_retry(failed, self.settings.max_job_retries):
+            return failed
+        try:
+            node_id = self.placement.place(failed.instance_id, avoid=failed.node_id)
+        except errors.PlacementError as exc:
+            # The agent never repeats its final report, so a registry hiccup must not turn
+            # it into an error: keep the node; the lost-node scan moves the job if need be.
+            log.warning("job %s: retry stays on node %s (%s)", failed.job_id, failed.node_id, exc)
+            node_id = failed.node_id
+        return jobs.retry(failed, node_id)
+
+    def _commit(self, job: Job) -> None:
+        self.store.save(job)
+        self.table.put(job)
+
+    def _announce(self, old: Job, new: Job) -> None:
+        """Log and tell listeners what a committed change did."""
+        if new.status == jobs.RUNNING:
+            log.info("job %s claimed by node %s", new.job_id, new.node_id)
+            self._emit("started", new)
+        elif new.status == jobs.PENDING:
+            last = new.attempts[-1]
+            log.info(
+                "job %s failed on node %s (exit %s), retry %d on node %s",
+                new.job_id,
+                last.node_id,
+                last.exit_code,
+                new.retry_count,
+                new.node_id,
+            )
+            self._emit("retried", new)
+        else:
+            log.info(
+                "job %s %s on node %s (exit %s)",
+                new.job_id,
+                new.status,
+                new.node_id,
+                new.exit_code,
+            )
+            self._emit("finished", new)
+
+    def _emit(self, event: str, job: Job | None, detail: str = "") -> None:
+        for listener in self.listeners:
+            try:
+                listener(event, job, detail)
+            except Exception:
+                log.exception("listener failed on %s", event)

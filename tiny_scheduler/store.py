@@ -1,0 +1,357 @@
+"""The SQLite store: schema, migrations, loading at start-up, and the one writer thread.
+
+Durability rule: `save()` and `delete()` return only after the change is committed with
+`synchronous=FULL` in WAL mode, and raise `StoreError` when it could not be. Callers apply a
+change to memory only after it is on disk, so memory never runs ahead of the file.
+
+All writes go through one writer thread that commits whatever has queued up since its last
+commit in one transaction (group commit): eight requests arriving together cost one fsync,
+not eight. Readers never touch the database; the job table serves them from memory.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+import orjson
+
+from .errors import StoreError
+from .jobs import Attempt, Job
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+_COLUMNS = (
+    "seq",
+    "node_id",
+    "command",
+    "created_at",
+    "instance_id",
+    "deploy_url",
+    "job_type",
+    "port",
+    "env_vars",
+    "timeout_secs",
+    "status",
+    "retry_count",
+    "exit_code",
+    "stdout",
+    "stderr",
+    "running_at",
+    "finished_at",
+    "attempts",
+    "dedupe_key",
+)
+
+_SCHEMA_V1 = """
+CREATE TABLE schema_version (version INTEGER NOT NULL);
+CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE jobs (
+    seq          INTEGER PRIMARY KEY,  -- N of job-N
+    node_id      TEXT NOT NULL,
+    command      TEXT NOT NULL,
+    created_at   INTEGER NOT NULL,     -- microseconds since the epoch, UTC
+    instance_id  TEXT NOT NULL,
+    deploy_url   TEXT NOT NULL,
+    job_type     TEXT NOT NULL,
+    port         INTEGER NOT NULL,
+    env_vars     TEXT,                 -- JSON object, NULL when empty
+    timeout_secs INTEGER NOT NULL,
+    status       TEXT NOT NULL,
+    retry_count  INTEGER NOT NULL,
+    exit_code    INTEGER,
+    stdout       TEXT NOT NULL,
+    stderr       TEXT NOT NULL,
+    running_at   INTEGER,
+    finished_at  INTEGER,
+    attempts     TEXT,                 -- JSON array of earlier attempts, NULL when none
+    dedupe_key   TEXT UNIQUE           -- Idempotency-Key or SQS message that created the job
+);
+"""
+
+# Each entry upgrades a file from version N-1 to N. A new schema version appends one.
+_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1}
+
+_UPSERT = "INSERT INTO jobs ({cols}) VALUES ({marks}) ON CONFLICT(seq) DO UPDATE SET {sets}".format(
+    cols=", ".join(_COLUMNS),
+    marks=", ".join("?" for _ in _COLUMNS),
+    sets=", ".join(f"{c} = excluded.{c}" for c in _COLUMNS[1:]),
+)
+_HIGH_WATER = (
+    "INSERT INTO meta (key, value) VALUES ('last_seq', ?) "
+    "ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)"
+)
+
+
+class StoreOpenError(RuntimeError):
+    """The database cannot be used: corrupt, not a database, or from a newer scheduler."""
+
+
+class _Ticket:
+    """One caller's writes, and the answer the writer thread gives back."""
+
+    __slots__ = ("done", "error", "ops")
+
+    def __init__(self, ops: list[Callable[[sqlite3.Connection], None]]) -> None:
+        self.ops = ops
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class Store:
+    """A SQLite file holding every job, written by one group-committing thread."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._conn = _open(path)
+        self._queue: collections.deque[_Ticket] = collections.deque()
+        self._wakeup = threading.Condition()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self.healthy = True
+        self.last_error: str | None = None
+        self.commit_observers: list[Callable[[float, int], None]] = []
+
+    # --- reading, at start-up only ------------------------------------------------------
+
+    def load(self) -> tuple[list[Job], int]:
+        """Every job in id order, and the highest id ever handed out (0 for a new file)."""
+        rows = self._conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs ORDER BY seq")
+        loaded = [_job_from_row(row) for row in rows]
+        found = self._conn.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
+        last_seq = max(found[0] if found else 0, loaded[-1].seq if loaded else 0)
+        return loaded, last_seq
+
+    # --- writing ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._write_loop, name="store-writer", daemon=True)
+        self._thread.start()
+
+    def save(self, *changed: Job) -> None:
+        """Insert or replace these jobs; returns once committed, else raises StoreError."""
+        rows = [_row_from_job(job) for job in changed]
+        high = max(job.seq for job in changed)
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.executemany(_UPSERT, rows)
+            conn.execute(_HIGH_WATER, (high,))
+
+        self._submit([write])
+
+    def delete(self, seqs: Iterable[int]) -> None:
+        """Remove these jobs; the id high-water mark stays, so ids are never reused."""
+        params = [(seq,) for seq in seqs]
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.executemany("DELETE FROM jobs WHERE seq = ?", params)
+
+        self._submit([write])
+
+    def probe(self) -> bool:
+        """Try a tiny write, to find out whether a store that failed can write again."""
+        now = time.time_ns() // 1000
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('probe', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (now,),
+            )
+
+        try:
+            self._submit([write])
+        except StoreError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Commit what is queued, stop the writer and close the file."""
+        with self._wakeup:
+            self._closing = True
+            self._wakeup.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._conn.close()
+
+    def _submit(self, ops: list[Callable[[sqlite3.Connection], None]]) -> None:
+        ticket = _Ticket(ops)
+        with self._wakeup:
+            if self._closing:
+                raise StoreError("scheduler is shutting down; nothing was changed")
+            self._queue.append(ticket)
+            self._wakeup.notify()
+        ticket.done.wait()
+        if ticket.error is not None:
+            raise StoreError() from ticket.error
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._wakeup:
+                while not self._queue and not self._closing:
+                    self._wakeup.wait()
+                if not self._queue:
+                    return
+                batch = list(self._queue)
+                self._queue.clear()
+            self._commit(batch)
+
+    def _commit(self, batch: list[_Ticket]) -> None:
+        started = time.perf_counter()
+        try:
+            self._transaction([op for ticket in batch for op in ticket.ops])
+        except sqlite3.Error as exc:
+            if len(batch) == 1:
+                batch[0].error = exc
+            else:
+                # One bad change must not sink its neighbours: give each its own transaction.
+                for ticket in batch:
+                    try:
+                        self._transaction(ticket.ops)
+                    except sqlite3.Error as single:
+                        ticket.error = single
+        failures = [ticket.error for ticket in batch if ticket.error is not None]
+        self._note_health(failures[-1] if failures else None)
+        elapsed = time.perf_counter() - started
+        for observe in self.commit_observers:
+            observe(elapsed, len(batch))
+        for ticket in batch:
+            ticket.done.set()
+
+    def _transaction(self, ops: list[Callable[[sqlite3.Connection], None]]) -> None:
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for op in ops:
+                op(conn)
+            conn.execute("COMMIT")
+        except sqlite3.Error:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    log.exception("rollback failed")
+            raise
+
+    def _note_health(self, error: BaseException | None) -> None:
+        if error is None:
+            if not self.healthy:
+                log.warning("job store writable again")
+            self.healthy, self.last_error = True, None
+        else:
+            if self.healthy:
+                log.error("job store write failed: %s", error)
+            self.healthy, self.last_error = False, str(error)
+
+
+# --- opening and migrating --------------------------------------------------------------------
+
+
+def _open(path: str) -> sqlite3.Connection:
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        _migrate(conn, path)
+    except sqlite3.DatabaseError as exc:
+        raise StoreOpenError(f"cannot open job database {path!r}: {exc}") from exc
+    return conn
+
+
+def _migrate(conn: sqlite3.Connection, path: str) -> None:
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if "schema_version" in tables:
+        row = conn.execute("SELECT version FROM schema_version").fetchone()
+        version = row[0] if row else 0
+    elif tables:
+        raise StoreOpenError(f"{path!r} is a SQLite file but not a tiny-scheduler database")
+    else:
+        version = 0
+    if version > SCHEMA_VERSION:
+        raise StoreOpenError(
+            f"job database {path!r} has schema version {version}, newer than the {SCHEMA_VERSION} "
+            "this tiny-scheduler understands; run a newer tiny-scheduler"
+        )
+    if version == SCHEMA_VERSION:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for step in range(version + 1, SCHEMA_VERSION + 1):
+            log.info("migrating job database %s to schema version %d", path, step)
+            for statement in _MIGRATIONS[step].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        conn.execute("DELETE FROM schema_version")
+        conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+# --- rows -------------------------------------------------------------------------------------
+
+
+def _row_from_job(job: Job) -> tuple[object, ...]:
+    attempts = None
+    if job.attempts:
+        attempts = orjson.dumps(
+            [
+                [a.node_id, a.exit_code, a.stdout, a.stderr, a.running_at, a.finished_at]
+                for a in job.attempts
+            ]
+        ).decode()
+    return (
+        job.seq,
+        job.node_id,
+        job.command,
+        job.created_at,
+        job.instance_id,
+        job.deploy_url,
+        job.job_type,
+        job.port,
+        orjson.dumps(job.env_vars).decode() if job.env_vars else None,
+        job.timeout_secs,
+        job.status,
+        job.retry_count,
+        job.exit_code,
+        job.stdout,
+        job.stderr,
+        job.running_at,
+        job.finished_at,
+        attempts,
+        job.dedupe_key,
+    )
+
+
+def _job_from_row(row: tuple) -> Job:
+    (seq, node_id, command, created_at, instance_id, deploy_url, job_type, port, env_vars,
+     timeout_secs, status, retry_count, exit_code, stdout, stderr, running_at, finished_at,
+     attempts, dedupe_key) = row  # fmt: skip
+    return Job(
+        seq,
+        node_id,
+        command,
+        created_at,
+        instance_id,
+        deploy_url,
+        job_type,
+        port,
+        orjson.loads(env_vars) if env_vars else None,
+        timeout_secs,
+        status,
+        retry_count,
+        exit_code,
+        stdout,
+        stderr,
+        running_at,
+        finished_at,
+        tuple(Attempt(*a) for a in orjson.loads(attempts)) if attempts else (),
+        dedupe_key,
+    )

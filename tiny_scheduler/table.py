@@ -1,0 +1,284 @@
+"""The job table: every job in memory behind one `threading.Lock`, with the indexes reads need.
+
+Indexes, each kept in step by `put()` and `remove()`:
+- all jobs by sequence number, sorted, so listings are oldest-first and `after=` is a seek;
+- pending jobs per node, sorted, so the agent poll reads only its own node's queue (FIFO);
+- running jobs per node, and the count of slot-taking (`run`) jobs among them, so the free-slot
+  check is one dict lookup;
+- finished job ids in the order they finished, so retention pops from the front;
+- the dedupe key (Idempotency-Key / SQS message) of each job.
+
+Changes are made in two steps by the service: `changing()` marks a job busy (a second change
+to the same job waits), the store commits the new version, then `put()` swaps it in. So readers
+only ever see committed state, and two agents can never both claim one job.
+
+No disk or network I/O here, and no lock is held while a caller does any.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import heapq
+import itertools
+import threading
+from collections.abc import Iterable, Iterator
+
+from sortedcontainers import SortedDict
+
+from . import errors, jobs
+from .jobs import Job
+
+_SCAN_CHUNK = 4096  # jobs examined per lock hold when a listing must scan history
+
+
+class JobTable:
+    """In-memory jobs and their indexes; safe to call from any thread."""
+
+    def __init__(self, loaded: Iterable[Job] = (), last_seq: int = 0) -> None:
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # a busy job or key was released
+        self._jobs: SortedDict = SortedDict()
+        self._pending: dict[str, SortedDict] = {}
+        self._running: dict[str, SortedDict] = {}
+        self._slots_used: collections.Counter[str] = collections.Counter()
+        self._finished: collections.deque[int] = collections.deque()
+        self._keys: dict[str, int] = {}
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._busy: set[int] = set()
+        self._busy_keys: set[str] = set()
+        finished = []
+        for job in loaded:
+            self._jobs[job.seq] = job
+            self._index(job, None)
+            if job.is_final:
+                finished.append(job)
+        finished.sort(key=lambda job: job.finished_at or job.created_at)
+        self._finished.extend(job.seq for job in finished)
+        self._last_seq = max(last_seq, self._jobs.keys()[-1] if self._jobs else 0)
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def get(self, seq: int) -> Job | None:
+        with self._lock:
+            return self._jobs.get(seq)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def counts(self) -> dict[str, int]:
+        """Number of jobs in each status."""
+        with self._lock:
+            return {status: self._counts[status] for status in jobs.STATUSES}
+
+    def free_slots(self, node_id: str, max_running: int) -> int:
+        """How many more `run` jobs the node may start."""
+        with self._lock:
+            return max(0, max_running - self._slots_used[node_id])
+
+    def poll(self, node_id: str, max_running: int, limit: int) -> list[Job]:
+        """The node's oldest pending jobs, at most as many as it has free slots."""
+        with self._lock:
+            free = min(max_running - self._slots_used[node_id], limit)
+            queue = self._pending.get(node_id)
+            if free <= 0 or not queue:
+                return []
+            return list(itertools.islice(queue.values(), free))
+
+    def query(
+        self,
+        node_id: str | None,
+        status: str | None,
+        job_type: str | None,
+        after: int,
+        limit: int,
+    ) -> tuple[list[Job], bool]:
+        """Jobs matching every given filter with seq > after, oldest first, and whether more
+        match beyond `limit`."""
+        wanted = limit + 1
+        if status in (jobs.PENDING, jobs.RUNNING):
+            found = self._query_active(node_id, status, job_type, after, wanted)
+        else:
+            found = self._scan(node_id, status, job_type, after, wanted)
+        return found[:limit], len(found) > limit
+
+    def _query_active(
+        self, node_id: str | None, status: str, job_type: str | None, after: int, wanted: int
+    ) -> list[Job]:
+        index = self._pending if status == jobs.PENDING else self._running
+        with self._lock:
+            if node_id is None:
+                queues = list(index.values())
+            else:
+                queues = [index[node_id]] if node_id in index else []
+            streams = [_values_after(queue, after) for queue in queues]
+            merged: Iterator[Job] = heapq.merge(*streams, key=lambda job: job.seq)
+            if job_type is not None:
+                merged = (job for job in merged if job.job_type == job_type)
+            return list(itertools.islice(merged, wanted))
+
+    def _scan(
+        self,
+        node_id: str | None,
+        status: str | None,
+        job_type: str | None,
+        after: int,
+        wanted: int,
+    ) -> list[Job]:
+        """Walk history in chunks, letting go of the lock between chunks: a sparse filter
+        over a million jobs must not stall the agents' polls."""
+        found: list[Job] = []
+        cursor = after
+        while len(found) < wanted:
+            with self._lock:
+                chunk = list(
+                    itertools.islice(
+                        self._jobs.irange(minimum=cursor, inclusive=(False, True)), _SCAN_CHUNK
+                    )
+                )
+                candidates = [self._jobs[seq] for seq in chunk]
+            for job in candidates:
+                if (
+                    (node_id is None or job.node_id == node_id)
+                    and (status is None or job.status == status)
+                    and (job_type is None or job.job_type == job_type)
+                ):
+                    found.append(job)
+                    if len(found) == wanted:
+                        break
+            if len(chunk) < _SCAN_CHUNK:
+                break
+            cursor = chunk[-1]
+        return found
+
+    def active(self) -> tuple[list[Job], list[Job]]:
+        """All pending and all running jobs (for the scans that watch them)."""
+        with self._lock:
+            pending = [job for queue in self._pending.values() for job in queue.values()]
+            running = [job for queue in self._running.values() for job in queue.values()]
+        return pending, running
+
+    def finished_before(self, cutoff: int, limit: int) -> list[int]:
+        """Ids of up to `limit` jobs that finished before `cutoff`, oldest first."""
+        found: list[int] = []
+        with self._lock:
+            for seq in self._finished:
+                job = self._jobs.get(seq)
+                if job is not None and (job.finished_at or job.created_at) >= cutoff:
+                    break
+                found.append(seq)
+                if len(found) == limit:
+                    break
+        return found
+
+    # --- writes -----------------------------------------------------------------------------
+
+    def new_seq(self) -> int:
+        """The next job number; numbers are never handed out twice."""
+        with self._lock:
+            self._last_seq += 1
+            return self._last_seq
+
+    @contextlib.contextmanager
+    def changing(self, seq: int) -> Iterator[Job]:
+        """Hold the job busy while its next version is computed and committed; another
+        change to the same job waits until this one is done (and then sees its result)."""
+        with self._lock:
+            while seq in self._busy:
+                self._idle.wait()
+            job = self._jobs.get(seq)
+            if job is None:
+                raise errors.NotFound(errors.JOB_NOT_FOUND)
+            self._busy.add(seq)
+        try:
+            yield job
+        finally:
+            with self._lock:
+                self._busy.discard(seq)
+                self._idle.notify_all()
+
+    @contextlib.contextmanager
+    def deduplicating(self, key: str | None) -> Iterator[Job | None]:
+        """Yield the job already created under `key`, or None while holding `key` reserved
+        so that a concurrent request with the same key waits for this one's outcome."""
+        if key is None:
+            yield None
+            return
+        with self._lock:
+            while key in self._busy_keys:
+                self._idle.wait()
+            seq = self._keys.get(key)
+            existing = self._jobs.get(seq) if seq is not None else None
+            if existing is None:
+                self._busy_keys.add(key)
+        if existing is not None:
+            yield existing
+            return
+        try:
+            yield None
+        finally:
+            with self._lock:
+                self._busy_keys.discard(key)
+                self._idle.notify_all()
+
+    def put(self, job: Job) -> None:
+        """Insert a committed job, or swap in the committed next version of one."""
+        with self._lock:
+            old = self._jobs.get(job.seq)
+            if old is not None:
+                self._unindex(old)
+            self._jobs[job.seq] = job
+            self._index(job, old)
+
+    def remove(self, seqs: Iterable[int]) -> None:
+        """Forget committed deletions (retention). Ids stay used: `new_seq` never goes back."""
+        gone = set()
+        with self._lock:
+            for seq in seqs:
+                job = self._jobs.pop(seq, None)
+                if job is not None:
+                    self._unindex(job)
+                    gone.add(seq)
+            while self._finished and self._finished[0] in gone:
+                self._finished.popleft()
+            if any(seq in gone for seq in self._finished):
+                self._finished = collections.deque(s for s in self._finished if s not in gone)
+
+    # --- index upkeep (lock held) -------------------------------------------------------------
+
+    def _index(self, job: Job, old: Job | None) -> None:
+        self._counts[job.status] += 1
+        if job.status == jobs.PENDING:
+            self._pending.setdefault(job.node_id, SortedDict())[job.seq] = job
+        elif job.status == jobs.RUNNING:
+            self._running.setdefault(job.node_id, SortedDict())[job.seq] = job
+            if job.takes_slot:
+                self._slots_used[job.node_id] += 1
+        elif old is not None and not old.is_final:
+            self._finished.append(job.seq)
+        if job.dedupe_key is not None:
+            self._keys[job.dedupe_key] = job.seq
+
+    def _unindex(self, job: Job) -> None:
+        self._counts[job.status] -= 1
+        if job.status == jobs.PENDING:
+            _discard(self._pending, job.node_id, job.seq)
+        elif job.status == jobs.RUNNING:
+            _discard(self._running, job.node_id, job.seq)
+            if job.takes_slot:
+                self._slots_used[job.node_id] -= 1
+                if not self._slots_used[job.node_id]:
+                    del self._slots_used[job.node_id]
+        if job.dedupe_key is not None and self._keys.get(job.dedupe_key) == job.seq:
+            del self._keys[job.dedupe_key]
+
+
+def _values_after(queue: SortedDict, after: int) -> Iterator[Job]:
+    return (queue[seq] for seq in queue.irange(minimum=after, inclusive=(False, True)))
+
+
+def _discard(index: dict[str, SortedDict], node_id: str, seq: int) -> None:
+    queue = index[node_id]
+    del queue[seq]
+    if not queue:
+        del index[node_id]  # nodes come and go: don't keep an empty queue for each forever

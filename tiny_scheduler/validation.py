@@ -1,0 +1,181 @@
+"""Parsing and checking of request bodies: the JobRequest (HTTP and SQS) and the JobUpdate.
+
+Both the HTTP API and the SQS loop call `parse_job_request`, so a job is accepted by exactly the
+same rules whichever way it arrives. Checks run in the spec's order and raise `BadRequest` with
+the spec's exact messages. A JSON `null` counts as an absent field, as it did in the original.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from . import errors, jobs
+
+MAX_TIMEOUT_SECS = 10 * 365 * 24 * 3600
+DEFAULT_PAGE = 1000
+MAX_PAGE = 10000
+_INT64 = 2**63
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobRequest:
+    """A valid request to create a job."""
+
+    command: str = ""
+    deploy_url: str = ""
+    instance_id: str = ""
+    job_type: str = jobs.RUN
+    port: int = 0
+    env_vars: dict[str, str] | None = None
+    timeout_secs: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobUpdate:
+    """A valid status report from an agent (PATCH /jobs/{id})."""
+
+    status: str
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobQuery:
+    """Filters of GET /jobs."""
+
+    node_id: str | None = None
+    status: str | None = None
+    job_type: str | None = None
+    after: int = 0
+    limit: int = DEFAULT_PAGE
+
+    @property
+    def is_agent_poll(self) -> bool:
+        return self.node_id is not None and self.status == jobs.PENDING
+
+
+def parse_query(args: Mapping[str, str]) -> JobQuery:
+    """The filters of GET /jobs. Unknown status or type values simply match nothing."""
+    limit_text = args.get("limit")
+    limit = DEFAULT_PAGE
+    if limit_text:
+        digits = limit_text.isascii() and limit_text.isdigit() and len(limit_text) <= 6
+        if not digits or not 1 <= int(limit_text) <= MAX_PAGE:
+            raise errors.BadRequest(f"limit must be an integer between 1 and {MAX_PAGE}")
+        limit = int(limit_text)
+    after = 0
+    after_text = args.get("after")
+    if after_text:
+        seq = jobs.parse_job_id(after_text)
+        if seq is None:
+            raise errors.BadRequest("after must be a job id such as job-7")
+        after = seq
+    return JobQuery(
+        node_id=args.get("node_id") or None,
+        status=args.get("status") or None,
+        job_type=args.get("job_type") or None,
+        after=after,
+        limit=limit,
+    )
+
+
+def decode_object(body: bytes, message: str) -> dict[str, Any]:
+    """The body as a JSON object, or BadRequest(message). Invalid UTF-8 is not JSON."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise errors.BadRequest(message) from None
+    if not isinstance(data, dict):
+        raise errors.BadRequest(message)
+    return data
+
+
+def parse_job_request(body: bytes) -> JobRequest:
+    return job_request_from(decode_object(body, errors.DECODE_JOB))
+
+
+def job_request_from(data: dict[str, Any]) -> JobRequest:
+    """Check a decoded JobRequest object field by field, in the spec's order."""
+    command = _text(data, "command")
+    deploy_url = _text(data, "deploy_url")
+    instance_id = _text(data, "instance_id")
+    job_type = data.get("job_type") or jobs.RUN
+    if job_type not in jobs.JOB_TYPES:
+        raise errors.BadRequest("job_type must be run or service")
+    port = data.get("port")
+    if port is None:
+        port = 0
+    elif not _is_int(port) or not 0 <= port <= 65535:
+        raise errors.BadRequest("port must be an integer between 1 and 65535")
+    env_vars = _env_vars(data.get("env_vars"))
+    timeout_secs = data.get("timeout_secs")
+    if timeout_secs is None:
+        timeout_secs = 0
+    elif not _is_int(timeout_secs) or not 0 <= timeout_secs <= MAX_TIMEOUT_SECS:
+        raise errors.BadRequest(
+            f"timeout_secs must be an integer between 1 and {MAX_TIMEOUT_SECS} "
+            "(0 means the default)"
+        )
+    if not command and not deploy_url:
+        raise errors.BadRequest(errors.COMMAND_REQUIRED)
+    return JobRequest(
+        command=command,
+        deploy_url=deploy_url,
+        instance_id=instance_id,
+        job_type=job_type,
+        port=port,
+        env_vars=env_vars,
+        timeout_secs=timeout_secs,
+    )
+
+
+def parse_update(body: bytes) -> JobUpdate:
+    data = decode_object(body, errors.DECODE_UPDATE)
+    status = data.get("status")
+    exit_code = data.get("exit_code")
+    stdout = data.get("stdout")
+    stderr = data.get("stderr")
+    if (
+        (status is not None and not isinstance(status, str))
+        or (exit_code is not None and not (_is_int(exit_code) and -_INT64 <= exit_code < _INT64))
+        or (stdout is not None and not isinstance(stdout, str))
+        or (stderr is not None and not isinstance(stderr, str))
+    ):
+        raise errors.BadRequest(errors.DECODE_UPDATE)
+    if status not in jobs.UPDATE_STATUSES:
+        raise errors.BadRequest(errors.INVALID_STATUS)
+    return JobUpdate(status=status, exit_code=exit_code, stdout=stdout or "", stderr=stderr or "")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _text(data: dict[str, Any], field: str) -> str:
+    value = data.get(field)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise errors.BadRequest(f"{field} must be a string")
+    if "\x00" in value:
+        # The agent hands these to exec and the kernel stops at a NUL: refuse, don't truncate.
+        raise errors.BadRequest(f"{field} must not contain NUL characters")
+    return value
+
+
+def _env_vars(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise errors.BadRequest("env_vars must map strings to strings")
+    for name, text in value.items():
+        if not name or "=" in name or "\x00" in name or "\x00" in text:
+            raise errors.BadRequest(
+                "env_vars names must be non-empty without '=' or NUL, and values without NUL"
+            )
+    return value or None
