@@ -1,0 +1,118 @@
+"""Start and stop a real scheduler daemon (gunicorn) as a child process.
+
+The dev cluster, the tests and the benchmark all run the scheduler this way, exactly as an
+operator would: `gunicorn -c <the package's config>`, configured only through environment
+variables, on a loopback port, waited for until `/health` answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+
+import requests
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class SchedulerProcess:
+    """One gunicorn-run scheduler; `start()` returns once it answers /health."""
+
+    def __init__(
+        self,
+        db_path: str,
+        env: Mapping[str, str] | None = None,
+        port: int | None = None,
+        log_path: str | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.db_path = db_path
+        self.port = port or free_port(host)
+        self.url = f"http://{host}:{self.port}"
+        self.extra_env = dict(env or {})
+        self.log_path = log_path
+        self._bind = f"{host}:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log = None
+
+    def start(self, timeout: float = 20.0, wait: bool = True) -> SchedulerProcess:
+        env = {**os.environ, "SCHEDULER_DB": self.db_path, "SCHEDULER_BIND": self._bind}
+        env.update(self.extra_env)
+        if self.log_path:
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-c", "python:tiny_scheduler.gunicorn_conf"],
+            env=env,
+            stdout=self._log or subprocess.DEVNULL,
+            stderr=subprocess.STDOUT if self._log else subprocess.DEVNULL,
+            start_new_session=True,  # so a kill reaches gunicorn's worker too
+        )
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        """Poll /health until it answers (any status: an unhealthy store is still up)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"scheduler exited with {self.proc.returncode}; {self._tail()}")
+            with contextlib.suppress(requests.RequestException):
+                requests.get(self.url + "/health", timeout=1)
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"scheduler not ready after {timeout}s; {self._tail()}")
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM and wait: the clean shutdown an operator's service manager does."""
+        return self._signal(signal.SIGTERM, timeout)
+
+    def kill(self) -> int | None:
+        """SIGKILL the whole process group: a crash, nothing gets to clean up."""
+        return self._signal(signal.SIGKILL, 10.0, group=True)
+
+    def _signal(self, sig: int, timeout: float, group: bool = False) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            code = self.proc.wait(10)
+        if group or sig == signal.SIGKILL:
+            # the worker is in the same group; make sure it is gone before anyone reuses the db
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        if self._log:
+            self._log.close()
+            self._log = None
+        return code
+
+    def _tail(self) -> str:
+        if not self.log_path:
+            return "no log"
+        with open(self.log_path, "rb") as f:
+            return f.read()[-2000:].decode("utf-8", "replace")
+
+    def __enter__(self) -> SchedulerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
