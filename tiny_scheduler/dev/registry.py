@@ -12,15 +12,13 @@ garbage, or hang; and nodes can be forced unhealthy or removed directly.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+
+from .http import PeerServer, Reply, Request
 
 HEALTHY = "healthy"
 UNHEALTHY = "unhealthy"
@@ -37,7 +35,7 @@ class _Node:
     forced_status: str | None = None  # set by tests: overrides the heartbeat rule
 
 
-class FakeRegistry:
+class FakeRegistry(PeerServer):
     """The registry's state and HTTP server; `start()` serves it on a loopback port."""
 
     def __init__(
@@ -48,35 +46,14 @@ class FakeRegistry:
         unhealthy_after: float = 30.0,
         forget_after: float = 300.0,
     ) -> None:
+        super().__init__(host, port)
         self.key = key
         self.unhealthy_after = unhealthy_after
         self.forget_after = forget_after
-        self.fault: str | None = None  # None, "slow", "error", "garbage", "hang"
-        self.slow_secs = 0.5
-        self.requests = 0
         self._lock = threading.Lock()
         self._nodes: dict[str, _Node] = {}
         self.instances: dict[str, dict[str, Any]] = {}
         self.services: list[dict[str, Any]] = []
-        self._release_hang = threading.Event()
-        self._server = ThreadingHTTPServer((host, port), _handler_for(self))
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> FakeRegistry:
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._release_hang.set()
-        self._server.shutdown()
-        self._server.server_close()
 
     # --- state, for the dev cluster and tests ---------------------------------------------------
 
@@ -114,10 +91,6 @@ class FakeRegistry:
                 "created_at": _stamp(time.time()),
             }
 
-    def release(self) -> None:
-        """Let requests stuck in the `hang` fault finish."""
-        self._release_hang.set()
-
     def nodes_listing(self) -> dict[str, dict[str, Any]]:
         now = time.time()
         with self._lock:
@@ -139,98 +112,46 @@ class FakeRegistry:
                 }
             return listing
 
+    # --- the protocol ------------------------------------------------------------------------
+
+    def exempt_from_faults(self, request: Request) -> bool:
+        return request.path == "/health" or self._is_node_call(request)
+
+    def handle(self, request: Request) -> Reply:
+        path, method = request.path, request.method
+        if path == "/health":
+            return Reply.json(200, {"service": "registry", "status": "healthy"})
+        authorized = request.headers.get("Authorization") == f"Bearer {self.key}"
+        if self.key and not self._is_node_call(request) and not authorized:
+            return Reply.text(401, "unauthorized")
+        body = request.json()
+        body = body if isinstance(body, dict) else {}
+        if method == "GET" and path == "/nodes":
+            listing = self.nodes_listing()
+            role = request.query.get("role")
+            if role:
+                listing = {k: v for k, v in listing.items() if v["role"] == role}
+            return Reply.json(200, listing)
+        if method == "GET" and path.startswith("/instances/"):
+            instance = self.instances.get(path[len("/instances/") :])
+            if instance is None:
+                return Reply.text(404, "instance not found")
+            return Reply.json(200, instance)
+        if self._is_node_call(request):
+            node_id = body.get("id") or body.get("hostname")
+            if not isinstance(node_id, str) or not node_id:
+                return Reply.text(400, "id is required")
+            self.heartbeat(node_id, **body)
+            return Reply.json(200, self.nodes_listing().get(node_id, {}))
+        if method == "POST" and path == "/services":
+            self.services.append(body)
+            return Reply.json(201, body)
+        return Reply.text(404, "not found")
+
+    @staticmethod
+    def _is_node_call(request: Request) -> bool:
+        return request.method == "POST" and request.path in ("/nodes/register", "/nodes/heartbeat")
+
 
 def _stamp(moment: float) -> str:
     return datetime.datetime.fromtimestamp(moment, datetime.timezone.utc).isoformat()
-
-
-def _handler_for(registry: FakeRegistry) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        # Without this every keep-alive answer waits 40 ms for a delayed ACK.
-        disable_nagle_algorithm = True
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            self._route("GET")
-
-        def do_POST(self) -> None:
-            self._route("POST")
-
-        def _route(self, method: str) -> None:
-            registry.requests += 1
-            parts = urlsplit(self.path)
-            path = parts.path.rstrip("/")
-            body = self._body()
-            open_paths = path == "/health" or (path.startswith("/nodes/") and method == "POST")
-            if path == "/health":
-                return self._json(200, {"service": "registry", "status": "healthy"})
-            authorized = self.headers.get("Authorization") == f"Bearer {registry.key}"
-            if registry.key and not open_paths and not authorized:
-                return self._text(401, "unauthorized")
-            if self._misbehave():
-                return None
-            if method == "GET" and path == "/nodes":
-                role = parse_qs(parts.query).get("role", [None])[0]
-                listing = registry.nodes_listing()
-                if role:
-                    listing = {k: v for k, v in listing.items() if v["role"] == role}
-                return self._json(200, listing)
-            if method == "GET" and path.startswith("/instances/"):
-                instance = registry.instances.get(unquote(path[len("/instances/") :]))
-                if instance is None:
-                    return self._text(404, "instance not found")
-                return self._json(200, instance)
-            if method == "POST" and path in ("/nodes/register", "/nodes/heartbeat"):
-                node_id = body.get("id") or body.get("hostname")
-                if not isinstance(node_id, str) or not node_id:
-                    return self._text(400, "id is required")
-                registry.heartbeat(node_id, **body)
-                return self._json(200, registry.nodes_listing().get(node_id, {}))
-            if method == "POST" and path == "/services":
-                registry.services.append(body)
-                return self._json(201, body)
-            return self._text(404, "not found")
-
-        def _misbehave(self) -> bool:
-            fault = registry.fault
-            if fault == "slow":
-                time.sleep(registry.slow_secs)
-            elif fault == "hang":
-                registry._release_hang.wait(60)
-                return True
-            elif fault == "error":
-                self._text(500, "internal error")
-                return True
-            elif fault == "garbage":
-                self._raw(200, b"<html>definitely not json", "text/html")
-                return True
-            return False
-
-        def _body(self) -> dict[str, Any]:
-            length = int(self.headers.get("Content-Length") or 0)
-            if not length:
-                return {}
-            try:
-                data = json.loads(self.rfile.read(length))
-            except ValueError:
-                return {}
-            return data if isinstance(data, dict) else {}
-
-        def _json(self, status: int, body: Any) -> None:
-            self._raw(status, json.dumps(body).encode(), "application/json")
-
-        def _text(self, status: int, message: str) -> None:
-            self._raw(status, (message + "\n").encode(), "text/plain; charset=utf-8")
-
-        def _raw(self, status: int, data: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                self.wfile.write(data)
-
-    return Handler

@@ -1,0 +1,148 @@
+"""A small threaded HTTP server on loopback, the base of the stand-in peers.
+
+Each stand-in (registry, SQS, SNS) subclasses `PeerServer` and implements `handle()`; the base
+serves it with keep-alive, Nagle off (else every keep-alive reply waits 40 ms for a delayed
+ACK), and the failure modes the tests need: `fault` set to "slow" (answer after `slow_secs`),
+"hang" (answer nothing until released), "error" (500) or "garbage" (200 with non-JSON).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+
+@dataclasses.dataclass
+class Request:
+    method: str
+    path: str  # decoded, without a trailing slash
+    query: dict[str, str]
+    body: bytes
+    headers: Any
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.body) if self.body else None
+        except ValueError:
+            return None
+
+
+@dataclasses.dataclass
+class Reply:
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+
+    @classmethod
+    def json(cls, status: int, data: Any) -> Reply:
+        return cls(status, json.dumps(data).encode())
+
+    @classmethod
+    def text(cls, status: int, message: str) -> Reply:
+        return cls(status, (message + "\n").encode(), "text/plain; charset=utf-8")
+
+
+FAULTS = (None, "slow", "hang", "error", "garbage")
+
+
+class PeerServer:
+    """Serve `handle()` on a loopback port from a background thread."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.fault: str | None = None
+        self.slow_secs = 0.5
+        self.requests = 0
+        self._release = threading.Event()
+        self._server = ThreadingHTTPServer((host, port), _handler_for(self))
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> PeerServer:
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._release.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def release(self) -> None:
+        """Let requests stuck in the `hang` fault finish (with a 500)."""
+        self._release.set()
+
+    def handle(self, request: Request) -> Reply:
+        raise NotImplementedError
+
+    def exempt_from_faults(self, request: Request) -> bool:
+        """Requests that answer normally whatever the fault (a health check, say)."""
+        return False
+
+    def _serve(self, request: Request) -> Reply | None:
+        self.requests += 1
+        fault = self.fault
+        if fault is None or self.exempt_from_faults(request):
+            return self.handle(request)
+        if fault == "slow":
+            time.sleep(self.slow_secs)
+            return self.handle(request)
+        if fault == "hang":
+            self._release.wait(120)
+            return Reply.text(500, "released")
+        if fault == "error":
+            return Reply.text(500, "internal error")
+        return Reply(200, b"<html>definitely not json", "text/html")
+
+
+def _handler_for(server: PeerServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self._dispatch()
+
+        def do_POST(self) -> None:
+            self._dispatch()
+
+        def do_DELETE(self) -> None:
+            self._dispatch()
+
+        def do_PUT(self) -> None:
+            self._dispatch()
+
+        def _dispatch(self) -> None:
+            parts = urlsplit(self.path)
+            length = int(self.headers.get("Content-Length") or 0)
+            request = Request(
+                method=self.command,
+                path=unquote(parts.path).rstrip("/") or "/",
+                query={k: v[0] for k, v in parse_qs(parts.query).items()},
+                body=self.rfile.read(length) if length else b"",
+                headers=self.headers,
+            )
+            reply = server._serve(request)
+            if reply is None:
+                return
+            self.send_response(reply.status)
+            self.send_header("Content-Type", reply.content_type)
+            self.send_header("Content-Length", str(len(reply.body)))
+            self.end_headers()
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self.wfile.write(reply.body)
+
+    return Handler
