@@ -104,8 +104,10 @@ def job_request_from(data: dict[str, Any]) -> JobRequest:
     command = _text(data, "command")
     deploy_url = _text(data, "deploy_url")
     instance_id = _text(data, "instance_id")
-    job_type = data.get("job_type") or jobs.RUN
-    if job_type not in jobs.JOB_TYPES:
+    job_type = data.get("job_type")
+    if job_type is None or job_type == "":
+        job_type = jobs.RUN  # absent, null or "" (the original's zero value) mean the default
+    elif job_type not in jobs.JOB_TYPES:  # false, 0 or [] are wrong types, not the default
         raise errors.BadRequest("job_type must be run or service")
     port = data.get("port")
     if port is None:
