@@ -151,11 +151,21 @@ class JobTable:
             cursor = chunk[-1]
         return found
 
-    def active(self) -> tuple[list[Job], list[Job]]:
-        """All pending and all running jobs (for the scans that watch them)."""
+    def running(self) -> list[Job]:
+        """Every running job (the timeout scan's input: O(running), not O(history))."""
         with self._lock:
-            pending = [job for queue in self._pending.values() for job in queue.values()]
-            running = [job for queue in self._running.values() for job in queue.values()]
+            return [job for queue in self._running.values() for job in queue.values()]
+
+    def busy_nodes(self) -> set[str]:
+        """Nodes that have pending or running jobs."""
+        with self._lock:
+            return set(self._pending) | set(self._running)
+
+    def on_node(self, node_id: str) -> tuple[list[Job], list[Job]]:
+        """The node's pending and running jobs, oldest first."""
+        with self._lock:
+            pending = list(self._pending.get(node_id, {}).values())
+            running = list(self._running.get(node_id, {}).values())
         return pending, running
 
     def finished_before(self, cutoff: int, limit: int) -> list[int]:

@@ -1,7 +1,8 @@
 """Background work: the daemon threads that keep the cluster honest while nobody calls.
 
 `Background` owns their lifecycle: built by the app factory, started once from the gunicorn
-worker hook, stopped on shutdown. Each loop calls the service, never the table or store.
+worker hook, stopped on shutdown. The loops (`scan`: timeouts, lost nodes, retention; `sqs`:
+ingestion) and the SNS publisher change jobs only through the service.
 """
 
 from __future__ import annotations
@@ -51,21 +52,40 @@ class Loop:
 
 
 class Background:
-    """The scheduler's loops, started and stopped together."""
+    """The scheduler's loops and the SNS publisher, started and stopped together."""
 
     def __init__(self, service: Scheduler) -> None:
+        from .scan import Scan
+        from .sns import SnsPublisher
+        from .sqs import SqsIngest
+
+        settings = service.settings
         self.service = service
-        self.loops: list[Loop] = []
+        self.scan = Scan(service)
+        self.loops = [Loop("scan", settings.timeout_scan_interval_secs, self.scan.tick)]
+        self.sqs: SqsIngest | None = None
+        if settings.sqs_url:
+            self.sqs = SqsIngest(service)
+            self.loops.append(Loop("sqs", settings.sqs_poll_interval_secs, self.sqs.tick))
+        self.sns: SnsPublisher | None = None
+        if settings.sns_url:
+            # Listening starts now, so events of requests served before start() are kept too.
+            self.sns = SnsPublisher(settings)
+            service.listeners.append(self.sns.listener)
         self._started = False
 
     def start(self) -> None:
         if self._started:
             return
         self._started = True
+        if self.sns is not None:
+            self.sns.start()
         for loop in self.loops:
             loop.start()
-            log.info("started %s loop (every %.1fs)", loop.name, loop.interval)
+            log.info("started the %s loop (every %.2fs)", loop.name, loop.interval)
 
     def stop(self) -> None:
         for loop in self.loops:
             loop.stop()
+        if self.sns is not None:
+            self.sns.stop()

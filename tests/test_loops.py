@@ -1,0 +1,329 @@
+"""Background work under real gunicorn: timeouts, lost nodes, SQS ingestion, SNS, retention.
+
+Peers are the loopback stand-ins of `tiny_scheduler.dev`; intervals are shortened through the
+environment, and every wait polls for its condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Iterator
+
+import pytest
+import requests
+from helpers import wait_for
+
+from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE
+from tiny_scheduler.dev.daemon import SchedulerProcess
+from tiny_scheduler.dev.registry import FakeRegistry
+from tiny_scheduler.dev.sns import FakeSns
+from tiny_scheduler.dev.sqs import FakeSqs
+
+FAST = {
+    "TIMEOUT_SCAN_INTERVAL_SECS": "0.2",
+    "SQS_POLL_INTERVAL_SECS": "0.2",
+    "REGISTRY_CACHE_SECS": "0",
+    "NODE_LOST_SECS": "1",
+}
+
+
+class Cluster:
+    """A scheduler with a registry, SQS and SNS beside it, and small helpers to drive it."""
+
+    def __init__(self, tmp: pathlib.Path, env: dict[str, str], nodes: tuple[str, ...]) -> None:
+        self.registry = FakeRegistry().start()
+        for node in nodes:
+            self.registry.set_node(node)
+        self.sqs = FakeSqs(visibility_secs=0.5).start()
+        self.sns = FakeSns().start()
+        self.log = tmp / "scheduler.log"
+        settings = {
+            **FAST,
+            "REGISTRY_URL": self.registry.url,
+            "SQS_URL": self.sqs.url,
+            "SNS_URL": self.sns.url,
+            **env,
+        }
+        self.server = SchedulerProcess(str(tmp / "jobs.db"), settings, log_path=str(self.log))
+        self.server.start()
+        self.http = requests.Session()
+
+    def close(self) -> None:
+        self.server.stop()
+        for peer in (self.registry, self.sqs, self.sns):
+            peer.stop()
+
+    def submit(self, **fields: object) -> dict:
+        reply = self.http.post(self.server.url + "/jobs", json=fields, timeout=10)
+        assert reply.status_code == 201, reply.text
+        return reply.json()
+
+    def job(self, job_id: str) -> dict:
+        reply = self.http.get(f"{self.server.url}/jobs/{job_id}", timeout=10)
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    def patch(self, job_id: str, body: dict, timeout: float = 10) -> requests.Response:
+        return self.http.patch(f"{self.server.url}/jobs/{job_id}", json=body, timeout=timeout)
+
+    def claim(self, job_id: str) -> None:
+        reply = self.patch(job_id, RUNNING_UPDATE)
+        assert reply.status_code == 200, reply.text
+
+    def jobs(self) -> list[dict]:
+        return self.http.get(self.server.url + "/jobs", timeout=10).json()
+
+    def events(self) -> list[dict]:
+        return [json.loads(message) for message in self.sns.published("job-status")]
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture
+def make_cluster(tmp_path: pathlib.Path) -> Iterator:
+    made: list[Cluster] = []
+
+    def make(env: dict[str, str] | None = None, nodes: tuple[str, ...] = ("node-a", "node-b")):
+        cluster = Cluster(tmp_path / f"c{len(made)}", env or {}, nodes)
+        made.append(cluster)
+        return cluster
+
+    for directory in ("c0", "c1"):
+        (tmp_path / directory).mkdir()
+    yield make
+    for cluster in made:
+        cluster.close()
+
+
+# --- timeouts ---------------------------------------------------------------------------------
+
+
+def test_run_job_times_out_fails_without_retry_and_is_published(make_cluster) -> None:
+    cluster = make_cluster({"MAX_JOB_RETRIES": "3"})
+    job = cluster.submit(command="sleep 60", timeout_secs=1)
+    cluster.claim(job["job_id"])
+
+    failed = wait_for(
+        lambda: (j := cluster.job(job["job_id"]))["status"] == "failed" and j, timeout=15
+    )
+    assert failed["exit_code"] == -1
+    assert failed["stderr"] == "job timed out"
+    assert failed["retry_count"] == 0, "a timed-out job is not retried"
+    assert "attempts" not in failed
+    event = wait_for(lambda: [e for e in cluster.events() if e["job_id"] == job["job_id"]])
+    assert event == [
+        {"job_id": job["job_id"], "status": "failed", "node_id": job["node_id"], "exit_code": -1}
+    ]
+    # A late report from the agent cannot resurrect it.
+    late = cluster.patch(job["job_id"], {"status": "done", "exit_code": 0})
+    assert late.status_code == 409
+    assert "failed" in late.text
+
+
+def test_service_job_has_no_scheduler_timeout(make_cluster) -> None:
+    cluster = make_cluster({"JOB_TIMEOUT_SECS": "1", "MAX_JOBS_PER_NODE": "5"}, nodes=("node-a",))
+    service = cluster.submit(command="serve forever", job_type="service", port=8080)
+    cluster.claim(service["job_id"])
+    # A run job claimed after the service, with the same default timeout: once it has timed
+    # out, the service has been past its would-be deadline for at least as long.
+    witness = cluster.submit(command="sleep 60")
+    cluster.claim(witness["job_id"])
+    wait_for(lambda: cluster.job(witness["job_id"])["status"] == "failed", timeout=15)
+
+    assert cluster.job(service["job_id"])["status"] == "running"
+
+
+# --- lost nodes -------------------------------------------------------------------------------
+
+
+def test_pending_job_moves_off_an_unhealthy_node(make_cluster) -> None:
+    cluster = make_cluster()
+    job = cluster.submit(command="echo moved")
+    stuck = job["node_id"]
+    other = "node-b" if stuck == "node-a" else "node-a"
+    cluster.registry.set_node(stuck, status="unhealthy")
+
+    moved = wait_for(lambda: (j := cluster.job(job["job_id"]))["node_id"] == other and j)
+    assert moved["status"] == "pending"
+    assert moved["retry_count"] == 0, "a move is not a retry"
+    polled = cluster.http.get(
+        cluster.server.url + "/jobs", params={"node_id": other, "status": "pending"}, timeout=10
+    ).json()
+    assert [j["job_id"] for j in polled] == [job["job_id"]]
+
+
+def test_running_job_on_lost_node_fails_and_runs_again_elsewhere(make_cluster) -> None:
+    cluster = make_cluster({"NODE_LOST_SECS": "1"})
+    job = cluster.submit(command="echo survive")
+    lost = job["node_id"]
+    other = "node-b" if lost == "node-a" else "node-a"
+    cluster.claim(job["job_id"])
+    cluster.registry.remove_node(lost)
+
+    retried = wait_for(
+        lambda: (j := cluster.job(job["job_id"]))["status"] == "pending" and j, timeout=15
+    )
+    assert retried["node_id"] == other
+    assert retried["retry_count"] == 1
+    [attempt] = retried["attempts"]
+    assert attempt["node_id"] == lost
+    assert attempt["exit_code"] == -1
+    assert attempt["stderr"] == "node lost"
+
+    cluster.claim(job["job_id"])
+    done = cluster.patch(job["job_id"], {"status": "done", "exit_code": 0, "stdout": "ok\n"})
+    assert done.json()["status"] == "done"
+
+
+def test_running_job_survives_a_short_absence(make_cluster) -> None:
+    cluster = make_cluster({"NODE_LOST_SECS": "3600", "MAX_JOBS_PER_NODE": "2"}, nodes=("node-a",))
+    running = cluster.submit(command="echo patient")
+    cluster.claim(running["job_id"])
+    witness = cluster.submit(command="echo witness")
+    cluster.registry.set_node("node-b")
+    cluster.registry.set_node("node-a", status="unhealthy")
+    # The scan that moves the pending witness has also looked at the running job.
+    wait_for(lambda: cluster.job(witness["job_id"])["node_id"] == "node-b")
+    assert cluster.job(running["job_id"])["status"] == "running"
+
+
+def test_registry_down_moves_nothing(make_cluster) -> None:
+    cluster = make_cluster({"NODE_LOST_SECS": "0"})
+    pending = cluster.submit(command="echo stay")
+    running = cluster.submit(command="echo stay too")
+    cluster.claim(running["job_id"])
+    cluster.registry.fault = "error"
+
+    def skipped_scans() -> int:
+        return cluster.log_text().count("lost-node scan skipped")
+
+    wait_for(lambda: skipped_scans() >= 3, timeout=15)
+    assert cluster.job(pending["job_id"])["node_id"] == pending["node_id"]
+    assert cluster.job(pending["job_id"])["status"] == "pending"
+    assert cluster.job(running["job_id"])["status"] == "running"
+
+
+# --- SQS ----------------------------------------------------------------------------------------
+
+
+def test_sqs_drains_several_messages_in_one_tick_with_every_field(make_cluster) -> None:
+    cluster = make_cluster({"SQS_POLL_INTERVAL_SECS": "3600"})  # only the first tick runs
+    cluster.server.stop()
+    bodies = [
+        {"command": f"echo {n}", "env_vars": {"N": str(n), "Q": 'a "quoted"\nline é'}}
+        for n in range(5)
+    ]
+    bodies.append({"deploy_url": "http://store/app.zip", "job_type": "service", "port": 8080})
+    for body in bodies:
+        cluster.sqs.send("jobs", json.dumps(body))
+    cluster.server.extra_env["SQS_POLL_INTERVAL_SECS"] = "0.5"
+    cluster.server.start()
+
+    jobs = wait_for(lambda: len(found := cluster.jobs()) == len(bodies) and found, timeout=15)
+    assert [j["command"] for j in jobs[:5]] == [f"echo {n}" for n in range(5)]
+    assert [j["env_vars"] for j in jobs[:5]] == [b["env_vars"] for b in bodies[:5]]
+    service = jobs[5]
+    assert (service["deploy_url"], service["job_type"], service["port"], service["command"]) == (
+        "http://store/app.zip",
+        "service",
+        8080,
+        "",
+    )
+    wait_for(lambda: cluster.sqs.messages("jobs") == [])
+
+
+def test_sqs_invalid_message_is_logged_and_deleted(make_cluster) -> None:
+    cluster = make_cluster()
+    bad = cluster.sqs.send("jobs", json.dumps({"command": "x", "port": 70000}))
+    junk = cluster.sqs.send("jobs", "not json at all")
+    wait_for(lambda: {bad, junk} <= set(cluster.sqs.deleted))
+    assert cluster.jobs() == []
+    log = cluster.log_text()
+    assert f"SQS message {bad} rejected (port must be an integer between 1 and 65535)" in log
+    assert "not json at all" in log
+
+
+def test_sqs_message_waits_for_a_node(make_cluster) -> None:
+    cluster = make_cluster(nodes=())
+    message = cluster.sqs.send("jobs", json.dumps({"command": "echo later"}))
+    wait_for(lambda: "kept for later: no healthy compute nodes" in cluster.log_text())
+    assert message not in cluster.sqs.deleted
+    assert cluster.jobs() == []
+
+    cluster.registry.set_node("node-late")
+    [job] = wait_for(lambda: cluster.jobs(), timeout=15)
+    assert job["node_id"] == "node-late"
+    wait_for(lambda: message in cluster.sqs.deleted)
+
+
+def test_sqs_redelivery_after_failed_delete_creates_no_duplicate(make_cluster) -> None:
+    cluster = make_cluster()
+    cluster.sqs.fail_deletes = 1
+    message = cluster.sqs.send("jobs", json.dumps({"command": "echo once"}))
+
+    wait_for(lambda: message in cluster.sqs.deleted, timeout=15)
+    assert cluster.sqs.messages("jobs") == []
+    jobs = cluster.jobs()
+    assert len(jobs) == 1
+    assert "delivered again" in cluster.log_text()
+
+
+# --- SNS ------------------------------------------------------------------------------------------
+
+
+def test_sns_hanging_does_not_slow_updates_and_events_follow(make_cluster) -> None:
+    cluster = make_cluster()
+    cluster.sns.fault = "hang"
+    jobs = [cluster.submit(command=f"echo {n}") for n in range(3)]
+    for job in jobs:
+        cluster.claim(job["job_id"])
+        # Bounded well below SNS's hang: the reply must not wait for the publish.
+        reply = cluster.patch(job["job_id"], {"status": "done", "exit_code": 0}, timeout=5)
+        assert reply.status_code == 200
+    cancelled = cluster.submit(command="never")
+    assert cluster.http.post(f"{cluster.server.url}/jobs/{cancelled['job_id']}/cancel").ok
+
+    cluster.sns.fault = None
+    cluster.sns.release()
+    expected = {(j["job_id"], "done") for j in jobs} | {(cancelled["job_id"], "cancelled")}
+    wait_for(lambda: {(e["job_id"], e["status"]) for e in cluster.events()} >= expected, 30)
+
+
+def test_sns_down_drops_events_after_retries_and_logs(make_cluster) -> None:
+    cluster = make_cluster()
+    cluster.sns.fault = "error"
+    job = cluster.submit(command="false")
+    cluster.claim(job["job_id"])
+    reply = cluster.patch(job["job_id"], {"status": "done", "exit_code": 0}, timeout=5)
+    assert reply.status_code == 200
+    wait_for(lambda: "event dropped" in cluster.log_text(), timeout=30)
+    assert job["job_id"] in cluster.log_text()
+    assert cluster.sns.requests >= 2, "the publish was retried"
+
+
+# --- retention ------------------------------------------------------------------------------------
+
+
+def test_retention_removes_old_finished_jobs_only(make_cluster) -> None:
+    cluster = make_cluster({"JOB_RETENTION_SECS": "1", "MAX_JOBS_PER_NODE": "5"})
+    pending = cluster.submit(command="echo waiting")
+    running = cluster.submit(command="echo working")
+    cluster.claim(running["job_id"])
+    finished = cluster.submit(command="echo done")
+    cluster.claim(finished["job_id"])
+    cluster.patch(finished["job_id"], {"status": "done", "exit_code": 0})
+
+    wait_for(
+        lambda: (
+            cluster.http.get(f"{cluster.server.url}/jobs/{finished['job_id']}").status_code == 404
+        ),
+        timeout=15,
+    )
+    assert cluster.job(pending["job_id"])["status"] == "pending"
+    assert cluster.job(running["job_id"])["status"] == "running"
+    # Ids are never reused, also after a restart.
+    cluster.server.stop()
+    cluster.server.start()
+    assert cluster.submit(command="echo next")["job_id"] == "job-4"

@@ -1,0 +1,108 @@
+"""The periodic scan: run timeouts, lost nodes, and retention, every TIMEOUT_SCAN_INTERVAL_SECS.
+
+- Timeouts: a running `run` job past its `timeout_secs` (or JOB_TIMEOUT_SECS), counted from
+  `running_at`, fails with exit -1 and `job timed out`, and is not retried. Services have no
+  scheduler timeout.
+- Lost nodes: a pending job whose node is gone from the registry or unhealthy is placed again
+  on a healthy node (instance-pinned jobs stay: their instance lives there). A running job
+  whose node has been gone or unhealthy for longer than NODE_LOST_SECS fails as an attempt
+  with exit -1 and `node lost`, and the retry rule sends it elsewhere. When the registry cannot
+  be reached nothing moves: an outage of the registry is not an outage of every node.
+- Retention: finished jobs older than JOB_RETENTION_SECS leave memory and the database.
+
+Each step works on one job at a time through the service, and one job's failure is logged and
+skipped, never the end of the sweep. The scan reads only running jobs and the jobs of nodes
+that are in trouble, so its cost does not grow with history.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from .. import errors, jobs
+from ..service import Scheduler
+
+log = logging.getLogger(__name__)
+
+RETENTION_BATCH = 5000
+"""Jobs deleted per retention transaction, so one sweep never holds the writer for long."""
+
+
+class Scan:
+    """One scan's state between ticks: since when each troubled node has been seen down."""
+
+    def __init__(self, service: Scheduler) -> None:
+        self.service = service
+        self.settings = service.settings
+        self._down_since: dict[str, float] = {}  # node id -> monotonic time first seen down
+
+    def tick(self) -> None:
+        self.expire_timeouts()
+        self.handle_lost_nodes()
+        self.apply_retention()
+
+    def expire_timeouts(self) -> int:
+        """Fail every running job past its deadline; returns how many."""
+        now = jobs.now_us()
+        expired = 0
+        for job in self.service.table.running():
+            deadline = jobs.run_deadline(job, self.settings.job_timeout_secs)
+            if deadline is None or now < deadline:
+                continue
+            if _guarded(self.service.fail_running, job, jobs.TIMED_OUT_STDERR, False):
+                log.warning("job %s timed out on node %s", job.job_id, job.node_id)
+                expired += 1
+        return expired
+
+    def handle_lost_nodes(self) -> None:
+        busy = self.service.table.busy_nodes()
+        if not busy:
+            self._down_since.clear()
+            return
+        try:
+            nodes = self.service.placement.registry.nodes()
+        except errors.PlacementError as exc:
+            log.warning("lost-node scan skipped: %s", exc.message)
+            return
+        now = time.monotonic()
+        down = {node for node in busy if not nodes.is_healthy(node)}
+        for node in list(self._down_since):
+            if node not in down:
+                del self._down_since[node]  # back, or no work there any more
+        can_move = bool(nodes.healthy)
+        for node in sorted(down):
+            since = self._down_since.setdefault(node, now)
+            pending, running = self.service.table.on_node(node)
+            for job in pending:
+                if can_move and not job.instance_id:
+                    _guarded(self.service.move_pending, job)
+            if now - since > self.settings.node_lost_secs:
+                for job in running:
+                    if _guarded(self.service.fail_running, job, jobs.NODE_LOST_STDERR, True):
+                        log.warning("job %s lost with node %s", job.job_id, node)
+
+    def apply_retention(self) -> int:
+        """Delete finished jobs older than JOB_RETENTION_SECS; returns how many."""
+        keep_secs = self.settings.job_retention_secs
+        if not keep_secs:
+            return 0
+        cutoff = jobs.now_us() - keep_secs * 1_000_000
+        removed = 0
+        while True:
+            count = self.service.expire(cutoff, RETENTION_BATCH)
+            removed += count
+            if count < RETENTION_BATCH:
+                return removed
+
+
+def _guarded(action: Callable[..., object], job: jobs.Job, *args: object) -> object:
+    """Run one job's step; log and go on when it fails (the next scan tries again)."""
+    try:
+        return action(job.seq, *args)
+    except errors.ServiceError as exc:
+        log.warning("scan: job %s: %s", job.job_id, exc.message)
+    except Exception:
+        log.exception("scan: job %s failed", job.job_id)
+    return None
