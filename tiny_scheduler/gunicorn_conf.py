@@ -1,8 +1,8 @@
 """Gunicorn settings for the scheduler daemon (`gunicorn.conf.py` at the repo root imports
 these, and `tiny-scheduler serve` points gunicorn here).
 
-Settings are checked here, in the master, so a bad variable stops start-up with one clear
-line instead of a worker traceback loop.
+Settings and the database are checked here, in the master, so a bad variable or an unusable
+database file stops start-up with one clear line instead of a worker traceback.
 """
 
 from __future__ import annotations
@@ -10,12 +10,16 @@ from __future__ import annotations
 import os
 import sys
 
+from tiny_scheduler import store
 from tiny_scheduler.config import ConfigError, Settings
 
 try:
     _settings = Settings.from_env()
+    store.check(_settings.db_path)
 except ConfigError as _exc:
     sys.exit(f"tiny-scheduler: configuration error: {_exc}")
+except store.StoreOpenError as _exc:
+    sys.exit(f"tiny-scheduler: {_exc}")
 
 wsgi_app = "tiny_scheduler:create_app()"
 bind = [_settings.bind]

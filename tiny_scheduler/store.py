@@ -253,6 +253,21 @@ class Store:
 # --- opening and migrating --------------------------------------------------------------------
 
 
+def check(path: str) -> None:
+    """Open (creating or migrating) the database once and close it; StoreOpenError when it
+    cannot be used. The daemon calls this before starting its worker, so a corrupt file or
+    one from a newer scheduler stops start-up with one clear line."""
+    conn = _open(path)
+    try:
+        row = conn.execute("PRAGMA quick_check").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise StoreOpenError(f"job database {path!r} is corrupt: {exc}") from exc
+    finally:
+        conn.close()
+    if row is None or row[0] != "ok":
+        raise StoreOpenError(f"job database {path!r} is corrupt: {row[0] if row else 'no answer'}")
+
+
 def _open(path: str) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
