@@ -84,6 +84,7 @@ class SchedulerProcess:
 
     def _signal(self, sig: int, timeout: float, group: bool = False) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
+            self._close_log()  # it exited by itself (a bad setting, a crash)
             return self.proc.returncode if self.proc else None
         with contextlib.suppress(ProcessLookupError):
             if group:
@@ -100,10 +101,13 @@ class SchedulerProcess:
             # the worker is in the same group; make sure it is gone before anyone reuses the db
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
+        self._close_log()
+        return code
+
+    def _close_log(self) -> None:
         if self._log:
             self._log.close()
             self._log = None
-        return code
 
     def _tail(self) -> str:
         if not self.log_path:
