@@ -35,7 +35,7 @@ class Placement:
             return self.instance_node(instance_id)
         healthy = self.registry.nodes().healthy
         if avoid is not None and len(healthy) > 1 and avoid in healthy:
-            healthy.remove(avoid)
+            healthy = tuple(node for node in healthy if node != avoid)
         if not healthy:
             raise PlacementError(NO_HEALTHY_NODES)
         with self._turn_lock:

@@ -35,11 +35,12 @@ class Nodes:
 
     status: dict[str, str]  # node id -> "healthy", "unhealthy", ...
     fetched_at: float
+    healthy: tuple[str, ...] = ()  # healthy node ids, sorted: the round-robin order
 
-    @property
-    def healthy(self) -> list[str]:
-        """Healthy node ids, sorted: the round-robin order."""
-        return sorted(node for node, status in self.status.items() if status == "healthy")
+    @classmethod
+    def of(cls, status: dict[str, str]) -> Nodes:
+        healthy = tuple(sorted(node for node, state in status.items() if state == "healthy"))
+        return cls(status=status, fetched_at=time.monotonic(), healthy=healthy)
 
     def is_healthy(self, node_id: str) -> bool:
         return self.status.get(node_id) == "healthy"
@@ -110,7 +111,7 @@ class Registry:
         for node_id, node in data.items():
             if isinstance(node, dict):
                 status[node_id] = str(node.get("status", ""))
-        return Nodes(status=status, fetched_at=time.monotonic())
+        return Nodes.of(status)
 
     def _get(self, path: str, endpoint: str, missing_ok: bool = False) -> Any:
         url = self._base + path

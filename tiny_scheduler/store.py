@@ -17,6 +17,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable
+from sys import intern
 
 import orjson
 
@@ -349,18 +350,20 @@ def _job_from_row(row: tuple) -> Job:
     (seq, node_id, command, created_at, instance_id, deploy_url, job_type, port, env_vars,
      timeout_secs, status, retry_count, exit_code, stdout, stderr, running_at, finished_at,
      attempts, dedupe_key) = row  # fmt: skip
+    # Interned: a million jobs share a handful of node ids, types and statuses, and each
+    # row would otherwise bring its own copy of them into memory.
     return Job(
         seq,
-        node_id,
+        intern(node_id),
         command,
         created_at,
-        instance_id,
+        intern(instance_id),
         deploy_url,
-        job_type,
+        intern(job_type),
         port,
         orjson.loads(env_vars) if env_vars else None,
         timeout_secs,
-        status,
+        intern(status),
         retry_count,
         exit_code,
         stdout,

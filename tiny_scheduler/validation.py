@@ -109,6 +109,8 @@ def job_request_from(data: dict[str, Any]) -> JobRequest:
         job_type = jobs.RUN  # absent, null or "" (the original's zero value) mean the default
     elif job_type not in jobs.JOB_TYPES:  # false, 0 or [] are wrong types, not the default
         raise errors.BadRequest("job_type must be run or service")
+    else:
+        job_type = jobs.SERVICE if job_type == jobs.SERVICE else jobs.RUN  # shared constants
     port = data.get("port")
     if port is None:
         port = 0
