@@ -1,0 +1,314 @@
+"""The local dev cluster: a registry, N dev agents and the scheduler, started and stopped as one.
+
+`DevCluster` owns the lifecycle of those parts on loopback: the `FakeRegistry` in this process,
+the scheduler under real gunicorn (`SchedulerProcess`), and each agent as its own process
+(`python -m tiny_scheduler.dev.agent`), so that SIGKILLing one is a real node failure. It leaves
+no orphans: every child runs in its own process group, `stop()` ends them all and is registered
+with `atexit`, a start-up that fails halfway stops what it had started, and agents shut down by
+themselves when this process dies. `tiny-scheduler dev`, `make demo` and the end-to-end tests
+all run it.
+
+It does not schedule anything or talk to the scheduler's API beyond waiting for it to be up.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+
+from .agent import DEFAULT_HEARTBEAT_SECS, DEFAULT_POLL_SECS, kill_recorded_children
+from .daemon import SchedulerProcess, free_port
+from .registry import FakeRegistry
+
+log = logging.getLogger(__name__)
+
+AGENT_STOP_SECS = 5.0
+"""Seconds an agent gets to kill its jobs and exit after SIGTERM before it is SIGKILLed."""
+
+START_TIMEOUT_SECS = 30.0
+"""Seconds the whole cluster may take to come up (scheduler healthy, every node registered)."""
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not start; the message says why in one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """What to start. Intervals are seconds; `None` leaves the scheduler's own default."""
+
+    agents: int = 3
+    scheduler_port: int | None = None  # None: any free port
+    registry_port: int = 0  # 0: any free port
+    poll_secs: float = DEFAULT_POLL_SECS
+    heartbeat_secs: float = DEFAULT_HEARTBEAT_SECS
+    unhealthy_after: float = 30.0  # registry: no heartbeat this long -> node unhealthy
+    scan_interval_secs: float | None = None  # TIMEOUT_SCAN_INTERVAL_SECS
+    node_lost_secs: float | None = None  # NODE_LOST_SECS
+    registry_cache_secs: float | None = None  # REGISTRY_CACHE_SECS
+    api_key: str | None = None  # TINYAWS_API_KEY for the scheduler and the registry
+    scheduler_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    work_dir: str | None = None  # logs, database, scratch dirs; None: a temp dir removed at stop
+    node_prefix: str = "node-"
+
+    @classmethod
+    def quick(cls, **changes: object) -> ClusterConfig:
+        """Short intervals everywhere: for tests and the demo, where a lost node and a
+        timeout should show within seconds."""
+        fast = {
+            "poll_secs": 0.2,
+            "heartbeat_secs": 0.2,
+            "unhealthy_after": 1.0,
+            "scan_interval_secs": 0.2,
+            "node_lost_secs": 1.0,
+            "registry_cache_secs": 0.2,
+        }
+        return cls(**{**fast, **changes})  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass
+class _AgentProcess:
+    node_id: str
+    proc: subprocess.Popen[bytes]
+    work_dir: str
+    log_path: str
+
+
+class DevCluster:
+    """Registry + agents + scheduler on loopback. Use as a context manager or start()/stop()."""
+
+    def __init__(self, config: ClusterConfig | None = None) -> None:
+        self.config = config or ClusterConfig()
+        self.node_ids = [f"{self.config.node_prefix}{i}" for i in range(1, self.config.agents + 1)]
+        self._own_work_dir = self.config.work_dir is None
+        self.work_dir = self.config.work_dir or tempfile.mkdtemp(prefix="tiny-dev-")
+        os.makedirs(self.work_dir, exist_ok=True)
+        self.registry: FakeRegistry | None = None
+        self.scheduler: SchedulerProcess | None = None
+        self.agents: dict[str, _AgentProcess] = {}
+        self._stopped = False
+
+    @property
+    def scheduler_url(self) -> str:
+        assert self.scheduler is not None, "cluster not started"
+        return self.scheduler.url
+
+    @property
+    def registry_url(self) -> str:
+        assert self.registry is not None, "cluster not started"
+        return self.registry.url
+
+    @property
+    def scheduler_log(self) -> str:
+        return os.path.join(self.work_dir, "scheduler.log")
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> DevCluster:
+        """Start everything and wait until the scheduler answers and every node is healthy.
+        On any failure, whatever had started is stopped before the error propagates."""
+        atexit.register(self.stop)
+        try:
+            self._start_registry()
+            self._start_scheduler()
+            for node_id in self.node_ids:
+                self.start_agent(node_id)
+            self.wait_nodes_healthy(self.node_ids)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop agents (they kill their jobs), then the scheduler, then the registry.
+        Idempotent; never raises, so that one stuck part cannot leave the others running."""
+        if self._stopped:
+            return
+        self._stopped = True
+        atexit.unregister(self.stop)
+        for agent in self.agents.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent.proc.pid, signal.SIGTERM)
+        for agent in self.agents.values():
+            try:
+                agent.proc.wait(AGENT_STOP_SECS)
+            except subprocess.TimeoutExpired:
+                log.warning("agent %s did not stop in time; killing it", agent.node_id)
+            self._kill_agent_group(agent)
+        if self.scheduler is not None:
+            try:
+                self.scheduler.stop()
+            except Exception:
+                log.exception("stopping the scheduler failed; killing it")
+                with contextlib.suppress(Exception):
+                    self.scheduler.kill()
+        if self.registry is not None:
+            with contextlib.suppress(Exception):
+                self.registry.stop()
+        if self._own_work_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def __enter__(self) -> DevCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- parts ------------------------------------------------------------------------------
+
+    def _start_registry(self) -> None:
+        try:
+            registry = FakeRegistry(
+                port=self.config.registry_port,
+                key=self.config.api_key,
+                unhealthy_after=self.config.unhealthy_after,
+            )
+        except OSError as exc:
+            raise ClusterError(
+                f"cannot start the registry on port {self.config.registry_port}: {exc.strerror}"
+            ) from None
+        registry.start()
+        self.registry = registry
+
+    def _start_scheduler(self) -> None:
+        assert self.registry is not None
+        port = self.config.scheduler_port
+        if port is not None and not _port_free(port):
+            # Checked first: another scheduler already on the port would answer /health and
+            # pass for ours.
+            raise ClusterError(f"port {port} is already in use; choose another scheduler port")
+        env = {
+            "REGISTRY_URL": self.registry.url,
+            # An empty value counts as unset: no key unless the cluster was given one.
+            "TINYAWS_API_KEY": self.config.api_key or "",
+        }
+        optional = {
+            "TIMEOUT_SCAN_INTERVAL_SECS": self.config.scan_interval_secs,
+            "NODE_LOST_SECS": self.config.node_lost_secs,
+            "REGISTRY_CACHE_SECS": self.config.registry_cache_secs,
+        }
+        env.update({name: str(value) for name, value in optional.items() if value is not None})
+        env.update(self.config.scheduler_env)
+        self.scheduler = SchedulerProcess(
+            db_path=os.path.join(self.work_dir, "scheduler.db"),
+            env=env,
+            port=port or free_port(),
+            log_path=self.scheduler_log,
+        )
+        try:
+            self.scheduler.start(timeout=START_TIMEOUT_SECS)
+        except (RuntimeError, TimeoutError) as exc:
+            raise ClusterError(f"the scheduler did not start: {exc}") from None
+
+    def start_agent(self, node_id: str) -> None:
+        """Start (or restart) the agent process of one node."""
+        assert self.scheduler is not None and self.registry is not None
+        work_dir = os.path.join(self.work_dir, node_id)
+        os.makedirs(work_dir, exist_ok=True)
+        log_path = os.path.join(self.work_dir, f"agent-{node_id}.log")
+        env = {**os.environ, "TINYAWS_API_KEY": self.config.api_key or ""}
+        argv = [
+            sys.executable,
+            "-m",
+            "tiny_scheduler.dev.agent",
+            "--node",
+            node_id,
+            "--scheduler",
+            self.scheduler.url,
+            "--registry",
+            self.registry.url,
+            "--poll-secs",
+            str(self.config.poll_secs),
+            "--heartbeat-secs",
+            str(self.config.heartbeat_secs),
+            "--work-dir",
+            work_dir,
+            "--exit-with-parent",
+        ]
+        with open(log_path, "ab") as log_file:
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group: a kill reaches nothing else
+            )
+        self.agents[node_id] = _AgentProcess(node_id, proc, work_dir, log_path)
+
+    def kill_agent(self, node_id: str) -> None:
+        """SIGKILL a node: its agent and every job it was running, with no chance to report.
+        To the scheduler the node just goes silent."""
+        agent = self.agents[node_id]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(agent.proc.pid, signal.SIGKILL)
+        agent.proc.wait(10)
+        self._kill_agent_group(agent)
+
+    def _kill_agent_group(self, agent: _AgentProcess) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(agent.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            agent.proc.wait(5)
+        kill_recorded_children(agent.work_dir)
+
+    def wait_nodes_healthy(self, node_ids: list[str], timeout: float = START_TIMEOUT_SECS) -> None:
+        """Wait until the registry lists every given node as healthy."""
+        assert self.registry is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            listing = self.registry.nodes_listing()
+            missing = [n for n in node_ids if listing.get(n, {}).get("status") != "healthy"]
+            if not missing:
+                return
+            for node_id in missing:
+                agent = self.agents.get(node_id)
+                if agent is not None and agent.proc.poll() is not None:
+                    raise ClusterError(
+                        f"agent {node_id} exited with {agent.proc.returncode}; see {agent.log_path}"
+                    )
+            if time.monotonic() > deadline:
+                raise ClusterError(f"nodes not healthy after {timeout}s: {', '.join(missing)}")
+            time.sleep(0.05)
+
+    def problems(self) -> list[str]:
+        """Parts that died on their own (for `tiny-scheduler dev`'s watch loop)."""
+        found = []
+        if self.scheduler is not None and self.scheduler.proc is not None:
+            code = self.scheduler.proc.poll()
+            if code is not None:
+                found.append(f"the scheduler exited with {code}; see {self.scheduler_log}")
+        for agent in self.agents.values():
+            code = agent.proc.poll()
+            if code is not None:
+                found.append(f"agent {agent.node_id} exited with {code}; see {agent.log_path}")
+        return found
+
+    def pids(self) -> list[int]:
+        """Process ids of the scheduler's master and of every agent."""
+        found = [agent.proc.pid for agent in self.agents.values()]
+        if self.scheduler is not None and self.scheduler.proc is not None:
+            found.append(self.scheduler.proc.pid)
+        return found
+
+
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with contextlib.closing(socket.socket()) as sock:
+        # As gunicorn binds: a port in TIME_WAIT is free, one with a listener is not.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
