@@ -12,6 +12,7 @@ not eight. Readers never touch the database; the job table serves them from memo
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import sqlite3
 import threading
@@ -124,7 +125,15 @@ class Store:
     def load(self) -> tuple[list[Job], int]:
         """Every job in id order, and the highest id ever handed out (0 for a new file)."""
         rows = self._conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs ORDER BY seq")
-        loaded = [_job_from_row(row) for row in rows]
+        # Building a million objects would trigger the cycle collector hundreds of times over
+        # objects that cannot form cycles; pause it for the load.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            loaded = [_job_from_row(row) for row in rows]
+        finally:
+            if collecting:
+                gc.enable()
         found = self._conn.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
         last_seq = max(found[0] if found else 0, loaded[-1].seq if loaded else 0)
         return loaded, last_seq
