@@ -24,6 +24,9 @@ run: install ## run the scheduler daemon on :9001 (configure with the README's v
 test: install ## run the test suite
 	$(VENV)/bin/pytest
 
+soak: install ## the long crash-and-restart soak (tests marked slow; make test skips them)
+	$(VENV)/bin/pytest -m slow
+
 lint: install ## ruff: style and common bugs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
