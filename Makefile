@@ -21,6 +21,9 @@ $(STAMP): setup.cfg setup.py
 run: install ## run the scheduler daemon on :9001 (configure with the README's variables)
 	$(VENV)/bin/gunicorn -c gunicorn.conf.py
 
+demo: install ## see it work: a dev cluster runs a handful of jobs live, then stops (<30 s)
+	$(PY) -m tiny_scheduler.dev.demo
+
 test: install ## run the test suite
 	$(VENV)/bin/pytest
 

@@ -1,0 +1,317 @@
+"""`make demo`: the scheduler at work, end to end, in well under a minute.
+
+Starts a dev cluster (registry, 3 dev agents, the scheduler under gunicorn, short intervals),
+submits a handful of jobs that show what the scheduler does — a success, environment
+variables, a failure retried on another node, a failure that stays failed, a long-running
+service, a job cancelled while it waits, a run timeout — follows them live, prints a summary
+table, and stops everything. Exits 0 only when every job ended as it should, so it doubles as
+a smoke test.
+
+It is a client of the public API only (plus the dev registry's instance table, to pin jobs):
+it shows behaviour, it does not define any.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import requests
+
+from ..cli import Client, CliError, describe, format_table
+from .cluster import ClusterConfig, ClusterError, DevCluster
+from .daemon import free_port
+
+TRACK_INTERVAL_SECS = 0.2
+"""Seconds between two looks at the demo's jobs."""
+
+PHASE_TIMEOUT_SECS = 20.0
+"""Seconds a phase may take before the demo stops waiting and reports what it saw."""
+
+TIMEOUT_JOB_SECS = 2
+"""The run timeout of the job that is meant to time out."""
+
+
+@dataclasses.dataclass
+class Shown:
+    """One job of the demo: what it shows, and how it should end."""
+
+    label: str
+    expected: str  # said in the summary when the job did not end that way
+    check: Callable[[dict[str, Any]], bool]
+    job: dict[str, Any] = dataclasses.field(default_factory=dict)
+    note: str = ""  # an extra fact for the summary (the service's HTTP answer)
+    note_ok: bool = True  # whether that fact is as it should be
+
+    @property
+    def job_id(self) -> str:
+        return self.job["job_id"]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.job) and self.check(self.job) and self.note_ok
+
+
+class Demo:
+    """Runs the demo's phases against a started cluster and prints as it goes."""
+
+    def __init__(self, cluster: DevCluster) -> None:
+        self.cluster = cluster
+        self.client = Client(cluster.scheduler_url)
+        self.shown: list[Shown] = []
+        self.started = time.monotonic()
+        self._last_seen: dict[str, tuple[Any, ...]] = {}
+
+    def say(self, line: str = "") -> None:
+        print(line, flush=True)
+
+    def submit(self, shown: Shown, **body: Any) -> Shown:
+        shown.job = self.client.submit(body)
+        self.shown.append(shown)
+        self._last_seen[shown.job_id] = _state(shown.job)
+        self.say(f"  submitted {shown.job_id:<7} {shown.label:<22} -> {shown.job['node_id']}")
+        return shown
+
+    # --- the phases -------------------------------------------------------------------------
+
+    def run(self) -> bool:
+        self.phase_one()
+        self.phase_two()
+        self.summary()
+        return all(shown.ok for shown in self.shown)
+
+    def phase_one(self) -> None:
+        self.say("\n1) five jobs at once, spread round-robin over the nodes")
+        mark = os.path.join(self.cluster.work_dir, "flaky.mark")
+        self.submit(
+            Shown("success", "done, exit 0", lambda j: _done_with(j, "hello from node-")),
+            command='echo "hello from $TINY_NODE_ID"',
+        )
+        self.submit(
+            Shown(
+                "env vars",
+                "done, printing the variables",
+                lambda j: _done_with(j, "Hello, tiny-scheduler!"),
+            ),
+            command='echo "$GREETING, $WHO!"',
+            env_vars={"GREETING": "Hello", "WHO": "tiny-scheduler"},
+        )
+        self.submit(
+            Shown(
+                "retried elsewhere",
+                "done on its second node after one failed attempt",
+                _retried_elsewhere,
+            ),
+            # Fails the first time it runs, wherever that is; the retry goes to another node.
+            command=(
+                'if [ -e "$MARK" ]; then echo "second try worked on $TINY_NODE_ID"; '
+                'else touch "$MARK"; echo "first try failed on $TINY_NODE_ID" >&2; exit 3; fi'
+            ),
+            env_vars={"MARK": mark},
+        )
+        self.submit(
+            Shown(
+                "failure",
+                "failed with exit 2 after a retry",
+                lambda j: (
+                    j["status"] == "failed"
+                    and j.get("exit_code") == 2
+                    and len(j.get("attempts", [])) == 1
+                ),
+            ),
+            command='echo "cannot open settings.yml" >&2; exit 2',
+        )
+        port = free_port()
+        service = self.submit(
+            Shown("service", "running and answering HTTP", lambda j: j["status"] == "running"),
+            command=f"exec {shlex.quote(sys.executable)} -m http.server {port} --bind 127.0.0.1",
+            job_type="service",
+            port=port,
+        )
+        self.follow(lambda: all(self._settled(s) for s in self.shown))
+        service.note = _probe_service(port)
+        service.note_ok = service.note.startswith("HTTP 200")
+        self.say(f"  service {service.job_id} on port {port}: {service.note}")
+
+    def phase_two(self) -> None:
+        self.say("\n2) a cancel and a timeout")
+        # Pin two jobs to one instance: the first keeps its node busy (one slot per node),
+        # so the second waits as pending and can be cancelled before any agent takes it.
+        busy_node = self.cluster.node_ids[-1]
+        assert self.cluster.registry is not None
+        self.cluster.registry.set_instance("i-demo", busy_node)
+        blocker = self.submit(
+            Shown("keeps its node busy", "done, exit 0", lambda j: j["status"] == "done"),
+            command="sleep 2; echo slept",
+            instance_id="i-demo",
+        )
+        self.follow(lambda: blocker.job["status"] != "pending")
+        waiting = self.submit(
+            Shown("cancel", "cancelled while pending", lambda j: j["status"] == "cancelled"),
+            command="echo this never runs",
+            instance_id="i-demo",
+        )
+        waiting.job = self.client.cancel(waiting.job_id)
+        self._last_seen[waiting.job_id] = _state(waiting.job)
+        self.say(f"  cancelled {waiting.job_id} while it waited for {busy_node}")
+        self.submit(
+            Shown(
+                "timeout",
+                f"failed after {TIMEOUT_JOB_SECS}s: job timed out",
+                lambda j: (
+                    j["status"] == "failed"
+                    and j.get("exit_code") == -1
+                    and j.get("stderr") == "job timed out"
+                ),
+            ),
+            command="sleep 30",
+            timeout_secs=TIMEOUT_JOB_SECS,
+        )
+        self.follow(lambda: all(self._settled(s) for s in self.shown))
+
+    # --- following jobs -----------------------------------------------------------------------
+
+    def follow(self, until: Callable[[], bool]) -> None:
+        """Print every change of the demo's jobs until `until()` holds (or the phase times out)."""
+        deadline = time.monotonic() + PHASE_TIMEOUT_SECS
+        while True:
+            for shown in self.shown:
+                if shown.job.get("status") not in ("done", "failed", "cancelled"):
+                    shown.job = self.client.job(shown.job_id)
+                self._report_change(shown)
+            if until():
+                return
+            if time.monotonic() > deadline:
+                self.say(f"  (stopped waiting after {PHASE_TIMEOUT_SECS:.0f}s)")
+                return
+            time.sleep(TRACK_INTERVAL_SECS)
+
+    def _settled(self, shown: Shown) -> bool:
+        status = shown.job.get("status")
+        if shown.job.get("job_type") == "service":
+            return status != "pending"
+        return status in ("done", "failed", "cancelled")
+
+    def _report_change(self, shown: Shown) -> None:
+        job = shown.job
+        state = _state(job)
+        before = self._last_seen.get(shown.job_id)
+        if before == state:
+            return
+        self._last_seen[shown.job_id] = state
+        text = describe(job)
+        if before is not None and job["retry_count"] > before[2]:
+            last = job["attempts"][-1]
+            text = (
+                f"failed on {last['node_id']} (exit {last.get('exit_code')}),"
+                f" retry {job['retry_count']} -> {job['node_id']}"
+            )
+        elapsed = time.monotonic() - self.started
+        self.say(f"  [{elapsed:5.1f}s] {shown.job_id:<7} {shown.label:<22} {text}")
+
+    # --- the end ------------------------------------------------------------------------------
+
+    def summary(self) -> None:
+        rows = []
+        for shown in self.shown:
+            job = shown.job
+            nodes = [a["node_id"] for a in job.get("attempts", [])] + [job["node_id"]]
+            rows.append(
+                (
+                    shown.job_id,
+                    shown.label,
+                    job["status"],
+                    str(job["exit_code"]) if "exit_code" in job else "-",
+                    " -> ".join(nodes),
+                    shown.note or _first_line(job),
+                    "ok" if shown.ok else f"UNEXPECTED (wanted {shown.expected})",
+                )
+            )
+        headers = ("JOB", "SHOWS", "STATUS", "EXIT", "NODES", "OUTPUT", "AS EXPECTED")
+        self.say("\nsummary")
+        self.say(format_table(headers, rows))
+
+
+def _state(job: dict[str, Any]) -> tuple[str, str, int]:
+    return (job["status"], job["node_id"], job["retry_count"])
+
+
+def _done_with(job: dict[str, Any], text: str) -> bool:
+    return job["status"] == "done" and text in job.get("stdout", "")
+
+
+def _retried_elsewhere(job: dict[str, Any]) -> bool:
+    attempts = job.get("attempts", [])
+    return (
+        job["status"] == "done"
+        and len(attempts) == 1
+        and attempts[0]["node_id"] != job["node_id"]
+        and "second try worked" in job.get("stdout", "")
+    )
+
+
+def _first_line(job: dict[str, Any]) -> str:
+    for stream in ("stdout", "stderr"):
+        text = job.get(stream, "").strip()
+        if text:
+            return text.splitlines()[0][:60]
+    return ""
+
+
+def _probe_service(port: int, timeout: float = 10.0) -> str:
+    """Ask the service over HTTP, as a load balancer would; what it answered."""
+    deadline = time.monotonic() + timeout
+    error = ""
+    while time.monotonic() < deadline:
+        try:
+            reply = requests.get(f"http://127.0.0.1:{port}/", timeout=2)
+            return f"HTTP {reply.status_code} from 127.0.0.1:{port}"
+        except requests.RequestException as exc:
+            error = type(exc).__name__
+        time.sleep(0.1)
+    return f"no answer on port {port} ({error})"
+
+
+def main() -> int:
+    print("tiny-scheduler demo: a registry, 3 agents and the scheduler, all on loopback")
+    config = ClusterConfig.quick(
+        agents=3,
+        # Whatever the shell holds, the demo runs the documented defaults with its peers off.
+        scheduler_env={
+            "MAX_JOB_RETRIES": "1",
+            "MAX_JOBS_PER_NODE": "1",
+            "SQS_URL": "",
+            "SNS_URL": "",
+        },
+    )
+    began = time.monotonic()
+    try:
+        with DevCluster(config) as cluster:
+            print(
+                f"cluster up in {time.monotonic() - began:.1f}s: scheduler {cluster.scheduler_url}"
+            )
+            demo = Demo(cluster)
+            ok = demo.run()
+            print("\nstopping the cluster…")
+    except (ClusterError, CliError) as exc:
+        print(f"demo failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted; everything was stopped", file=sys.stderr)
+        return 130
+    took = time.monotonic() - began
+    if ok:
+        print(f"done in {took:.0f}s: every job ended as expected, and nothing is left running.")
+        print("Next: `tiny-scheduler dev`, then `tiny-scheduler submit --wait 'echo hi'`.")
+        return 0
+    print(f"done in {took:.0f}s, but some jobs did not end as expected (see above).")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
