@@ -30,6 +30,9 @@ test: install ## run the test suite
 soak: install ## the long crash-and-restart soak (tests marked slow; make test skips them)
 	$(VENV)/bin/pytest -m slow
 
+bench: install ## benchmark of issue 7: table + benchmarks/results/latest.json (<10 min; BENCH_ARGS=--quick)
+	$(PY) -m benchmarks $(BENCH_ARGS)
+
 lint: install ## ruff: style and common bugs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

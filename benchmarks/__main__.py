@@ -1,0 +1,200 @@
+"""`python -m benchmarks`: run the measurements, print the table, write the JSON.
+
+    python -m benchmarks            # the full run (3 runs of each case, 10k/100k/1M history)
+    python -m benchmarks --quick    # one short run of each, 10k/100k history: for development
+    python -m benchmarks --only submit,cycle --runs 1 --profile
+
+See benchmarks/README.md for what each figure means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import profile, report, scenarios
+from .history import node_names
+from .procs import RegistryProcess
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+SCENARIOS = ("submit", "history", "cycle")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="one short run each, no 1M history")
+    parser.add_argument(
+        "--only", default=",".join(SCENARIOS), help="comma list of " + "/".join(SCENARIOS)
+    )
+    parser.add_argument("--runs", type=int, help="runs per case (median taken); default 3, quick 1")
+    parser.add_argument(
+        "--duration", type=float, help="seconds measured per run; default 5, quick 2"
+    )
+    parser.add_argument(
+        "--cycle-duration", type=float, help="seconds of the cycle; default 8, quick 3"
+    )
+    parser.add_argument(
+        "--warmup", type=float, help="seconds before each window; default 1, quick 0.5"
+    )
+    parser.add_argument("--sizes", help="history sizes, comma list; default 10000,100000,1000000")
+    parser.add_argument(
+        "--nodes", type=int, default=50, help="compute nodes (and agents); default 50"
+    )
+    parser.add_argument(
+        "--agent-idle",
+        type=float,
+        default=scenarios.DEFAULT_AGENT_IDLE_S,
+        help="seconds an agent waits after an empty poll",
+    )
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=scenarios.DEFAULT_BACKLOG,
+        help="cycle: most jobs submitted but not done (0: no limit)",
+    )
+    parser.add_argument(
+        "--log-level", default="", help="SCHEDULER_LOG_LEVEL of the server (default: its own)"
+    )
+    parser.add_argument(
+        "--json", type=Path, default=RESULTS / "latest.json", help="where the JSON goes"
+    )
+    parser.add_argument("--markdown", action="store_true", help="also print the table as markdown")
+    parser.add_argument(
+        "--profile", action="store_true", help="py-spy the worker during each case's first run"
+    )
+    parser.add_argument("--py-spy", default=os.environ.get("PY_SPY", ""), help="py-spy executable")
+    parser.add_argument("--keep", action="store_true", help="keep the databases in results/work")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.runs = args.runs or (1 if quick else 3)
+    args.duration = args.duration or (2.0 if quick else 5.0)
+    args.cycle_duration = args.cycle_duration or (3.0 if quick else 8.0)
+    args.warmup = args.warmup if args.warmup is not None else (0.5 if quick else 1.0)
+    sizes = args.sizes or ("10000,100000" if quick else "10000,100000,1000000")
+    args.sizes = [int(size) for size in sizes.split(",")]
+    args.only = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = set(args.only) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    workdir = RESULTS / "work"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+
+    profiler = None
+    if args.profile:
+        executable = args.py_spy or shutil.which("py-spy")
+        if not executable:
+            sys.exit("--profile needs py-spy: pip install py-spy, or pass --py-spy PATH")
+        profiler = profile.PySpy(executable, RESULTS / "profiles")
+
+    env = {"SCHEDULER_LOG_LEVEL": args.log_level} if args.log_level else {}
+    options = scenarios.Options(
+        runs=args.runs,
+        warmup_s=args.warmup,
+        duration_s=args.duration,
+        cycle_s=args.cycle_duration,
+        sizes=args.sizes,
+        nodes=args.nodes,
+        workdir=workdir,
+        server_env=env,
+        agent_idle_s=args.agent_idle,
+        backlog=args.backlog,
+        profiler=profiler,
+    )
+    meta = _meta(args)
+    began = time.monotonic()
+    registry = RegistryProcess(node_names(args.nodes)).start()
+    results: dict[str, Any] = {}
+    try:
+        bench = scenarios.Bench(options, registry)
+        steps = {
+            "submit": scenarios.submissions,
+            "history": scenarios.history_and_restart,
+            "cycle": scenarios.cycle,
+        }
+        for name in SCENARIOS:
+            if name in args.only:
+                print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+                results.update(steps[name](bench))
+    finally:
+        registry.stop()
+        if not args.keep:
+            for path in workdir.glob("*.db*"):
+                path.unlink()
+    meta["elapsed_s"] = round(time.monotonic() - began, 1)
+    meta["loadavg_after"] = os.getloadavg()
+
+    table = report.rows(results)
+    print(report.text_table(table))
+    print(
+        "\ncpu: cores busy during the window (server worker / load generator / everything else "
+        f"on the machine), {meta['cpus']} cores in all. Medians of {args.runs} run(s), "
+        f"{meta['elapsed_s']} s in all."
+    )
+    if args.markdown:
+        print("\n" + report.markdown_table(table))
+    if profiler is not None:
+        for path in profiler.finish():
+            summary = profile.summary(path)
+            path.with_suffix(".summary").write_text(summary + "\n")
+            print("\n" + summary)
+
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "meta": meta,
+        "options": {k: v for k, v in vars(args).items() if k not in ("json", "py_spy")},
+        "results": results,
+        "table": [vars(row) for row in table],
+    }
+    args.json.write_text(json.dumps(document, indent=1, default=_plain) + "\n")
+    print(f"\nwrote {args.json}", file=sys.stderr)
+    errors = {case: body["errors"] for case, body in results.items() if body.get("errors")}
+    if errors:
+        print(f"error replies during the runs: {errors}", file=sys.stderr)
+    return 0
+
+
+def _meta(args: argparse.Namespace) -> dict[str, Any]:
+    def git(*command: str) -> str:
+        done = subprocess.run(["git", *command], cwd=HERE, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    return {
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--", "tiny_scheduler")),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "loadavg_before": os.getloadavg(),
+        "mode": "quick" if args.quick else "full",
+    }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    try:
+        return list(value)  # the latency arrays
+    except TypeError:
+        return str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

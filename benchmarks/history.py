@@ -1,0 +1,93 @@
+"""Job histories for the poll and restart measurements, written with the store's own code.
+
+`build(path, total, nodes)` writes `total` jobs spread round-robin over `nodes` into a fresh
+database through `tiny_scheduler.store.Store.save` in big batches, so the file has exactly the
+schema and row format the scheduler writes (nothing here knows a column name). The history
+looks like a busy cluster's last hours: the oldest jobs finished (mostly `done`, some `failed`
+after their one retry), the newest `PENDING_PER_NODE` jobs of each node still pending. Times
+are recent, so the retention sweep (a week by default) leaves them alone.
+
+Building is quick (about 6 s for a million jobs), so every benchmark run builds afresh and a
+history always matches the current store code.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tiny_scheduler import jobs as jobs_module
+from tiny_scheduler.jobs import DONE, FAILED, Attempt, Job
+from tiny_scheduler.store import Store
+
+PENDING_PER_NODE = 20
+"""Pending backlog per node at the end of the history (1,000 jobs over 50 nodes)."""
+
+FAILED_EVERY = 25
+"""One finished job in this many failed (after its one retry, so it carries one attempt)."""
+
+SPAN_US = 6 * 3600 * 1_000_000
+"""The history covers the last six hours."""
+
+BATCH = 50_000
+"""Jobs per `Store.save` call (one transaction each)."""
+
+RUN_US = 1_500_000
+"""How long each finished job ran, in microseconds."""
+
+
+def node_names(count: int) -> list[str]:
+    return [f"node-{i:02d}" for i in range(count)]
+
+
+def _job(seq: int, total: int, nodes: list[str], now: int) -> Job:
+    node = nodes[seq % len(nodes)]
+    created = now - SPAN_US + (seq * SPAN_US) // (total + 1)
+    command = f"python3 /opt/jobs/report.py --part {seq}"
+    if seq > total - PENDING_PER_NODE * len(nodes):
+        return Job(seq=seq, node_id=node, command=command, created_at=created)
+    running_at = created + 2_000
+    finished_at = running_at + RUN_US
+    if seq % FAILED_EVERY:
+        return Job(
+            seq=seq,
+            node_id=node,
+            command=command,
+            created_at=created,
+            status=DONE,
+            exit_code=0,
+            stdout=f"part {seq}: 1843 rows written\n",
+            running_at=running_at,
+            finished_at=finished_at,
+        )
+    first = Attempt(nodes[(seq + 1) % len(nodes)], 1, "", "connection refused\n", created, created)
+    return Job(
+        seq=seq,
+        node_id=node,
+        command=command,
+        created_at=created,
+        status=FAILED,
+        retry_count=1,
+        exit_code=1,
+        stderr="connection refused\n",
+        running_at=running_at,
+        finished_at=finished_at,
+        attempts=(first,),
+    )
+
+
+def build(path: Path, total: int, nodes: list[str]) -> float:
+    """Write a fresh history of `total` jobs into `path`; returns the seconds it took."""
+    began = time.monotonic()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    store = Store(str(path))
+    store.start()
+    now = jobs_module.now_us()
+    try:
+        for first in range(1, total + 1, BATCH):
+            last = min(first + BATCH, total + 1)
+            store.save(*(_job(seq, total, nodes, now) for seq in range(first, last)))
+    finally:
+        store.close()
+    return time.monotonic() - began

@@ -1,0 +1,176 @@
+"""The processes around a measurement: the registry, the scheduler, and readings of their use.
+
+- `RegistryProcess`: the `FakeRegistry` in a forked process of its own, so that the threads
+  answering the scheduler's `/nodes` calls never compete for a GIL with the load generator;
+- `Server`: one gunicorn-run scheduler (`SchedulerProcess`) started with its start-up timed to
+  the first healthy `/health`, and the pid and resident memory of its worker;
+- `CpuMeter`: CPU used by named processes and by the whole machine over a window, in cores.
+"""
+
+from __future__ import annotations
+
+import http.client
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from tiny_scheduler.dev.daemon import SchedulerProcess
+from tiny_scheduler.dev.registry import FakeRegistry
+
+_FORK = multiprocessing.get_context("fork")
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+class RegistryProcess:
+    """A FakeRegistry listing `nodes` as healthy, served from its own process."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        self.nodes = nodes
+        self.url = ""
+        self.pid = 0
+        self._proc: Any = None
+
+    def start(self) -> RegistryProcess:
+        receiver, sender = _FORK.Pipe(duplex=False)
+        self._proc = _FORK.Process(target=_serve_registry, args=(self.nodes, sender), daemon=True)
+        self._proc.start()
+        if not receiver.poll(10):
+            raise RuntimeError("the registry process did not start")
+        self.url = receiver.recv()
+        self.pid = self._proc.pid
+        return self
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(5)
+
+
+def _serve_registry(nodes: list[str], sender: Any) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    registry = FakeRegistry()
+    for node in nodes:
+        registry.set_node(node)  # forced healthy: no heartbeats needed during a run
+    registry.start()
+    sender.send(registry.url)
+    sender.close()
+    signal.pause()
+
+
+class Server:
+    """One scheduler daemon on `db_path`, configured like production except where `env` says."""
+
+    def __init__(self, db_path: Path, registry_url: str, log_path: Path, env: dict[str, str]):
+        self.process = SchedulerProcess(
+            str(db_path),
+            env={"REGISTRY_URL": registry_url, **env},
+            log_path=str(log_path),
+        )
+        self.addr = ("127.0.0.1", self.process.port)
+        self.startup_s = 0.0
+
+    def start(self, timeout: float = 120.0) -> Server:
+        """Start gunicorn and time it until `/health` first answers healthy."""
+        began = time.monotonic()
+        self.process.start(wait=False)
+        deadline = began + timeout
+        while True:
+            if self.process.proc is not None and self.process.proc.poll() is not None:
+                raise RuntimeError(f"scheduler exited early; see {self.process.log_path}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"scheduler not healthy after {timeout}s")
+            if self._healthy(deadline - time.monotonic()):
+                break
+            time.sleep(0.002)
+        self.startup_s = time.monotonic() - began
+        return self
+
+    def _healthy(self, timeout: float) -> bool:
+        conn = http.client.HTTPConnection(*self.addr, timeout=max(timeout, 0.1))
+        try:
+            conn.request("GET", "/health")
+            reply = conn.getresponse()
+            return reply.status == 200 and b'"status":"healthy"' in reply.read()
+        except OSError:
+            return False  # not listening yet (the master binds before the worker loads)
+        finally:
+            conn.close()
+
+    @property
+    def master_pid(self) -> int:
+        assert self.process.proc is not None
+        return self.process.proc.pid
+
+    @property
+    def worker_pid(self) -> int:
+        """The gunicorn worker: the one child of the master."""
+        master = self.master_pid
+        children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+        if len(children) != 1:
+            raise RuntimeError(f"gunicorn master {master} has children {children}, expected one")
+        return int(children[0])
+
+    def worker_rss_bytes(self) -> int:
+        return rss_bytes(self.worker_pid)
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def rss_bytes(pid: int) -> int:
+    """VmRSS of a process, from /proc/<pid>/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process, all its threads; zeros when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0, 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
+
+
+def _machine() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine, summed over its cores."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:9]]
+    idle = values[3] + values[4]  # idle + iowait
+    return (sum(values) - idle) / _TICK, sum(values) / _TICK
+
+
+class CpuMeter:
+    """CPU used over a window by named processes, and by the whole machine, in cores.
+
+    Each process gets `name` (user + system) and `name_sys` (the kernel's part: sockets,
+    fsync); `machine` counts every busy core, including other users of the machine.
+    """
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self._begin: dict[str, tuple[float, float]] = {}
+        self._machine = 0.0
+        self._began = 0.0
+
+    def begin(self) -> None:
+        self._begin = {name: _cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._machine = _machine()[0]
+        self._began = time.monotonic()
+
+    def end(self) -> dict[str, float]:
+        elapsed = time.monotonic() - self._began
+        shares = {"machine": (_machine()[0] - self._machine) / elapsed}
+        for name, pid in self.pids.items():
+            user, system = _cpu_seconds(pid)
+            user0, system0 = self._begin[name]
+            shares[name] = (user - user0 + system - system0) / elapsed
+            shares[f"{name}_sys"] = (system - system0) / elapsed
+        return {name: round(share, 3) for name, share in shares.items()}

@@ -1,0 +1,206 @@
+"""The table: our medians beside the Go original's figures and the issue's targets.
+
+The Go figures are the ones issue 7 quotes (same kind of machine: 2 cores, loopback, a fake
+registry, medians of 3 runs). A blank means the issue gives no figure for that case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+GO_SUBMIT_RATE_8 = 1260
+GO_SUBMIT_P50_8_MS = 6.2
+GO_POLL_P50_MS = {10_000: 6.5, 100_000: 120.0}
+GO_CYCLE_RATE = 367
+GO_RESTART_100K_S = 0.3
+GO_BYTES_PER_JOB = 430
+
+TARGET_SUBMIT_RATE_8 = 1500
+TARGET_POLL_P50_MS = 1.0
+TARGET_POLL_GROWTH = 1.5  # 1M p50 within this factor of the 10k p50
+TARGET_CYCLE_RATE = 400
+TARGET_RESTART_S = {100_000: 1.0, 1_000_000: 8.0}
+TARGET_BYTES_PER_JOB = 600
+
+
+@dataclasses.dataclass
+class Row:
+    case: str
+    figure: str
+    ours: str
+    go: str = ""
+    target: str = ""
+    met: bool | None = None
+    cpu: str = ""
+
+    @property
+    def verdict(self) -> str:
+        return {True: "yes", False: "NO", None: ""}[self.met]
+
+
+def _num(value: float, digits: int = 0) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:,.{digits}f}"
+
+
+def _ms(median: dict[str, Any]) -> str:
+    return f"{_num(median['p50_ms'], 2)} / {_num(median['p99_ms'], 2)}"
+
+
+def _cpu(median: dict[str, Any]) -> str:
+    cpu = median.get("cpu") or {}
+    if not cpu:
+        return ""
+    ours = cpu.get("server", 0) + cpu.get("clients", 0) + cpu.get("registry", 0)
+    other = max(0.0, cpu.get("machine", 0) - ours)
+    return f"{cpu.get('server', 0):.2f} / {cpu.get('clients', 0):.2f} / {other:.2f}"
+
+
+def _size(size: int) -> str:
+    return f"{size // 1_000_000}M" if size >= 1_000_000 else f"{size // 1000}k"
+
+
+def rows(results: dict[str, Any]) -> list[Row]:
+    """The table's rows for whatever scenarios ran."""
+    out: list[Row] = []
+    for clients in (1, 8):
+        case = results.get(f"submit_{clients}")
+        if not case:
+            continue
+        m = case["median"]
+        name = f"submit, {clients} client{'s' if clients > 1 else ''}"
+        eight = clients == 8
+        out.append(
+            Row(
+                name,
+                "submissions/s",
+                _num(m["rate"]),
+                _num(GO_SUBMIT_RATE_8) if eight else "",
+                f">= {TARGET_SUBMIT_RATE_8:,}" if eight else "",
+                m["rate"] >= TARGET_SUBMIT_RATE_8 if eight else None,
+                _cpu(m),
+            )
+        )
+        out.append(Row("", "p50 / p99 ms", _ms(m), f"{GO_SUBMIT_P50_8_MS} / -" if eight else ""))
+
+    sizes = sorted(
+        int(key.split("_")[1]) for key in results if key.startswith("poll_") and key.endswith("_1")
+    )
+    for size in sizes:
+        for clients in (1, 8):
+            case = results.get(f"poll_{size}_{clients}")
+            if not case:
+                continue
+            m = case["median"]
+            name = f"poll, {_size(size)} jobs, {clients} client{'s' if clients > 1 else ''}"
+            if clients == 1:
+                go = GO_POLL_P50_MS.get(size)
+                out.append(
+                    Row(
+                        name,
+                        "p50 / p99 ms",
+                        _ms(m),
+                        f"{_num(go, 1)} / -" if go else "",
+                        f"p50 <= {TARGET_POLL_P50_MS:g}",
+                        m["p50_ms"] <= TARGET_POLL_P50_MS,
+                        _cpu(m),
+                    )
+                )
+                out.append(Row("", "polls/s", _num(m["rate"])))
+            else:
+                out.append(Row(name, "polls/s", _num(m["rate"]), cpu=_cpu(m)))
+                out.append(Row("", "p50 / p99 ms", _ms(m)))
+    if len(sizes) > 1 and f"poll_{sizes[0]}_1" in results:
+        low = results[f"poll_{sizes[0]}_1"]["median"]["p50_ms"]
+        high = results[f"poll_{sizes[-1]}_1"]["median"]["p50_ms"]
+        growth = high / low if low else float("nan")
+        out.append(
+            Row(
+                f"poll growth {_size(sizes[0])} -> {_size(sizes[-1])}",
+                "p50 ratio, 1 client",
+                f"{growth:.2f}x",
+                f"{GO_POLL_P50_MS[100_000] / GO_POLL_P50_MS[10_000]:.0f}x (10k -> 100k)",
+                f"<= {TARGET_POLL_GROWTH}x (10k -> 1M)",
+                growth <= TARGET_POLL_GROWTH if sizes[-1] >= 1_000_000 else None,
+            )
+        )
+
+    case = results.get("cycle")
+    if case:
+        m = case["median"]
+        out.append(
+            Row(
+                "cycle, 50 agents + 4 submitters",
+                "completed jobs/s",
+                _num(m["rate"]),
+                _num(GO_CYCLE_RATE),
+                f">= {TARGET_CYCLE_RATE}",
+                m["rate"] >= TARGET_CYCLE_RATE,
+                _cpu(m),
+            )
+        )
+        out.append(Row("", "submit -> done p50 / p99 ms", _ms(m)))
+
+    restarts = sorted(int(key.split("_")[1]) for key in results if key.startswith("restart_"))
+    for size in restarts:
+        m = results[f"restart_{size}"]["median"]
+        name = "start, empty db" if size == 0 else f"restart, {_size(size)} jobs"
+        limit = TARGET_RESTART_S.get(size)
+        out.append(
+            Row(
+                name,
+                "start to healthy s",
+                _num(m["startup_s"], 2),
+                _num(GO_RESTART_100K_S, 1) if size == 100_000 else "",
+                f"<= {limit:g}" if limit else "",
+                m["startup_s"] <= limit if limit else None,
+            )
+        )
+        rss = f"{_num(m['rss_bytes'] / 2**20, 1)} MiB"
+        if size == 0:
+            out.append(Row("", "worker RSS", rss))
+            continue
+        big = size >= 100_000
+        out.append(
+            Row(
+                "",
+                "RSS; bytes/job",
+                f"{rss}; {_num(m['bytes_per_job'])}",
+                _num(GO_BYTES_PER_JOB) if size == 100_000 else "",
+                f"<= {TARGET_BYTES_PER_JOB}" if big else "",
+                m["bytes_per_job"] <= TARGET_BYTES_PER_JOB if big else None,
+            )
+        )
+    return out
+
+
+_HEADERS = ("case", "figure", "ours", "Go orig.", "target", "met", "cpu srv/cli/other")
+
+
+def _cells(row: Row) -> tuple[str, ...]:
+    return (row.case, row.figure, row.ours, row.go, row.target, row.verdict, row.cpu)
+
+
+def text_table(table: list[Row]) -> str:
+    cells = [_HEADERS, *(_cells(row) for row in table)]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(_HEADERS))]
+    lines = []
+    for n, line in enumerate(cells):
+        lines.append(
+            "  ".join(
+                cell.ljust(w) if i < 2 else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(line, widths, strict=True))
+            ).rstrip()
+        )
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown_table(table: list[Row]) -> str:
+    lines = ["| " + " | ".join(_HEADERS) + " |", "|" + "---|" * len(_HEADERS)]
+    lines += ["| " + " | ".join(_cells(row)) + " |" for row in table]
+    return "\n".join(lines)
