@@ -1,0 +1,240 @@
+"""End to end through the dev cluster: real agent processes, the registry, the scheduler.
+
+The dev agents speak the real agent's protocol, so these tests run jobs exactly as production
+does: poll, claim, `sh -c`, report. One agent is SIGKILLed to show a node failure handled by
+the lost-node rule. Intervals are short (`ClusterConfig.quick`); every wait has a deadline.
+Each test also checks that nothing it started outlives the cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shlex
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import requests
+from helpers import Api, wait_for
+
+from tiny_scheduler.dev.cluster import ClusterConfig, ClusterError, DevCluster
+from tiny_scheduler.dev.daemon import free_port
+
+FINAL = ("done", "failed", "cancelled")
+
+CLI = os.path.join(os.path.dirname(sys.executable), "tiny-scheduler")
+"""The installed command, as a user runs it."""
+
+SCHEDULER_ENV = {
+    # The documented defaults, whatever the developer's shell holds; peers off.
+    "MAX_JOB_RETRIES": "1",
+    "MAX_JOBS_PER_NODE": "1",
+    "JOB_RETENTION_SECS": "0",
+    "SQS_URL": "",
+    "SNS_URL": "",
+}
+
+
+def processes_using(folder: pathlib.Path) -> list[int]:
+    """Live processes (other than this one) whose command line, working directory or
+    environment mentions `folder`: agents, their jobs, and the scheduler (its SCHEDULER_DB)."""
+    needle = str(folder).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if f.read().split(b")")[-1].split()[0] == b"Z":
+                    continue  # a zombie is dead; its parent just has not reaped it yet
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+            cwd = os.readlink(f"/proc/{entry}/cwd").encode()
+        except OSError:
+            continue  # gone meanwhile, or not ours
+        if needle in cmdline or needle in environ or cwd.startswith(needle):
+            found.append(int(entry))
+    return found
+
+
+def final_jobs(api: Api, job_ids: list[str]) -> list[dict[str, Any]] | None:
+    jobs = [api.job(job_id) for job_id in job_ids]
+    return jobs if all(job["status"] in FINAL for job in jobs) else None
+
+
+def test_cluster_runs_50_jobs_and_survives_a_killed_node(tmp_path: pathlib.Path) -> None:
+    work = tmp_path / "cluster"
+    config = ClusterConfig.quick(agents=3, work_dir=str(work), scheduler_env=SCHEDULER_ENV)
+    with DevCluster(config) as cluster:
+        api = Api(cluster.scheduler_url)
+
+        # --- 50 jobs: successes, failures, env vars, output on both streams ----------------
+        expected: dict[str, dict[str, Any]] = {}
+        for i in range(50):
+            kind = i % 5
+            if kind == 0:
+                body = {"command": f"echo out-{i}"}
+                want = {"status": "done", "exit_code": 0, "stdout": f"out-{i}\n"}
+            elif kind == 1:
+                code = i % 7 + 1
+                body = {"command": f"echo err-{i} >&2; exit {code}"}
+                want = {"status": "failed", "exit_code": code, "stderr": f"err-{i}\n"}
+            elif kind == 2:
+                body = {
+                    "command": 'printf "%s|%s" "$A" "$B"',
+                    "env_vars": {"A": f"a-{i}", "B": "two words"},
+                }
+                want = {"status": "done", "exit_code": 0, "stdout": f"a-{i}|two words"}
+            elif kind == 3:
+                body = {"command": f"echo o-{i}; echo e-{i} >&2"}
+                want = {"status": "done", "stdout": f"o-{i}\n", "stderr": f"e-{i}\n"}
+            else:
+                # The job prints the node it ran on: it must be the node it was assigned.
+                body = {"command": 'printf "%s" "$TINY_NODE_ID"'}
+                want = {"status": "done", "exit_code": 0}
+            job = api.submit(**body)
+            expected[job["job_id"]] = want
+
+        jobs = wait_for(
+            lambda: final_jobs(api, list(expected)), timeout=60, message="50 jobs to finish"
+        )
+        for job in jobs:
+            want = expected[job["job_id"]]
+            assert {name: job.get(name) for name in want} == want, job
+            if "TINY_NODE_ID" in job["command"]:
+                assert job["stdout"] == job["node_id"]
+            if job["status"] == "failed":
+                # Retried once, on another node, with the same outcome.
+                (attempt,) = job["attempts"]
+                assert attempt["exit_code"] == job["exit_code"]
+                assert attempt["stderr"] == job["stderr"]
+                assert attempt["node_id"] != job["node_id"]
+            else:
+                assert job["retry_count"] == 0
+        assert {job["node_id"] for job in jobs} == set(cluster.node_ids)
+
+        # --- a node dies with a job running and two queued behind it ----------------------
+        mark = tmp_path / "ran-once"
+        stuck = api.submit(
+            command=(
+                f'if [ -e {shlex.quote(str(mark))} ]; then echo "rerun on $TINY_NODE_ID"; '
+                f"else touch {shlex.quote(str(mark))}; sleep 60; fi"
+            )
+        )
+        running = wait_for(
+            lambda: api.job(stuck["job_id"])["status"] == "running" and api.job(stuck["job_id"]),
+            message="the first job to run",
+        )
+        victim = running["node_id"]
+        # Round robin spreads submissions, so a few land on the victim; they wait there,
+        # its one slot being taken.
+        queued: list[dict[str, Any]] = []
+        others: list[dict[str, Any]] = []
+        for _ in range(3 * len(cluster.node_ids)):
+            job = api.submit(command='echo "queued, ran on $TINY_NODE_ID"')
+            (queued if job["node_id"] == victim else others).append(job)
+            if len(queued) == 2:
+                break
+        assert len(queued) == 2, "round robin never placed a job on the victim"
+        assert all(api.job(job["job_id"])["status"] == "pending" for job in queued)
+
+        cluster.kill_agent(victim)
+
+        ids = [stuck["job_id"], *(job["job_id"] for job in queued + others)]
+        finished = wait_for(lambda: final_jobs(api, ids), timeout=30, message="jobs of the node")
+        rerun, *rest = finished
+        assert rerun["status"] == "done", rerun
+        (lost,) = rerun["attempts"]
+        assert (lost["node_id"], lost["exit_code"], lost["stderr"]) == (victim, -1, "node lost")
+        assert rerun["node_id"] != victim
+        assert rerun["stdout"] == f"rerun on {rerun['node_id']}\n"
+        for job in rest:
+            assert job["status"] == "done", job
+            assert job["node_id"] != victim and job["retry_count"] == 0, job
+            assert job["stdout"] == f"queued, ran on {job['node_id']}\n"
+
+        # The dead node's job went down with it: nothing runs in its work dir any more.
+        assert cluster.agents[victim].proc.poll() is not None
+        assert processes_using(work / victim) == []
+        api.close()
+
+    assert processes_using(work) == [], "the cluster left processes behind"
+
+
+def test_dev_command_stops_everything_on_sigterm(tmp_path: pathlib.Path) -> None:
+    work = tmp_path / "dev"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    dev = subprocess.Popen(
+        [CLI, "dev", "--quick", "--agents", "2", "--port", str(port), "--work-dir", str(work)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "TINYAWS_API_KEY": "", **SCHEDULER_ENV},
+        start_new_session=True,
+    )
+    try:
+        api = Api(url)
+
+        def job_done() -> bool:
+            try:
+                jobs = api.jobs(status="done")
+            except requests.RequestException:
+                return False  # not up yet
+            return bool(jobs)
+
+        # A running service keeps a process of its own, which must go too.
+        wait_for(lambda: _submitted(api), timeout=30, message="the dev cluster to take jobs")
+        api.submit(command="sleep 60", job_type="service")
+        wait_for(job_done, timeout=30, message="a job to run on the dev cluster")
+        wait_for(lambda: api.jobs(status="running"), message="the service to run")
+        api.close()
+        dev.send_signal(signal.SIGTERM)
+        out, err = dev.communicate(timeout=30)
+    finally:
+        if dev.poll() is None:
+            os.killpg(dev.pid, signal.SIGKILL)
+            dev.wait()
+    assert dev.returncode == 0, err
+    assert url.encode() in out
+    assert b"stopped." in err
+    assert processes_using(work) == [], "tiny-scheduler dev left processes behind"
+
+
+def _submitted(api: Api) -> bool:
+    try:
+        api.submit(command="echo hi")
+    except (requests.RequestException, AssertionError):
+        return False
+    return True
+
+
+def test_a_start_that_fails_halfway_leaves_nothing_running(tmp_path: pathlib.Path) -> None:
+    work = tmp_path / "broken"
+    # The registry and the scheduler start; the scheduler then refuses its configuration.
+    config = ClusterConfig.quick(
+        agents=2, work_dir=str(work), scheduler_env={"MAX_JOBS_PER_NODE": "abc"}
+    )
+    cluster = DevCluster(config)
+    with pytest.raises(ClusterError, match="scheduler did not start"):
+        cluster.start()
+    assert cluster.registry is not None
+    with pytest.raises(requests.ConnectionError):
+        requests.get(cluster.registry.url + "/health", timeout=2)
+    assert processes_using(work) == []
+
+
+def test_a_busy_scheduler_port_is_refused_before_anything_starts(tmp_path: pathlib.Path) -> None:
+    with DevCluster(ClusterConfig.quick(agents=1, work_dir=str(tmp_path / "a"))) as first:
+        port = int(first.scheduler_url.rsplit(":", 1)[1])
+        second = DevCluster(
+            ClusterConfig.quick(agents=1, scheduler_port=port, work_dir=str(tmp_path / "b"))
+        )
+        with pytest.raises(ClusterError, match=f"port {port} is already in use"):
+            second.start()
+        assert second.agents == {}
+    assert processes_using(tmp_path) == []
