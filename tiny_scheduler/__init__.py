@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings | None = None) -> Flask:
     """The scheduler as a WSGI app; settings default to the environment's."""
-    from . import api
+    from . import api, metrics
 
     settings = settings or Settings.from_env()
     store = Store(settings.db_path)
@@ -46,7 +46,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
     api.replies.attach(app, service)
     api.init_app(app)
-    app.extensions["tiny_scheduler.background"] = Background(service)
+    app_metrics = metrics.init_app(app, service)
+    background = Background(service)
+    app_metrics.watch_background(background)
+    app.extensions["tiny_scheduler.background"] = background
     return app
 
 

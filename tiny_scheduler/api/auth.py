@@ -15,7 +15,7 @@ from flask import Flask, request
 from .. import errors
 from .replies import scheduler
 
-_ALWAYS_OPEN = frozenset({"health.health", "health.metrics"})
+_ALWAYS_OPEN = frozenset({"health.health", "metrics.metrics"})
 
 
 def init_app(app: Flask) -> None:

@@ -1,0 +1,325 @@
+"""Prometheus metrics: every metric object of one scheduler, and their wiring to its hooks.
+
+Each app gets its own `CollectorRegistry` (never prometheus-client's global one), so two
+schedulers in one process keep separate numbers. The metrics are fed only by the hooks the
+parts already offer: the service's listeners (job events), the store's commit observers, the
+registry's and the SQS/SNS clients' call observers, and a before/after-request pair timing
+each HTTP request. Gauges that describe current state (jobs by status, store health, SNS queue
+depth) are read at scrape time by a custom collector, so nothing has to keep them in step.
+
+Labels stay bounded: statuses, sources, Flask endpoint names, HTTP status codes, peer call
+results; never a job id or a node id. The hot paths (submit, poll, PATCH) pay one cached child
+lookup and one observation per request, nothing more.
+
+No HTTP here beyond the request hooks: `api/metrics.py` serves the text format.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from flask import Flask, Response, g, request
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from . import jobs
+from .jobs import Job
+from .service import Scheduler
+
+if TYPE_CHECKING:
+    from .loops import Background
+
+log = logging.getLogger(__name__)
+
+PREFIX = "tiny_scheduler_"
+
+_EXTENSION = "tiny_scheduler.metrics"
+_STARTED = "_tiny_scheduler_started"  # attribute of flask.g: when the request began
+
+UNMATCHED_ENDPOINT = "unmatched"
+"""Endpoint label of requests no route matched (404, 405): one value, whatever the path."""
+
+HTTP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+"""Seconds. Polls and reads take well under a millisecond; a submission waits for one fsync
+and maybe one registry call (seconds when the registry is slow)."""
+
+COMMIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+"""Seconds of one group commit (an fsync on most disks: a few milliseconds)."""
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+"""Callers whose changes one group commit carried."""
+
+WAIT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 86400)
+"""Seconds a job waited pending: agents poll every 3 s, so a few seconds is an idle cluster."""
+
+RUN_BUCKETS = (0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 86400, 7 * 86400)
+"""Seconds an attempt ran: from quick one-shot jobs to long-lived services."""
+
+SOURCES = ("http", "sqs")
+PEERS = ("registry", "sqs", "sns")
+
+
+class Metrics:
+    """The metric objects of one scheduler, and the observers that feed them."""
+
+    def __init__(self, service: Scheduler) -> None:
+        self.service = service
+        self.registry = CollectorRegistry()
+        self.queue_depth: Callable[[], int] | None = None  # set by track_queue_depth
+        reg = self.registry
+
+        self.submitted = Counter(
+            PREFIX + "jobs_submitted",
+            "Jobs created, by where the request came from (http, sqs).",
+            ["source"],
+            registry=reg,
+        )
+        self.finished = Counter(
+            PREFIX + "jobs_finished",
+            "Jobs that reached a final status (done, failed after its last retry, cancelled).",
+            ["status"],
+            registry=reg,
+        )
+        self.retries = Counter(
+            PREFIX + "job_retries",
+            "Failed attempts put back to pending for another try.",
+            registry=reg,
+        )
+        self.timeouts = Counter(
+            PREFIX + "job_timeouts",
+            "Running jobs failed by the scheduler because they ran past their timeout.",
+            registry=reg,
+        )
+        self.node_lost = Counter(
+            PREFIX + "node_lost_failures",
+            "Running attempts failed by the scheduler because their node was gone too long.",
+            registry=reg,
+        )
+        self.moved = Counter(
+            PREFIX + "jobs_moved",
+            "Pending jobs placed again because their node was gone or unhealthy.",
+            registry=reg,
+        )
+        self.polls = Counter(
+            PREFIX + "agent_polls",
+            "Agent polls answered (GET /jobs?node_id=N&status=pending).",
+            registry=reg,
+        )
+        self.wait_seconds = Histogram(
+            PREFIX + "job_wait_seconds",
+            "Seconds from submission (or from the retry) until an agent claimed the job.",
+            buckets=WAIT_BUCKETS,
+            registry=reg,
+        )
+        self.run_seconds = Histogram(
+            PREFIX + "job_run_seconds",
+            "Seconds from an agent's claim until the attempt ended, by job type and outcome.",
+            ["job_type", "status"],
+            buckets=RUN_BUCKETS,
+            registry=reg,
+        )
+        self.http_seconds = Histogram(
+            PREFIX + "http_request_duration_seconds",
+            "Seconds spent answering HTTP requests, by Flask endpoint and status code.",
+            ["endpoint", "status"],
+            buckets=HTTP_BUCKETS,
+            registry=reg,
+        )
+        self.commit_seconds = Histogram(
+            PREFIX + "store_commit_duration_seconds",
+            "Seconds per SQLite group commit (one transaction and its fsync).",
+            buckets=COMMIT_BUCKETS,
+            registry=reg,
+        )
+        self.commit_batch = Histogram(
+            PREFIX + "store_commit_batch_size",
+            "Writers whose changes one group commit carried.",
+            buckets=BATCH_BUCKETS,
+            registry=reg,
+        )
+        self.peer_calls = Counter(
+            PREFIX + "peer_calls",
+            "Calls to the registry, SQS and SNS, by peer, endpoint and result "
+            "(ok, error, unreachable, garbage).",
+            ["peer", "endpoint", "result"],
+            registry=reg,
+        )
+        reg.register(_StateCollector(self))
+        # Memory, CPU, open files and GC of this process: the first things to look at when the
+        # scheduler misbehaves. Registered per app too; they read the same process.
+        ProcessCollector(registry=reg)
+        PlatformCollector(registry=reg)
+        GCCollector(registry=reg)
+
+        # Known label values start at zero, so rate() and alerts see them before the first event.
+        for source in SOURCES:
+            self.submitted.labels(source)
+        for status in sorted(jobs.FINAL_STATUSES):
+            self.finished.labels(status)
+        # Request children by (endpoint, status): prometheus-client's labels() validates and
+        # locks on every call; this dict lookup is all the hot paths pay.
+        self._http_children: dict[tuple[str, int], Histogram] = {}
+
+    # --- observers ---------------------------------------------------------------------------
+
+    def listener(self, event: str, job: Job | None, detail: str) -> None:
+        """A service listener: count job events and time their lifecycle."""
+        if event == "polled":
+            self.polls.inc()
+        elif job is None:
+            return
+        elif event == "submitted":
+            self.submitted.labels(detail or "http").inc()
+        elif event == "started":
+            self._started(job)
+        elif event == "finished":
+            self._finished(job)
+        elif event == "retried":
+            self._retried(job)
+        elif event == "moved":
+            self.moved.inc()
+
+    def observe_commit(self, seconds: float, batch_size: int) -> None:
+        """A store commit observer."""
+        self.commit_seconds.observe(seconds)
+        self.commit_batch.observe(batch_size)
+
+    def peer_observer(self, peer: str) -> Callable[[str, str], None]:
+        """A call observer `(endpoint, result)` for one peer's client."""
+        calls = self.peer_calls
+
+        def observe(endpoint: str, result: str) -> None:
+            calls.labels(peer, endpoint, result).inc()
+
+        return observe
+
+    def watch_peer(self, peer: str, call_observers: list[Callable[[str, str], None]]) -> None:
+        """Count the calls of a client that offers a `call_observers` list."""
+        call_observers.append(self.peer_observer(peer))
+
+    def watch_background(self, background: Background) -> None:
+        """Count the SQS and SNS clients' calls and read the SNS queue depth, for those on."""
+        if background.sqs is not None:
+            self.watch_peer("sqs", background.sqs.call_observers)
+        if background.sns is not None:
+            self.watch_peer("sns", background.sns.call_observers)
+            self.track_queue_depth(background.sns.depth)
+
+    def track_queue_depth(self, depth: Callable[[], int]) -> None:
+        """Read the SNS publisher's queue depth at each scrape (`depth()` must be cheap)."""
+        self.queue_depth = depth
+
+    # --- HTTP request timing -----------------------------------------------------------------
+
+    def request_started(self) -> None:
+        setattr(g, _STARTED, time.perf_counter())
+
+    def request_finished(self, response: Response) -> Response:
+        started = getattr(g, _STARTED, None)
+        if started is not None:
+            key = (request.endpoint or UNMATCHED_ENDPOINT, response.status_code)
+            child = self._http_children.get(key)
+            if child is None:
+                child = self._http_children[key] = self.http_seconds.labels(key[0], str(key[1]))
+            child.observe(time.perf_counter() - started)
+        return response
+
+    # --- job events --------------------------------------------------------------------------
+
+    def _started(self, job: Job) -> None:
+        if job.running_at is None:
+            return
+        # A retried job waited since its last attempt ended, not since it was first submitted.
+        queued_at = job.attempts[-1].finished_at if job.attempts else job.created_at
+        if queued_at is not None:
+            self.wait_seconds.observe(max(0, job.running_at - queued_at) / 1e6)
+
+    def _finished(self, job: Job) -> None:
+        self.finished.labels(job.status).inc()
+        if job.status == jobs.FAILED:
+            self._count_scheduler_failure(job.stderr)
+        if job.running_at is not None and job.finished_at is not None:
+            self._observe_run(job.job_type, job.status, job.running_at, job.finished_at)
+
+    def _retried(self, job: Job) -> None:
+        self.retries.inc()
+        if not job.attempts:
+            return
+        attempt = job.attempts[-1]
+        self._count_scheduler_failure(attempt.stderr)
+        if attempt.running_at is not None and attempt.finished_at is not None:
+            self._observe_run(job.job_type, jobs.FAILED, attempt.running_at, attempt.finished_at)
+
+    def _count_scheduler_failure(self, stderr: str) -> None:
+        """Timeouts and lost nodes are failures the scheduler itself decides; they carry
+        fixed stderr texts (see jobs)."""
+        if stderr == jobs.TIMED_OUT_STDERR:
+            self.timeouts.inc()
+        elif stderr == jobs.NODE_LOST_STDERR:
+            self.node_lost.inc()
+
+    def _observe_run(self, job_type: str, status: str, running_at: int, finished_at: int) -> None:
+        seconds = max(0, finished_at - running_at) / 1e6
+        self.run_seconds.labels(job_type, status).observe(seconds)
+
+
+class _StateCollector(Collector):
+    """Gauges of current state, read when Prometheus scrapes rather than kept in step."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families(with_values=False)
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families(with_values=True)
+
+    def _families(self, with_values: bool) -> list[Metric]:
+        service = self._metrics.service
+        by_status = GaugeMetricFamily(
+            PREFIX + "jobs", "Jobs in the scheduler, by status.", labels=["status"]
+        )
+        healthy = GaugeMetricFamily(
+            PREFIX + "store_healthy", "1 while the job store's last write succeeded, else 0."
+        )
+        depth = GaugeMetricFamily(
+            PREFIX + "sns_queue_depth",
+            "Final-state events waiting to be published to SNS (0 when SNS is off).",
+        )
+        if with_values:
+            for status, count in service.table.counts().items():
+                by_status.add_metric([status], count)
+            healthy.add_metric([], 1 if service.store.healthy else 0)
+            queue_depth = self._metrics.queue_depth
+            depth.add_metric([], queue_depth() if queue_depth is not None else 0)
+        return [by_status, healthy, depth]
+
+
+def init_app(app: Flask, service: Scheduler) -> Metrics:
+    """Create the app's metrics, hook them to the service, store and registry, time every
+    request, and serve them at GET /metrics."""
+    from .api import metrics as metrics_api
+
+    metrics = Metrics(service)
+    service.listeners.append(metrics.listener)
+    service.store.commit_observers.append(metrics.observe_commit)
+    metrics.watch_peer("registry", service.placement.registry.call_observers)
+    # First of all before-request hooks: a request the auth check refuses is timed too.
+    app.before_request_funcs.setdefault(None, []).insert(0, metrics.request_started)
+    app.after_request(metrics.request_finished)
+    app.extensions[_EXTENSION] = metrics
+    app.register_blueprint(metrics_api.bp)
+    return metrics
+
+
+def metrics_of(app: Flask) -> Metrics:
+    """The metrics of an app built by `create_app`."""
+    return app.extensions[_EXTENSION]
