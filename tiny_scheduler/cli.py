@@ -327,7 +327,8 @@ def submit(
     """Submit a job running COMMAND with `sh -c`.
 
     One argument is taken as a shell command as is (`submit 'echo $HOME'`); several are quoted
-    and joined (`submit python3 -c 'print(1)'`).
+    and joined. Put `--` before a command that has options of its own:
+    `submit --wait -- python3 -c 'print(1)'`.
     """
     if not command and not deploy_url:
         raise click.UsageError("give a COMMAND or --deploy-url")
