@@ -166,7 +166,9 @@ def test_cluster_runs_50_jobs_and_survives_a_killed_node(tmp_path: pathlib.Path)
     assert processes_using(work) == [], "the cluster left processes behind"
 
 
-def test_dev_command_stops_everything_on_sigterm(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_dev_command_leaves_no_process_behind(tmp_path: pathlib.Path, sig: int) -> None:
+    """SIGTERM: a clean stop. SIGKILL: no chance to clean up, so the watchdog must."""
     work = tmp_path / "dev"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -179,30 +181,28 @@ def test_dev_command_stops_everything_on_sigterm(tmp_path: pathlib.Path) -> None
     )
     try:
         api = Api(url)
-
-        def job_done() -> bool:
-            try:
-                jobs = api.jobs(status="done")
-            except requests.RequestException:
-                return False  # not up yet
-            return bool(jobs)
-
-        # A running service keeps a process of its own, which must go too.
         wait_for(lambda: _submitted(api), timeout=30, message="the dev cluster to take jobs")
+        # A running service and a running job each have processes of their own.
         api.submit(command="sleep 60", job_type="service")
-        wait_for(job_done, timeout=30, message="a job to run on the dev cluster")
-        wait_for(lambda: api.jobs(status="running"), message="the service to run")
+        api.submit(command="sleep 60")
+        wait_for(lambda: len(api.jobs(status="running")) == 2, message="the service and job to run")
         api.close()
-        dev.send_signal(signal.SIGTERM)
+        dev.send_signal(sig)
         out, err = dev.communicate(timeout=30)
     finally:
         if dev.poll() is None:
             os.killpg(dev.pid, signal.SIGKILL)
             dev.wait()
-    assert dev.returncode == 0, err
-    assert url.encode() in out
-    assert b"stopped." in err
-    assert processes_using(work) == [], "tiny-scheduler dev left processes behind"
+    if sig == signal.SIGTERM:
+        assert dev.returncode == 0, err
+        assert url.encode() in out
+        assert b"stopped." in err
+        assert processes_using(work) == [], "tiny-scheduler dev left processes behind"
+    else:
+        wait_for(
+            lambda: processes_using(work) == [],
+            message=lambda: f"the watchdog to kill {processes_using(work)}",
+        )
 
 
 def _submitted(api: Api) -> bool:

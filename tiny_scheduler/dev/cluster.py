@@ -4,9 +4,9 @@
 the scheduler under real gunicorn (`SchedulerProcess`), and each agent as its own process
 (`python -m tiny_scheduler.dev.agent`), so that SIGKILLing one is a real node failure. It leaves
 no orphans: every child runs in its own process group, `stop()` ends them all and is registered
-with `atexit`, a start-up that fails halfway stops what it had started, and agents shut down by
-themselves when this process dies. `tiny-scheduler dev`, `make demo` and the end-to-end tests
-all run it.
+with `atexit`, a start-up that fails halfway stops what it had started, and a watchdog process
+kills every part should this process die without stopping them (SIGKILL, a crash).
+`tiny-scheduler dev`, `make demo` and the end-to-end tests all run it.
 
 It does not schedule anything or talk to the scheduler's API beyond waiting for it to be up.
 """
@@ -97,6 +97,7 @@ class DevCluster:
         self.registry: FakeRegistry | None = None
         self.scheduler: SchedulerProcess | None = None
         self.agents: dict[str, _AgentProcess] = {}
+        self._watchdog: subprocess.Popen[bytes] | None = None
         self._stopped = False
 
     @property
@@ -120,6 +121,7 @@ class DevCluster:
         On any failure, whatever had started is stopped before the error propagates."""
         atexit.register(self.stop)
         try:
+            self._start_watchdog()
             self._start_registry()
             self._start_scheduler()
             for node_id in self.node_ids:
@@ -156,6 +158,12 @@ class DevCluster:
         if self.registry is not None:
             with contextlib.suppress(Exception):
                 self.registry.stop()
+        self._tell_watchdog(_WATCHDOG_CLEAN)
+        if self._watchdog is not None and self._watchdog.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._watchdog.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._watchdog.wait(5)
         if self._own_work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
@@ -207,7 +215,10 @@ class DevCluster:
             log_path=self.scheduler_log,
         )
         try:
-            self.scheduler.start(timeout=START_TIMEOUT_SECS)
+            self.scheduler.start(wait=False)
+            assert self.scheduler.proc is not None
+            self._tell_watchdog(f"group {self.scheduler.proc.pid}")  # gunicorn's own session
+            self.scheduler.wait_ready(timeout=START_TIMEOUT_SECS)
         except (RuntimeError, TimeoutError) as exc:
             raise ClusterError(f"the scheduler did not start: {exc}") from None
 
@@ -246,6 +257,8 @@ class DevCluster:
                 start_new_session=True,  # its own group: a kill reaches nothing else
             )
         self.agents[node_id] = _AgentProcess(node_id, proc, work_dir, log_path)
+        self._tell_watchdog(f"group {proc.pid}")
+        self._tell_watchdog(f"dir {work_dir}")
 
     def kill_agent(self, node_id: str) -> None:
         """SIGKILL a node: its agent and every job it was running, with no chance to report.
@@ -262,6 +275,21 @@ class DevCluster:
         with contextlib.suppress(subprocess.TimeoutExpired):
             agent.proc.wait(5)
         kill_recorded_children(agent.work_dir)
+
+    def _start_watchdog(self) -> None:
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-m", "tiny_scheduler.dev.cluster", "--watchdog"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # out of the terminal's reach: Ctrl-C must not kill it
+        )
+
+    def _tell_watchdog(self, line: str) -> None:
+        if self._watchdog is None or self._watchdog.stdin is None:
+            return
+        with contextlib.suppress(OSError, ValueError):  # it is gone, or we closed the pipe
+            self._watchdog.stdin.write(line.encode() + b"\n")
+            self._watchdog.stdin.flush()
 
     def wait_nodes_healthy(self, node_ids: list[str], timeout: float = START_TIMEOUT_SECS) -> None:
         """Wait until the registry lists every given node as healthy."""
@@ -312,3 +340,33 @@ def _port_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
+
+
+_WATCHDOG_CLEAN = "clean"
+
+
+def watchdog() -> None:
+    """The watchdog process: reads `group <pgid>` and `dir <agent work dir>` lines from the
+    cluster on stdin. If stdin ends without a `clean` line, the cluster's process died
+    without stopping its parts, so this kills them: every group, and every job an agent
+    recorded in its work dir."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    groups: list[int] = []
+    work_dirs: list[str] = []
+    for line in sys.stdin:
+        kind, _, value = line.strip().partition(" ")
+        if kind == _WATCHDOG_CLEAN:
+            return
+        if kind == "group":
+            groups.append(int(value))
+        elif kind == "dir":
+            work_dirs.append(value)
+    for work_dir in work_dirs:
+        kill_recorded_children(work_dir)
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--watchdog"]:
+    watchdog()
