@@ -1,0 +1,183 @@
+"""Fixtures: a real registry on loopback, and real schedulers under real gunicorn.
+
+- `registry`: a FakeRegistry listing node-a, node-b and node-c as healthy. One server per test
+  module, reset to that state before each test, so a test may change nodes, instances and
+  faults freely.
+- `scheduler`: one scheduler process per test module, on that module's registry. A module
+  may set `SCHEDULER_ENV = {...}` to start it with other settings. Tests sharing it stay
+  independent by working on their own nodes (`helpers.unique_node`) and their own jobs.
+- `scheduler_factory`: starts dedicated schedulers (other settings, restarts, a registry of
+  their own), each stopped when the test ends.
+- `api`: a client of the module's scheduler.
+- `node`: a fresh node id, made the registry's only healthy node for the test.
+
+Every scheduler gets a log file; when a test fails, the tail of each running scheduler's log
+is added to its report.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+# The checks in helpers.py are plain asserts: have pytest explain them when they fail.
+pytest.register_assert_rewrite("helpers")
+
+from helpers import DEFAULT_NODES, Api, set_nodes, unique_node  # noqa: E402
+
+from tiny_scheduler.dev.daemon import SchedulerProcess  # noqa: E402
+from tiny_scheduler.dev.registry import FakeRegistry  # noqa: E402
+
+START_TIMEOUT = 30.0
+"""Seconds a scheduler may take to answer /health (the machine is shared: be generous)."""
+
+BASE_ENV = {
+    # Tests change the registry and expect the next request to see it.
+    "REGISTRY_CACHE_SECS": "0",
+    # The timeout / lost-node / retention scans would move and expire jobs under the feet of
+    # tests of the API; the loops have tests of their own that turn them on.
+    "TIMEOUT_SCAN_INTERVAL_SECS": "3600",
+    "JOB_RETENTION_SECS": "0",
+    # Whatever the developer's shell holds, these peers and auth are off unless a test says so
+    # (an empty variable counts as unset).
+    "TINYAWS_API_KEY": "",
+    "AUTH_AGENT_EXEMPT": "",
+    "SQS_URL": "",
+    "SNS_URL": "",
+    "SCHEDULER_THREADS": "16",
+}
+
+SchedulerFactory = Callable[..., SchedulerProcess]
+
+_live: list[SchedulerProcess] = []  # schedulers running now, for the log tails of failures
+
+
+def start_scheduler(
+    db_path: Path, log_path: Path, registry_url: str, env: Mapping[str, str] | None = None
+) -> SchedulerProcess:
+    """Start a scheduler on `db_path` with the test defaults plus `env`; wait until ready."""
+    proc = SchedulerProcess(
+        str(db_path),
+        env={**BASE_ENV, "REGISTRY_URL": registry_url, **(env or {})},
+        log_path=str(log_path),
+    )
+    _live.append(proc)
+    try:
+        proc.start(timeout=START_TIMEOUT)
+    except BaseException:
+        stop_scheduler(proc)
+        raise
+    return proc
+
+
+def stop_scheduler(proc: SchedulerProcess) -> int | None:
+    """SIGTERM it and wait; returns the exit code."""
+    try:
+        return proc.stop()
+    finally:
+        if proc in _live:
+            _live.remove(proc)
+
+
+def log_tail(proc: SchedulerProcess, size: int = 4000) -> str:
+    if not proc.log_path or not Path(proc.log_path).exists():
+        return ""
+    return Path(proc.log_path).read_bytes()[-size:].decode("utf-8", "replace")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for proc in _live:
+            report.sections.append((f"scheduler log {proc.url}", log_tail(proc)))
+
+
+def reset_registry(registry: FakeRegistry) -> None:
+    """Back to the default cluster: three healthy nodes, no instances, no fault."""
+    registry.fault = None
+    registry.slow_secs = 0.5
+    registry.instances.clear()
+    registry.services.clear()
+    set_nodes(registry, DEFAULT_NODES)
+
+
+@pytest.fixture(scope="module")
+def registry_server(request: pytest.FixtureRequest) -> Iterator[FakeRegistry]:
+    """The module's registry; a module may set `REGISTRY_KEY` to make it require a bearer."""
+    registry = FakeRegistry(key=getattr(request.module, "REGISTRY_KEY", None))
+    registry.start()
+    reset_registry(registry)
+    yield registry
+    registry.stop()
+
+
+@pytest.fixture
+def registry(registry_server: FakeRegistry) -> FakeRegistry:
+    """The module's registry, reset to node-a, node-b, node-c healthy."""
+    reset_registry(registry_server)
+    return registry_server
+
+
+@pytest.fixture
+def node(registry: FakeRegistry) -> str:
+    """A node id of this test's own, made the registry's only healthy node: every job the
+    test submits lands on it and no other test's jobs do."""
+    node_id = unique_node()
+    set_nodes(registry, [node_id])
+    return node_id
+
+
+@pytest.fixture(scope="module")
+def scheduler(
+    request: pytest.FixtureRequest,
+    registry_server: FakeRegistry,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[SchedulerProcess]:
+    """The module's scheduler, with the module's `SCHEDULER_ENV` if it has one."""
+    env = getattr(request.module, "SCHEDULER_ENV", {})
+    folder = tmp_path_factory.mktemp("scheduler")
+    proc = start_scheduler(
+        folder / "scheduler.db", folder / "scheduler.log", registry_server.url, env
+    )
+    yield proc
+    stop_scheduler(proc)
+
+
+@pytest.fixture
+def api(scheduler: SchedulerProcess) -> Iterator[Api]:
+    client = Api(scheduler.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def scheduler_factory(tmp_path: Path, registry: FakeRegistry) -> Iterator[SchedulerFactory]:
+    """`start(env=None, db_path=None, registry_url=None)`: a started dedicated scheduler.
+
+    Without `db_path` it uses the test's own `tmp_path/scheduler.db`, so starting again after
+    a stop continues on the same database (restart tests). Without `registry_url` it uses the
+    module's registry. All still running are stopped when the test ends.
+    """
+    started: list[SchedulerProcess] = []
+    counter = itertools.count(1)
+
+    def start(
+        env: Mapping[str, str] | None = None,
+        db_path: Path | None = None,
+        registry_url: str | None = None,
+    ) -> SchedulerProcess:
+        log_path = tmp_path / f"scheduler-{next(counter)}.log"
+        proc = start_scheduler(
+            db_path or tmp_path / "scheduler.db", log_path, registry_url or registry.url, env
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        stop_scheduler(proc)

@@ -1,0 +1,199 @@
+"""Helpers shared by the tests: bounded waiting, an HTTP client for the scheduler, the checks
+of the wire contract's reply shapes, and an agent that speaks exactly like the real one.
+
+Tests never sleep to synchronize: they `wait_for` a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import requests
+
+from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, PolledJob, parse_poll_reply
+from tiny_scheduler.dev.registry import FakeRegistry
+
+T = TypeVar("T")
+
+DEFAULT_NODES = ("node-a", "node-b", "node-c")
+"""The healthy compute nodes a fresh test registry lists."""
+
+REQUEST_TIMEOUT = 10.0
+"""Seconds any test request may take; the spec wants answers within a few seconds, never hangs."""
+
+JSON_TYPE = "application/json"
+TEXT_TYPE = "text/plain; charset=utf-8"
+
+
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    message: str | Callable[[], str] = "condition",
+) -> T:
+    """Call `predicate` until it returns something truthy, and return that.
+
+    Raises AssertionError naming `message` (a string, or a callable giving one, for details
+    known only at the end) when `timeout` seconds pass first.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            text = message() if callable(message) else message
+            raise AssertionError(f"timed out after {timeout}s waiting for {text}")
+        time.sleep(interval)
+
+
+def compact(body: Any) -> bytes:
+    """JSON as the scheduler and the real clients write it: compact UTF-8, no spaces."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class Api:
+    """A small client of one scheduler: a `requests.Session` with a base URL and timeouts.
+
+    Methods return the raw `requests.Response`, so tests can check status, headers and the
+    exact body bytes.
+    """
+
+    def __init__(self, base_url: str, key: str | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.session = requests.Session()
+        self.session.trust_env = False
+        if key is not None:
+            self.session.headers["Authorization"] = f"Bearer {key}"
+
+    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        kwargs.setdefault("timeout", REQUEST_TIMEOUT)
+        return self.session.request(method, self.base_url + path, **kwargs)
+
+    def get(self, path: str, **kwargs: Any) -> requests.Response:
+        return self.request("GET", path, **kwargs)
+
+    def post(self, path: str, body: Any = None, **kwargs: Any) -> requests.Response:
+        """POST `body` as compact JSON (a str or bytes body is sent as it is)."""
+        return self.request("POST", path, data=_encode(body), **kwargs)
+
+    def patch(self, path: str, body: Any = None, **kwargs: Any) -> requests.Response:
+        return self.request("PATCH", path, data=_encode(body), **kwargs)
+
+    def submit(self, **fields: Any) -> dict[str, Any]:
+        """POST /jobs that must succeed with 201; returns the job."""
+        fields.setdefault("command", "true")
+        return expect_json(self.post("/jobs", fields), 201)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return expect_json(self.get(f"/jobs/{job_id}"), 200)
+
+    def jobs(self, **params: Any) -> list[dict[str, Any]]:
+        return expect_json(self.get("/jobs", params=params), 200)
+
+    def close(self) -> None:
+        """Close the kept-alive connections now: an open one makes gunicorn's graceful stop
+        wait for it (and this urllib3's `Session.close()` leaves them to the GC)."""
+        for adapter in self.session.adapters.values():
+            pools = getattr(adapter, "poolmanager", None)
+            if pools is not None:
+                for key in list(pools.pools.keys()):
+                    pool = pools.pools.get(key)
+                    if pool is not None:
+                        pool.close()
+        self.session.close()
+
+
+def _encode(body: Any) -> bytes | None:
+    if body is None or isinstance(body, bytes):
+        return body
+    if isinstance(body, str):
+        return body.encode()
+    return compact(body)
+
+
+def expect_json(response: requests.Response, status: int) -> Any:
+    """Check a success reply: the status, the JSON content type, compact JSON; return it."""
+    assert response.status_code == status, (response.status_code, response.text)
+    assert response.headers["Content-Type"] == JSON_TYPE
+    body = json.loads(response.content)
+    assert response.content == compact(body), "reply JSON is not compact"
+    return body
+
+
+def expect_error(response: requests.Response, status: int, message: str) -> None:
+    """Check an error reply: the status, text/plain, and exactly the message plus a newline."""
+    assert (response.status_code, response.text) == (status, message + "\n")
+    assert response.headers["Content-Type"] == TEXT_TYPE
+
+
+def assert_no_nulls(value: Any) -> None:
+    """The real agent rejects a reply with a `null` anywhere in it."""
+    if isinstance(value, dict):
+        for item in value.values():
+            assert_no_nulls(item)
+    elif isinstance(value, list):
+        for item in value:
+            assert_no_nulls(item)
+    else:
+        assert value is not None
+
+
+_node_numbers = itertools.count(1)
+
+
+def unique_node(prefix: str = "node") -> str:
+    """A node id no other test uses, so tests sharing one scheduler keep out of each
+    other's queues."""
+    return f"{prefix}-{next(_node_numbers)}"
+
+
+def set_nodes(
+    registry: FakeRegistry, healthy: Iterable[str], unhealthy: Iterable[str] = ()
+) -> None:
+    """Make the registry list exactly these compute nodes."""
+    healthy, unhealthy = list(healthy), list(unhealthy)
+    for node_id in registry.nodes_listing():
+        if node_id not in healthy and node_id not in unhealthy:
+            registry.remove_node(node_id)
+    for node_id in healthy:
+        registry.set_node(node_id)
+    for node_id in unhealthy:
+        registry.set_node(node_id, status="unhealthy")
+
+
+class Agent:
+    """A compute agent of one node, speaking as the real (Rust) agent does.
+
+    Polls are read with the strict parser that holds the real agent's rules, so a reply the
+    real agent would silently drop fails the test instead. Like the real agent it sends no
+    Authorization header.
+    """
+
+    def __init__(self, base_url: str, node_id: str) -> None:
+        self.api = Api(base_url)
+        self.node_id = node_id
+
+    def poll(self) -> list[PolledJob]:
+        response = self.api.get("/jobs", params={"node_id": self.node_id, "status": "pending"})
+        assert response.status_code == 200, (response.status_code, response.text)
+        return parse_poll_reply(response.content)
+
+    def claim(self, job_id: str) -> requests.Response:
+        """PATCH the exact claim body the real agent sends."""
+        return self.api.patch(f"/jobs/{job_id}", compact(RUNNING_UPDATE))
+
+    def report(
+        self, job_id: str, exit_code: int, stdout: str = "", stderr: str = ""
+    ) -> requests.Response:
+        """The final report: done for exit 0, failed otherwise."""
+        status = "done" if exit_code == 0 else "failed"
+        body = {"status": status, "exit_code": exit_code, "stdout": stdout, "stderr": stderr}
+        return self.api.patch(f"/jobs/{job_id}", body)
+
+    def close(self) -> None:
+        self.api.close()
