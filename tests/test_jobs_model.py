@@ -1,0 +1,349 @@
+"""The Job model: its wire shape, the time format, the output cap and the state machine."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+from helpers import assert_no_nulls
+
+from tiny_scheduler import jobs
+from tiny_scheduler.jobs import Attempt, Job, TransitionError
+
+T0 = 1_764_498_030_123_456  # 2025-11-30T10:20:30.123456Z
+ALWAYS = ["job_id", "node_id", "command", "job_type", "status", "retry_count", "created_at"]
+WIRE_ORDER = [
+    "job_id",
+    "node_id",
+    "instance_id",
+    "command",
+    "deploy_url",
+    "job_type",
+    "port",
+    "env_vars",
+    "timeout_secs",
+    "status",
+    "retry_count",
+    "exit_code",
+    "stdout",
+    "stderr",
+    "created_at",
+    "running_at",
+    "finished_at",
+    "attempts",
+]
+
+
+def new_job(**fields: object) -> Job:
+    base: dict[str, object] = {
+        "seq": 7,
+        "node_id": "node-a",
+        "command": "echo hi",
+        "created_at": T0,
+    }
+    base.update(fields)
+    return Job(**base)  # type: ignore[arg-type]
+
+
+def full_job() -> Job:
+    return new_job(
+        instance_id="i-1",
+        deploy_url="http://store/app.zip",
+        job_type=jobs.SERVICE,
+        port=8080,
+        env_vars={"A": "1", "B": "two"},
+        timeout_secs=30,
+        status=jobs.FAILED,
+        retry_count=1,
+        exit_code=3,
+        stdout="out",
+        stderr="err",
+        running_at=T0 + 1,
+        finished_at=T0 + 2,
+        attempts=(Attempt("node-b", 1, "o1", "e1", T0 + 3, T0 + 4),),
+        dedupe_key="http:abc",
+    )
+
+
+# --- wire shape -----------------------------------------------------------------------------
+
+
+def test_minimal_job_has_only_the_always_present_fields_in_order() -> None:
+    wire = new_job().to_wire(with_attempts=True)
+    assert list(wire) == ALWAYS
+    assert wire == {
+        "job_id": "job-7",
+        "node_id": "node-a",
+        "command": "echo hi",
+        "job_type": "run",
+        "status": "pending",
+        "retry_count": 0,
+        "created_at": "2025-11-30T10:20:30.123456Z",
+    }
+
+
+def test_full_job_lists_every_field_in_the_spec_order() -> None:
+    wire = full_job().to_wire(with_attempts=True)
+    assert list(wire) == WIRE_ORDER
+    assert wire["env_vars"] == {"A": "1", "B": "two"}
+    assert wire["running_at"] == "2025-11-30T10:20:30.123457Z"
+    assert wire["attempts"] == [
+        {
+            "node_id": "node-b",
+            "exit_code": 1,
+            "stdout": "o1",
+            "stderr": "e1",
+            "running_at": "2025-11-30T10:20:30.123459Z",
+            "finished_at": "2025-11-30T10:20:30.123460Z",
+        }
+    ]
+    assert "dedupe_key" not in wire
+
+
+def test_attempts_only_when_asked_for() -> None:
+    assert "attempts" not in full_job().to_wire()
+
+
+def test_exit_code_zero_and_empty_command_are_shown() -> None:
+    wire = new_job(command="", deploy_url="http://x/a.zip", exit_code=0).to_wire()
+    assert wire["exit_code"] == 0
+    assert wire["command"] == ""
+
+
+def test_empty_optional_fields_are_left_out() -> None:
+    wire = new_job(env_vars={}, port=0, timeout_secs=0, stdout="", stderr="").to_wire()
+    assert list(wire) == ALWAYS
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        new_job(),
+        full_job(),
+        new_job(exit_code=None, running_at=None, finished_at=None, env_vars=None),
+        new_job(attempts=(Attempt("node-b", None, "", "", None, None),)),
+    ],
+)
+def test_no_null_anywhere(job: Job) -> None:
+    assert_no_nulls(job.to_wire(with_attempts=True))
+
+
+def test_attempt_wire_round_trip() -> None:
+    for attempt in (
+        Attempt("node-b", 1, "o", "e", T0, T0 + 5),
+        Attempt("node-c", None, "", "", None, None),
+        Attempt("node-c", 0, "", "boom", T0, None),
+    ):
+        assert Attempt.from_wire(attempt.to_wire()) == attempt
+
+
+# --- times ----------------------------------------------------------------------------------
+
+TIME_FORMAT = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+
+
+@pytest.mark.parametrize(
+    ("us", "text"),
+    [
+        (0, "1970-01-01T00:00:00.000000Z"),
+        (T0, "2025-11-30T10:20:30.123456Z"),
+        (1_800_000_000_000_001, "2027-01-15T08:00:00.000001Z"),
+    ],
+)
+def test_format_time_is_utc_with_microseconds_and_z(us: int, text: str) -> None:
+    assert jobs.format_time(us) == text
+    assert TIME_FORMAT.match(text)
+
+
+def test_parse_time_round_trips_to_the_microsecond() -> None:
+    for us in (0, 1, T0, T0 + 999_999, jobs.now_us(), 4_102_444_799_999_999):
+        assert jobs.parse_time(jobs.format_time(us)) == us
+
+
+def test_parse_time_accepts_offsets_and_short_fractions() -> None:
+    assert jobs.parse_time("2026-05-01T10:00:03.123+05:30") == jobs.parse_time(
+        "2026-05-01T04:30:03.123000Z"
+    )
+    assert jobs.parse_time("2026-05-01T09:58:10Z") == jobs.parse_time("2026-05-01T09:58:10.000000Z")
+
+
+def test_now_us_formats_in_the_wire_format() -> None:
+    assert TIME_FORMAT.match(jobs.format_time(jobs.now_us()))
+
+
+# --- ids ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seq"),
+    [
+        ("job-1", 1),
+        ("job-123456", 123456),
+        ("job-0", None),
+        ("job-01", None),
+        ("job-", None),
+        ("job-1x", None),
+        ("job--1", None),
+        ("job-\u0661", None),  # an Arabic-Indic digit is a digit to str.isdigit
+        ("Job-1", None),
+        ("1", None),
+        ("job-" + "9" * 19, None),
+    ],
+)
+def test_parse_job_id_takes_only_canonical_ids(text: str, seq: int | None) -> None:
+    assert jobs.parse_job_id(text) == seq
+
+
+# --- output cap -----------------------------------------------------------------------------
+
+MARKER = re.compile(r"^\[tiny-scheduler: output truncated, (\d+) earlier bytes dropped\]\n")
+
+
+def check_capped(original: str, cap: int) -> str:
+    """Assert the cap's promises and return the kept tail."""
+    capped = jobs.cap_output(original, cap)
+    data = original.encode()
+    assert len(capped.encode()) <= cap
+    match = MARKER.match(capped)
+    assert match, capped[:80]
+    tail = capped[match.end() :]
+    assert original.endswith(tail)
+    # Only a character split by the cut may be lost, beyond what the marker needs.
+    assert len(tail.encode()) >= cap - match.end() - 3
+    assert int(match.group(1)) <= len(data) - len(tail.encode())
+    return tail
+
+
+def test_output_within_the_cap_is_kept_whole() -> None:
+    assert jobs.cap_output("", 256) == ""
+    assert jobs.cap_output("x" * 256, 256) == "x" * 256
+    assert jobs.cap_output("é" * 128, 256) == "é" * 128  # exactly 256 bytes
+
+
+def test_output_over_the_cap_keeps_the_tail_behind_a_marker() -> None:
+    original = "".join(f"line {n}\n" for n in range(1000))
+    tail = check_capped(original, 300)
+    assert tail.endswith("line 999\n")
+    assert len(jobs.cap_output(original, 300).encode()) == 300
+
+
+@pytest.mark.parametrize("char", ["é", "€", "𝄞"])
+@pytest.mark.parametrize("cap", [256, 257, 258, 1000])
+def test_output_cap_counts_utf8_bytes_of_multibyte_characters(char: str, cap: int) -> None:
+    check_capped("start" + char * 2000, cap)
+
+
+def test_output_one_byte_over_the_cap() -> None:
+    check_capped("y" * 257, 256)
+
+
+# --- state machine --------------------------------------------------------------------------
+
+ALLOWED = {(jobs.PENDING, jobs.RUNNING), (jobs.RUNNING, jobs.DONE), (jobs.RUNNING, jobs.FAILED)}
+
+
+@pytest.mark.parametrize(
+    ("current", "wanted"), list(itertools.product(jobs.STATUSES, jobs.UPDATE_STATUSES))
+)
+def test_update_transitions(current: str, wanted: str) -> None:
+    job = new_job(status=current)
+    if (current, wanted) in ALLOWED:
+        jobs.check_update(job, wanted)
+    else:
+        with pytest.raises(TransitionError) as caught:
+            jobs.check_update(job, wanted)
+        assert caught.value.current == current
+        assert current in str(caught.value)
+
+
+@pytest.mark.parametrize("current", jobs.STATUSES)
+def test_only_a_pending_job_can_be_cancelled(current: str) -> None:
+    job = new_job(status=current)
+    if current == jobs.PENDING:
+        cancelled = jobs.cancel(job, T0 + 9)
+        assert (cancelled.status, cancelled.finished_at) == (jobs.CANCELLED, T0 + 9)
+        assert cancelled.is_final
+    else:
+        with pytest.raises(TransitionError) as caught:
+            jobs.cancel(job, T0 + 9)
+        assert caught.value.current == current
+
+
+def test_start_sets_running_at() -> None:
+    started = jobs.start(new_job(), T0 + 5)
+    assert (started.status, started.running_at) == (jobs.RUNNING, T0 + 5)
+
+
+def test_finish_sets_exit_code_output_and_finished_at() -> None:
+    running = jobs.start(new_job(), T0 + 5)
+    done = jobs.finish(running, jobs.DONE, 0, "out", "err", T0 + 6)
+    assert (done.status, done.exit_code, done.stdout, done.stderr, done.finished_at) == (
+        jobs.DONE,
+        0,
+        "out",
+        "err",
+        T0 + 6,
+    )
+    assert done.is_final
+
+
+def test_finish_with_empty_output_changes_no_output() -> None:
+    running = new_job(status=jobs.RUNNING, running_at=T0, stdout="kept", stderr="also kept")
+    failed = jobs.finish(running, jobs.FAILED, 2, "", "", T0 + 6)
+    assert (failed.stdout, failed.stderr) == ("kept", "also kept")
+
+
+def test_a_finished_job_never_runs_again() -> None:
+    done = jobs.finish(jobs.start(new_job(), T0), jobs.DONE, 0, "", "", T0 + 1)
+    with pytest.raises(TransitionError):
+        jobs.start(done, T0 + 2)
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_count", "max_retries", "expected"),
+    [
+        (jobs.FAILED, 0, 1, True),
+        (jobs.FAILED, 1, 1, False),
+        (jobs.FAILED, 0, 0, False),
+        (jobs.FAILED, 2, 3, True),
+        (jobs.DONE, 0, 1, False),
+    ],
+)
+def test_should_retry(status: str, retry_count: int, max_retries: int, expected: bool) -> None:
+    job = new_job(status=status, retry_count=retry_count)
+    assert jobs.should_retry(job, max_retries) is expected
+
+
+def test_retry_records_the_attempt_and_clears_the_attempt_fields() -> None:
+    running = jobs.start(new_job(), T0 + 1)
+    failed = jobs.finish(running, jobs.FAILED, 2, "o", "e", T0 + 2)
+    retried = jobs.retry(failed, "node-b")
+    assert retried.status == jobs.PENDING
+    assert retried.node_id == "node-b"
+    assert retried.retry_count == 1
+    assert retried.attempts == (Attempt("node-a", 2, "o", "e", T0 + 1, T0 + 2),)
+    assert (retried.exit_code, retried.stdout, retried.stderr) == (None, "", "")
+    assert (retried.running_at, retried.finished_at) == (None, None)
+    assert retried.created_at == T0
+    assert list(retried.to_wire()) == ALWAYS
+
+    again = jobs.retry(
+        jobs.finish(jobs.start(retried, T0 + 3), jobs.FAILED, 9, "", "x", T0 + 4), "c"
+    )
+    assert again.retry_count == 2
+    assert [a.node_id for a in again.attempts] == ["node-a", "node-b"]
+    assert again.attempts[1] == Attempt("node-b", 9, "", "x", T0 + 3, T0 + 4)
+
+
+def test_run_deadline() -> None:
+    assert jobs.run_deadline(new_job(), 60) is None  # not running
+    running = new_job(status=jobs.RUNNING, running_at=T0)
+    assert jobs.run_deadline(running, 60) == T0 + 60_000_000
+    assert jobs.run_deadline(running.evolve(timeout_secs=5), 60) == T0 + 5_000_000
+    assert jobs.run_deadline(running.evolve(job_type=jobs.SERVICE), 60) is None
+
+
+def test_services_take_no_slot() -> None:
+    assert new_job().takes_slot
+    assert not new_job(job_type=jobs.SERVICE).takes_slot

@@ -1,0 +1,149 @@
+"""Node choice against a real (loopback) registry: round robin over healthy nodes sorted by id,
+retries avoiding the failed node, instance pinning, and each placement error text."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import set_nodes
+
+from tiny_scheduler.config import Settings
+from tiny_scheduler.dev.daemon import free_port
+from tiny_scheduler.dev.registry import FakeRegistry
+from tiny_scheduler.errors import PlacementError
+from tiny_scheduler.placement import Placement
+from tiny_scheduler.registry import Registry
+
+
+def placement_for(registry_url: str, cache_secs: float = 0, key: str | None = None) -> Placement:
+    settings = Settings(registry_url=registry_url, registry_cache_secs=cache_secs, api_key=key)
+    return Placement(Registry(settings))
+
+
+def placement_error(placement: Placement, instance_id: str = "") -> str:
+    with pytest.raises(PlacementError) as caught:
+        placement.place(instance_id)
+    assert caught.value.status == 503
+    return caught.value.message
+
+
+@pytest.fixture
+def placement(registry: FakeRegistry) -> Placement:
+    return placement_for(registry.url)
+
+
+def test_round_robin_over_healthy_nodes_sorted_by_id(
+    registry: FakeRegistry, placement: Placement
+) -> None:
+    set_nodes(registry, healthy=["node-c", "node-a", "node-b"], unhealthy=["node-0"])
+    assert [placement.place() for _ in range(7)] == [
+        "node-a",
+        "node-b",
+        "node-c",
+        "node-a",
+        "node-b",
+        "node-c",
+        "node-a",
+    ]
+
+
+def test_consecutive_placements_spread_evenly_as_nodes_change(
+    registry: FakeRegistry, placement: Placement
+) -> None:
+    set_nodes(registry, healthy=["n1", "n2"])
+    first = [placement.place() for _ in range(4)]
+    assert sorted(first) == ["n1", "n1", "n2", "n2"]
+    set_nodes(registry, healthy=["n1", "n2", "n3"])
+    assert sorted(placement.place() for _ in range(3)) == ["n1", "n2", "n3"]
+
+
+def test_only_compute_nodes_are_used(registry: FakeRegistry, placement: Placement) -> None:
+    set_nodes(registry, healthy=["gpu-1"])
+    registry.set_node("storage-1", role="storage")
+    assert {placement.place() for _ in range(4)} == {"gpu-1"}
+
+
+def test_a_retry_avoids_the_node_it_failed_on(registry: FakeRegistry, placement: Placement) -> None:
+    assert {placement.place(avoid="node-a") for _ in range(6)} == {"node-b", "node-c"}
+    set_nodes(registry, healthy=["node-a"])
+    assert placement.place(avoid="node-a") == "node-a"  # the only node: back to it
+    set_nodes(registry, healthy=["node-b"], unhealthy=["node-a"])
+    assert placement.place(avoid="node-a") == "node-b"
+
+
+def test_no_healthy_nodes(registry: FakeRegistry, placement: Placement) -> None:
+    set_nodes(registry, healthy=[])
+    assert placement_error(placement) == "no healthy compute nodes"
+    set_nodes(registry, healthy=[], unhealthy=["node-a", "node-b"])
+    assert placement_error(placement) == "no healthy compute nodes"
+
+
+def test_a_pinned_job_goes_to_its_instances_node(
+    registry: FakeRegistry, placement: Placement
+) -> None:
+    registry.set_instance("i-1", "node-b")
+    assert [placement.place("i-1") for _ in range(3)] == ["node-b"] * 3
+    assert placement.place("i-1", avoid="node-b") == "node-b"
+    registry.set_instance("i/2 x", "node-c")  # the id is quoted in the registry URL
+    assert placement.place("i/2 x") == "node-c"
+
+
+@pytest.mark.parametrize("status", ["provisioning", "failed", "terminated"])
+def test_a_pinned_job_needs_a_running_instance(
+    registry: FakeRegistry, placement: Placement, status: str
+) -> None:
+    registry.set_instance("i-1", "node-a", status=status)
+    assert placement_error(placement, "i-1") == f"instance i-1 not running (status={status})"
+
+
+def test_a_pinned_job_needs_a_known_instance(placement: Placement) -> None:
+    assert placement_error(placement, "i-404") == "instance not found"
+
+
+def test_a_pinned_job_needs_its_node_healthy(registry: FakeRegistry, placement: Placement) -> None:
+    registry.set_instance("i-1", "node-x")
+    assert placement_error(placement, "i-1") == "node node-x for instance i-1 is not healthy"
+    registry.set_node("node-x", status="unhealthy")
+    assert placement_error(placement, "i-1") == "node node-x for instance i-1 is not healthy"
+
+
+def test_registry_errors(registry: FakeRegistry, placement: Placement) -> None:
+    registry.fault = "error"
+    assert placement_error(placement) == "failed to reach registry"
+    assert placement_error(placement, "i-1") == "failed to reach registry"
+    registry.fault = "garbage"
+    assert placement_error(placement) == "failed to decode registry response"
+    assert placement_error(placement, "i-1") == "failed to decode registry response"
+    registry.fault = None
+    assert placement.place() in ("node-a", "node-b", "node-c")
+
+
+def test_registry_down() -> None:
+    down = placement_for(f"http://127.0.0.1:{free_port()}")
+    assert placement_error(down) == "failed to reach registry"
+    assert placement_error(down, "i-1") == "failed to reach registry"
+
+
+def test_the_bearer_key_is_sent_to_the_registry() -> None:
+    locked = FakeRegistry(key="s3cret").start()
+    try:
+        locked.set_node("node-k")
+        assert placement_for(locked.url, key="s3cret").place() == "node-k"
+        assert placement_error(placement_for(locked.url)) == "failed to reach registry"
+        assert placement_error(placement_for(locked.url, key="wrong")) == (
+            "failed to reach registry"
+        )
+    finally:
+        locked.stop()
+
+
+def test_the_node_list_is_cached_for_registry_cache_secs(registry: FakeRegistry) -> None:
+    cached = placement_for(registry.url, cache_secs=3600)
+    assert cached.place() == "node-a"
+    before = registry.requests
+    set_nodes(registry, healthy=["node-z"])
+    assert [cached.place(), cached.place()] == ["node-b", "node-c"]
+    assert registry.requests == before
+
+    fresh = placement_for(registry.url, cache_secs=0)
+    assert fresh.place() == "node-z"
+    assert registry.requests > before

@@ -1,0 +1,190 @@
+"""The SQLite store: what is saved comes back identical, ids are never reused, and files it
+cannot understand are refused rather than damaged."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tiny_scheduler import jobs
+from tiny_scheduler.errors import StoreError
+from tiny_scheduler.jobs import Attempt, Job
+from tiny_scheduler.store import SCHEMA_VERSION, Store, StoreOpenError
+
+T0 = 1_764_498_030_123_456
+
+OpenStore = Callable[[], Store]
+
+
+@pytest.fixture
+def open_store(tmp_path: Path) -> Iterator[OpenStore]:
+    """Open (and start) a store on the test's database file; all are closed at the end."""
+    opened: list[Store] = []
+
+    def open_() -> Store:
+        store = Store(str(tmp_path / "jobs.db"))
+        store.start()
+        opened.append(store)
+        return store
+
+    yield open_
+    for store in opened:
+        store.close()
+
+
+def reopen(store: Store, open_store: OpenStore) -> tuple[list[Job], int]:
+    store.close()
+    return open_store().load()
+
+
+def full_job(seq: int = 1) -> Job:
+    return Job(
+        seq=seq,
+        node_id="node-ä",
+        command="echo 'hi' \"there\" && exit 3",
+        created_at=T0 + 1,
+        instance_id="i-1",
+        deploy_url="http://store/app.zip",
+        job_type=jobs.SERVICE,
+        port=65535,
+        env_vars={"A": "1", "UNICODE": "€ 𝄞", "EMPTY": ""},
+        timeout_secs=3600,
+        status=jobs.FAILED,
+        retry_count=2,
+        exit_code=-1,
+        stdout="out\n" * 3,
+        stderr="err ✗",
+        running_at=T0 + 999_999,
+        finished_at=T0 + 1_000_001,
+        attempts=(
+            Attempt("node-a", 1, "o1", "e1", T0 + 2, T0 + 3),
+            Attempt("node-b", None, "", "", None, None),
+        ),
+        dedupe_key="http:key-1",
+    )
+
+
+def test_every_field_survives_a_round_trip(open_store: OpenStore) -> None:
+    store = open_store()
+    minimal = Job(seq=2, node_id="node-b", command="", created_at=T0, deploy_url="http://x")
+    zero_exit = Job(seq=3, node_id="n", command="true", created_at=T0, exit_code=0)
+    store.save(full_job(1), minimal, zero_exit)
+    loaded, last_seq = reopen(store, open_store)
+    assert loaded == [full_job(1), minimal, zero_exit]
+    assert last_seq == 3
+
+
+def test_timestamps_keep_every_microsecond(open_store: OpenStore) -> None:
+    store = open_store()
+    stamps = [T0, T0 + 1, jobs.now_us(), 4_102_444_799_999_999]
+    for seq, stamp in enumerate(stamps, 1):
+        store.save(Job(seq=seq, node_id="n", command="x", created_at=stamp, running_at=stamp))
+    loaded, _ = reopen(store, open_store)
+    assert [(job.created_at, job.running_at) for job in loaded] == [(s, s) for s in stamps]
+
+
+def test_saving_again_replaces_the_job(open_store: OpenStore) -> None:
+    store = open_store()
+    pending = Job(seq=1, node_id="n", command="x", created_at=T0)
+    store.save(pending)
+    running = jobs.start(pending, T0 + 5)
+    store.save(running)
+    loaded, _ = reopen(store, open_store)
+    assert loaded == [running]
+
+
+def test_the_highest_id_survives_deleting_its_job(open_store: OpenStore) -> None:
+    store = open_store()
+    store.save(*(Job(seq=s, node_id="n", command="x", created_at=T0) for s in (1, 2, 3)))
+    store.delete([2, 3])
+    loaded, last_seq = reopen(store, open_store)
+    assert [job.seq for job in loaded] == [1]
+    assert last_seq == 3
+
+    store = open_store()
+    store.delete([1])
+    assert reopen(store, open_store) == ([], 3)
+
+
+def test_a_new_file_starts_at_zero(open_store: OpenStore) -> None:
+    assert open_store().load() == ([], 0)
+
+
+def test_concurrent_saves_all_commit(open_store: OpenStore) -> None:
+    store = open_store()
+    errors: list[BaseException] = []
+
+    def writer(first: int) -> None:
+        try:
+            for seq in range(first, first + 25):
+                store.save(Job(seq=seq, node_id="n", command=str(seq), created_at=T0 + seq))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(1 + 25 * n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    loaded, last_seq = reopen(store, open_store)
+    assert [job.seq for job in loaded] == list(range(1, 201))
+    assert last_seq == 200
+
+
+def test_a_failed_write_raises_and_marks_the_store_unhealthy_until_one_succeeds(
+    open_store: OpenStore,
+) -> None:
+    store = open_store()
+    store.save(Job(seq=1, node_id="n", command="x", created_at=T0, dedupe_key="k"))
+    # A second job with the same dedupe key breaks the UNIQUE constraint.
+    with pytest.raises(StoreError):
+        store.save(Job(seq=2, node_id="n", command="x", created_at=T0, dedupe_key="k"))
+    assert not store.healthy
+    assert store.probe()
+    assert store.healthy
+    loaded, _ = reopen(store, open_store)
+    assert [job.seq for job in loaded] == [1]
+
+
+def test_a_closed_store_refuses_writes(open_store: OpenStore) -> None:
+    store = open_store()
+    store.close()
+    with pytest.raises(StoreError):
+        store.save(Job(seq=1, node_id="n", command="x", created_at=T0))
+
+
+def test_a_file_from_a_newer_scheduler_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    Store(str(path)).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    conn.close()
+    with pytest.raises(StoreOpenError, match="newer"):
+        Store(str(path))
+
+
+def test_a_foreign_sqlite_file_is_refused_and_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE customers (name TEXT)")
+        conn.execute("INSERT INTO customers VALUES ('ada')")
+    conn.close()
+    with pytest.raises(StoreOpenError, match="not a tiny-scheduler database"):
+        Store(str(path))
+    with sqlite3.connect(path) as conn:
+        tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master")]
+        rows = conn.execute("SELECT name FROM customers").fetchall()
+    conn.close()
+    assert (tables, rows) == (["customers"], [("ada",)])
+
+
+def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    path.write_bytes(b"this is not a database, just some text " * 100)
+    with pytest.raises(StoreOpenError):
+        Store(str(path))

@@ -1,0 +1,285 @@
+"""The in-memory job table: the agent poll, listings, ids, and the per-job and per-key
+serialization that makes a claim happen once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+import pytest
+
+from tiny_scheduler import errors, jobs
+from tiny_scheduler.jobs import Job
+from tiny_scheduler.table import JobTable
+
+T0 = 1_764_498_030_000_000
+
+
+def make(seq: int, node_id: str = "node-a", **fields: object) -> Job:
+    base: dict[str, object] = {
+        "seq": seq,
+        "node_id": node_id,
+        "command": f"cmd {seq}",
+        "created_at": T0 + seq,
+    }
+    base.update(fields)
+    return Job(**base)  # type: ignore[arg-type]
+
+
+def table_of(*items: Job | Iterable[Job]) -> JobTable:
+    table = JobTable()
+    for item in items:
+        for job in [item] if isinstance(item, Job) else item:
+            table.put(job)
+    return table
+
+
+def seqs(found: Iterable[Job]) -> list[int]:
+    return [job.seq for job in found]
+
+
+# --- the agent poll -------------------------------------------------------------------------
+
+
+def test_poll_is_fifo_per_node_and_capped_at_free_slots() -> None:
+    table = table_of(make(s, "node-a" if s % 2 else "node-b") for s in range(1, 11))
+    assert seqs(table.poll("node-a", 10, 1000)) == [1, 3, 5, 7, 9]
+    assert seqs(table.poll("node-b", 10, 1000)) == [2, 4, 6, 8, 10]
+    assert seqs(table.poll("node-a", 1, 1000)) == [1]
+    assert seqs(table.poll("node-a", 2, 1000)) == [1, 3]
+    assert seqs(table.poll("node-a", 10, 2)) == [1, 3]
+    assert table.poll("node-z", 10, 1000) == []
+
+
+def test_running_run_jobs_take_slots_and_services_do_not() -> None:
+    table = table_of(make(s) for s in range(1, 6))
+    table.put(make(1, status=jobs.RUNNING, running_at=T0))
+    assert seqs(table.poll("node-a", 1, 1000)) == []
+    assert seqs(table.poll("node-a", 2, 1000)) == [2]
+    assert table.free_slots("node-a", 2) == 1
+
+    table.put(make(2, job_type=jobs.SERVICE, status=jobs.RUNNING, running_at=T0))
+    assert seqs(table.poll("node-a", 2, 1000)) == [3]
+    assert table.free_slots("node-a", 2) == 1
+
+    table.put(make(1, status=jobs.DONE, running_at=T0, finished_at=T0 + 1, exit_code=0))
+    assert seqs(table.poll("node-a", 2, 1000)) == [3, 4]
+    assert table.free_slots("node-a", 1) == 1
+
+
+def test_a_claimed_or_moved_job_leaves_its_nodes_queue() -> None:
+    table = table_of(make(1), make(2), make(3))
+    table.put(make(1, status=jobs.RUNNING, running_at=T0, job_type=jobs.SERVICE))
+    table.put(make(2, "node-b"))
+    assert seqs(table.poll("node-a", 5, 1000)) == [3]
+    assert seqs(table.poll("node-b", 5, 1000)) == [2]
+
+
+# --- listings -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mixed() -> JobTable:
+    """Twelve jobs over two nodes in every status, some services."""
+    statuses = [jobs.PENDING, jobs.RUNNING, jobs.DONE, jobs.FAILED, jobs.CANCELLED, jobs.PENDING]
+    return table_of(
+        make(
+            s,
+            "node-a" if s <= 6 else "node-b",
+            status=statuses[(s - 1) % 6],
+            job_type=jobs.SERVICE if s % 3 == 0 else jobs.RUN,
+        )
+        for s in range(1, 13)
+    )
+
+
+@pytest.mark.parametrize(
+    ("node_id", "status", "job_type", "expected"),
+    [
+        (None, None, None, list(range(1, 13))),
+        ("node-a", None, None, [1, 2, 3, 4, 5, 6]),
+        (None, jobs.PENDING, None, [1, 6, 7, 12]),
+        (None, jobs.RUNNING, None, [2, 8]),
+        (None, jobs.DONE, None, [3, 9]),
+        (None, jobs.CANCELLED, None, [5, 11]),
+        ("node-b", jobs.PENDING, None, [7, 12]),
+        (None, None, jobs.SERVICE, [3, 6, 9, 12]),
+        (None, jobs.PENDING, jobs.SERVICE, [6, 12]),
+        ("node-a", jobs.DONE, jobs.SERVICE, [3]),
+        (None, "bogus", None, []),
+        ("node-z", None, None, []),
+    ],
+)
+def test_query_filters_oldest_first(
+    mixed: JobTable, node_id: str | None, status: str | None, job_type: str | None, expected: list
+) -> None:
+    found, more = mixed.query(node_id, status, job_type, 0, 1000)
+    assert (seqs(found), more) == (expected, False)
+
+
+@pytest.mark.parametrize("status", [None, jobs.PENDING, jobs.DONE])
+def test_query_pages_with_after_limit_and_has_more(mixed: JobTable, status: str | None) -> None:
+    everything = seqs(mixed.query(None, status, None, 0, 1000)[0])
+    collected: list[int] = []
+    after = 0
+    while True:
+        found, more = mixed.query(None, status, None, after, 1)
+        collected += seqs(found)
+        if not more:
+            break
+        after = found[-1].seq
+    assert collected == everything
+    found, more = mixed.query(None, status, None, everything[0], len(everything) - 1)
+    assert (seqs(found), more) == (everything[1:], False)
+
+
+def test_query_scans_history_beyond_one_chunk() -> None:
+    # The scan lets go of its lock every few thousand jobs; matches must survive the seams.
+    table = table_of(
+        make(s, status=jobs.DONE if s % 1000 == 0 else jobs.CANCELLED) for s in range(1, 10_001)
+    )
+    found, more = table.query(None, jobs.DONE, None, 0, 5)
+    assert (seqs(found), more) == ([1000, 2000, 3000, 4000, 5000], True)
+    found, more = table.query(None, jobs.DONE, None, 5000, 100)
+    assert (seqs(found), more) == ([6000, 7000, 8000, 9000, 10000], False)
+    assert len(table.query(None, None, None, 0, 10_000)[0]) == 10_000
+
+
+def test_counts(mixed: JobTable) -> None:
+    assert mixed.counts() == {"pending": 4, "running": 2, "done": 2, "failed": 2, "cancelled": 2}
+
+
+# --- ids ------------------------------------------------------------------------------------
+
+
+def test_new_seq_continues_after_loaded_jobs_and_the_high_water_mark() -> None:
+    assert JobTable().new_seq() == 1
+    assert JobTable([make(3), make(5)], last_seq=0).new_seq() == 6
+    assert JobTable([make(3)], last_seq=9).new_seq() == 10
+
+
+def test_removed_ids_are_never_handed_out_again() -> None:
+    table = JobTable()
+    for _ in range(3):
+        table.put(make(table.new_seq(), status=jobs.DONE, finished_at=T0))
+    table.remove([2, 3])
+    assert table.get(3) is None
+    assert table.new_seq() == 4
+
+
+def test_finished_before_and_remove() -> None:
+    table = table_of(make(s) for s in range(1, 5))
+    for seq, finished in ((3, T0 + 10), (1, T0 + 20), (4, T0 + 30)):
+        table.put(make(seq, status=jobs.DONE, finished_at=finished))
+    assert table.finished_before(T0 + 25, 100) == [3, 1]
+    assert table.finished_before(T0 + 100, 2) == [3, 1]
+    table.remove([3, 1])
+    assert table.finished_before(T0 + 100, 100) == [4]
+    assert seqs(table.query(None, None, None, 0, 100)[0]) == [2, 4]
+    assert table.counts()["done"] == 1
+
+
+# --- changing(): one change of a job at a time ----------------------------------------------
+
+
+def test_changing_an_unknown_job_is_not_found() -> None:
+    with pytest.raises(errors.NotFound) as caught, JobTable().changing(1):
+        pass
+    assert caught.value.message == "job not found"
+
+
+def test_a_second_change_waits_and_sees_the_first_ones_result() -> None:
+    table = table_of(make(1))
+    seen: list[Job] = []
+    entered = threading.Event()
+
+    def second() -> None:
+        with table.changing(1) as job:
+            entered.set()
+            seen.append(job)
+
+    with table.changing(1) as job:
+        assert job.status == jobs.PENDING
+        thread = threading.Thread(target=second)
+        thread.start()
+        # The second change must not get in while the first holds the job.
+        assert not entered.wait(0.2)
+        table.put(jobs.start(job, T0 + 1))
+    thread.join(10)
+    assert [job.status for job in seen] == [jobs.RUNNING]
+
+
+def test_a_failed_change_releases_the_job() -> None:
+    table = table_of(make(1))
+    with pytest.raises(RuntimeError), table.changing(1):
+        raise RuntimeError("commit failed")
+    with table.changing(1) as job:  # would wait forever if still busy
+        assert job.status == jobs.PENDING
+
+
+def test_changes_of_different_jobs_do_not_wait_for_each_other() -> None:
+    table = table_of(make(1), make(2))
+    with table.changing(1), table.changing(2) as other:
+        assert other.seq == 2
+
+
+# --- deduplicating(): one job per key -------------------------------------------------------
+
+
+def test_deduplicating_without_a_key_never_finds_anything() -> None:
+    table = table_of(make(1, dedupe_key="k"))
+    with table.deduplicating(None) as existing:
+        assert existing is None
+
+
+def test_deduplicating_returns_the_job_created_under_the_key() -> None:
+    table = JobTable()
+    with table.deduplicating("k") as existing:
+        assert existing is None
+        table.put(make(table.new_seq(), dedupe_key="k"))
+    with table.deduplicating("k") as existing:
+        assert existing is not None and existing.seq == 1
+    with table.deduplicating("other") as existing:
+        assert existing is None
+
+
+def test_a_concurrent_request_with_the_same_key_waits_for_the_first() -> None:
+    table = JobTable()
+    results: list[Job | None] = []
+    entered = threading.Event()
+
+    def second() -> None:
+        with table.deduplicating("k") as existing:
+            entered.set()
+            results.append(existing)
+
+    with table.deduplicating("k"):
+        thread = threading.Thread(target=second)
+        thread.start()
+        assert not entered.wait(0.2)
+        table.put(make(table.new_seq(), dedupe_key="k"))
+    thread.join(10)
+    assert [job and job.seq for job in results] == [1]
+
+
+def test_a_key_whose_first_request_failed_can_be_used_again() -> None:
+    table = JobTable()
+    results: list[Job | None] = []
+    thread = threading.Thread(target=lambda: results.append(_first_free(table, "k")))
+    with pytest.raises(RuntimeError), table.deduplicating("k"):
+        thread.start()
+        raise RuntimeError("placement failed")
+    thread.join(10)
+    assert results == [None]
+
+
+def _first_free(table: JobTable, key: str) -> Job | None:
+    with table.deduplicating(key) as existing:
+        return existing
+
+
+def test_the_key_stays_with_the_job_through_updates() -> None:
+    table = table_of(make(1, dedupe_key="k"))
+    table.put(make(1, dedupe_key="k", status=jobs.RUNNING, running_at=T0))
+    with table.deduplicating("k") as existing:
+        assert existing is not None and existing.status == jobs.RUNNING
