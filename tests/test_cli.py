@@ -7,7 +7,11 @@ command code, in this process, talking HTTP to the real server.
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
+import threading
+import zipfile
 from collections.abc import Iterator
 
 import pytest
@@ -158,6 +162,65 @@ def test_idempotency_key_returns_the_first_job(cluster: DevCluster) -> None:
     first = submitted_id(cluster, "--idempotency-key", "cli-once", "echo once")
     second = submitted_id(cluster, "--idempotency-key", "cli-once", "echo once")
     assert first == second
+
+
+def test_services_are_registered_and_reported_when_they_exit(cluster: DevCluster) -> None:
+    ok = cli(cluster, "submit", "--service", "--port", "8081", "--wait", "--json", "true")
+    assert ok.exit_code == 0, ok.stderr
+    job = json.loads(ok.stdout)
+    assert (job["status"], job["exit_code"], job["job_type"]) == ("done", 0, "service")
+    assert cluster.registry is not None
+    assert {"job_id": job["job_id"], "node_id": "node-1", "port": 8081}.items() <= next(
+        s for s in cluster.registry.services if s.get("job_id") == job["job_id"]
+    ).items()
+
+    failing = cli(cluster, "submit", "--service", "--wait", "--interval", "0.1", "exit 4")
+    assert failing.exit_code == 4
+    assert "failed (exit 4)" in failing.stdout
+
+
+@pytest.fixture(scope="module")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A loopback HTTP server for deploy zips: app.zip holds a start.sh, junk.zip is no zip."""
+    folder = tmp_path_factory.mktemp("store")
+    with zipfile.ZipFile(folder / "app.zip", "w") as archive:
+        archive.writestr("start.sh", 'echo "started $(cat version.txt) with $WHO"\n')
+        archive.writestr("version.txt", "v7")
+    (folder / "junk.zip").write_bytes(b"not a zip")
+    handler = functools.partial(_QuietFiles, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+class _QuietFiles(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_deploy_url_runs_the_zips_start_sh(cluster: DevCluster, object_store: str) -> None:
+    ran = cli(
+        cluster,
+        *("submit", "--wait", "--json", "--interval", "0.1", "--env", "WHO=cli"),
+        *("--deploy-url", f"{object_store}/app.zip"),
+    )
+    assert ran.exit_code == 0, ran.stderr
+    job = json.loads(ran.stdout)
+    assert (job["command"], job["stdout"]) == ("", "started v7 with cli\n")
+
+    for name, error in (("missing.zip", "download error: "), ("junk.zip", "extract failed: ")):
+        failed = cli(
+            cluster,
+            *("submit", "--wait", "--json", "--interval", "0.1"),
+            *("--deploy-url", f"{object_store}/{name}"),
+        )
+        assert failed.exit_code == 1
+        job = json.loads(failed.stdout)
+        assert (job["status"], job["exit_code"]) == ("failed", -1)
+        assert job["stderr"].startswith(error), job["stderr"]
 
 
 # --- list, status, cancel -------------------------------------------------------------------

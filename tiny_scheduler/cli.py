@@ -46,6 +46,9 @@ COMMAND_WIDTH = 48
 """Characters of a job's command shown in a table row."""
 
 
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
 class CliError(click.ClickException):
     """A failure shown as one line on stderr, exit status 1."""
 
@@ -72,6 +75,8 @@ class Client:
         self.base_url = base_url.rstrip("/")
         self.key = key
         self.session = requests.Session()
+        # A proxy from the environment has no business relaying calls to this machine.
+        self.session.trust_env = urlsplit(self.base_url).hostname not in _LOOPBACK
         if key:
             self.session.headers["Authorization"] = f"Bearer {key}"
 
