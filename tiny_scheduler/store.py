@@ -281,15 +281,28 @@ def check(path: str) -> None:
 def _open(path: str) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        _migrate(conn, path)
     except sqlite3.DatabaseError as exc:
         raise StoreOpenError(f"cannot open job database {path!r}: {exc}") from exc
+    try:
+        # Look before writing anything: switching to WAL is written into the file's header,
+        # and a file we refuse (another program's database, a newer scheduler's) must be left
+        # exactly as it was.
+        version = _version(conn, path)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        _migrate(conn, path, version)
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise StoreOpenError(f"cannot open job database {path!r}: {exc}") from exc
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
-def _migrate(conn: sqlite3.Connection, path: str) -> None:
+def _version(conn: sqlite3.Connection, path: str) -> int:
+    """The file's schema version (0 for a file without tables); StoreOpenError for a file
+    this scheduler must not touch."""
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     if "schema_version" in tables:
         row = conn.execute("SELECT version FROM schema_version").fetchone()
@@ -303,6 +316,10 @@ def _migrate(conn: sqlite3.Connection, path: str) -> None:
             f"job database {path!r} has schema version {version}, newer than the {SCHEMA_VERSION} "
             "this tiny-scheduler understands; run a newer tiny-scheduler"
         )
+    return version
+
+
+def _migrate(conn: sqlite3.Connection, path: str, version: int) -> None:
     if version == SCHEMA_VERSION:
         return
     conn.execute("BEGIN IMMEDIATE")
