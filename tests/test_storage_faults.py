@@ -1,0 +1,477 @@
+"""Storage faults under a running scheduler, and database files it must refuse at start-up.
+
+The faults are real ones, made by the kernel, not simulated in Python:
+- a full disk: the database lives on a small tmpfs, and a filler file takes the rest of it;
+- a file system that turns read-only under the scheduler: the database lives on a loop-mounted
+  ext4 mounted `errors=remount-ro`, and `/sys/fs/ext4/<dev>/trigger_fs_error` raises the same
+  error a failing disk would, so the kernel remounts it read-only mid-flight.
+(The tests run as root, and root ignores file modes: a chmod would prove nothing.)
+
+While a fault lasts, writes must answer 503 with the store's message and change nothing,
+/health must say unhealthy, reads must go on; afterwards every acknowledged change must be on
+disk and no refused one. A full disk heals by itself once space is back. A read-only remount
+cannot be undone under a running process (the kernel wants the file system checked and
+mounted again), so that test repairs it as an operator would, and restarts.
+
+These tests need `mount`, tmpfs and loop devices; where they are missing the tests fail: a
+durability test that silently skips proves nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import sqlite3
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import BASE_ENV, start_scheduler, stop_scheduler
+from helpers import Agent, Api, expect_error, expect_json, wait_for
+
+from tiny_scheduler import Settings, create_app, errors, stop_background, store
+from tiny_scheduler.dev.daemon import SchedulerProcess
+from tiny_scheduler.dev.registry import FakeRegistry
+
+EXIT_TIMEOUT = 30.0
+"""Seconds a scheduler refusing its database may take to exit."""
+
+ENV = {"MAX_JOBS_PER_NODE": "4"}  # a running job must not hide the pending one from the poll
+
+
+# --- real faults: mounts -----------------------------------------------------------------------
+
+
+def run(*command: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"{' '.join(command)} failed: {result.stderr}"
+    return result
+
+
+def unmount(path: Path) -> None:
+    # Lazy, so that a test that failed with the scheduler still up cannot leave a mount behind.
+    subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs: a disk that is easy to fill."""
+    mountpoint = tmp_path / "disk"
+    mountpoint.mkdir()
+    run("mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(mountpoint))
+    yield mountpoint
+    unmount(mountpoint)
+
+
+class Ext4:
+    """A loop-mounted ext4 that the kernel can be made to remount read-only."""
+
+    def __init__(self, image: Path, mountpoint: Path) -> None:
+        self.image = image
+        self.mountpoint = mountpoint
+        run("truncate", "-s", "32M", str(image))
+        run("mkfs.ext4", "-q", "-F", str(image))
+        self.mount()
+
+    def mount(self) -> None:
+        run("mount", "-o", "loop,errors=remount-ro", str(self.image), str(self.mountpoint))
+
+    def fail(self) -> None:
+        """Raise a file-system error, as a failing disk would: the kernel remounts it ro."""
+        device = run("findmnt", "-no", "SOURCE", str(self.mountpoint)).stdout.strip()
+        trigger = Path("/sys/fs/ext4") / Path(device).name / "trigger_fs_error"
+        trigger.write_text("tiny-scheduler storage fault test\n")
+        with pytest.raises(OSError) as refused:
+            (self.mountpoint / "probe").touch()
+        assert refused.value.errno == errno.EROFS, refused.value
+
+    def repair(self) -> None:
+        """What an operator does: unmount, check the file system, mount it again."""
+        run("umount", str(self.mountpoint))
+        checked = subprocess.run(
+            ["e2fsck", "-fy", str(self.image)], capture_output=True, text=True, timeout=60
+        )
+        assert checked.returncode in (0, 1), checked.stdout + checked.stderr  # 1: fixed
+        self.mount()
+
+
+@pytest.fixture
+def ext4(tmp_path: Path) -> Iterator[Ext4]:
+    mountpoint = tmp_path / "ext4"
+    mountpoint.mkdir()
+    fs = Ext4(tmp_path / "ext4.img", mountpoint)
+    yield fs
+    unmount(mountpoint)
+
+
+def fill(disk: Path) -> Path:
+    """Take every free byte of `disk` with one file; returns it."""
+    filler = disk / "filler"
+    chunk = b"\xff" * (64 * 1024)
+    with open(filler, "wb", buffering=0) as out:
+        for size in (len(chunk), 4096, 1):
+            try:
+                while True:
+                    out.write(chunk[:size])
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+    return filler
+
+
+# --- what the clients were told ----------------------------------------------------------------
+
+
+class Client:
+    """Submits and reports as clients do, and remembers what was acknowledged or refused."""
+
+    def __init__(self, url: str) -> None:
+        self.api = Api(url)
+        self.agent = Agent(url, "node-a")
+        self.acknowledged: dict[str, dict[str, Any]] = {}  # job id -> latest 2xx reply
+        self.refused_tokens: list[str] = []  # submissions answered 503
+
+    def submit(self) -> tuple[int, dict[str, Any] | None]:
+        token = uuid.uuid4().hex
+        reply = self.api.post("/jobs", {"command": f"echo {token}"})
+        if reply.status_code == 503:
+            expect_error(reply, 503, errors.STORE_UNAVAILABLE)
+            self.refused_tokens.append(token)
+            return 503, None
+        job = expect_json(reply, 201)
+        self.acknowledged[job["job_id"]] = job
+        return 201, job
+
+    def on_node_a(self) -> dict[str, Any]:
+        """A new job on node-a (the only healthy node in these tests)."""
+        status, job = self.submit()
+        assert status == 201 and job is not None
+        assert job["node_id"] == "node-a"
+        return job
+
+    def claim(self, job_id: str) -> None:
+        self.acknowledged[job_id] = expect_json(self.agent.claim(job_id), 200)
+
+    def finish(self, job_id: str) -> None:
+        reply = self.agent.report(job_id, 0, stdout="out")
+        self.acknowledged[job_id] = expect_json(reply, 200)
+
+    def check_refusals(self, pending: str, running: str) -> None:
+        """Every kind of write answers 503 with the store's message, and changes nothing."""
+        assert self.submit()[0] == 503
+        expect_error(self.agent.claim(pending), 503, errors.STORE_UNAVAILABLE)
+        expect_error(self.agent.report(running, 0), 503, errors.STORE_UNAVAILABLE)
+        expect_error(self.api.post(f"/jobs/{pending}/cancel"), 503, errors.STORE_UNAVAILABLE)
+        assert self.api.job(pending) == self.acknowledged[pending]
+        assert self.api.job(running) == self.acknowledged[running]
+
+    def check_reads(self, pending: str) -> None:
+        """Reads are served from memory: a failing disk does not stop them."""
+        listed = {job["job_id"]: job for job in self.api.jobs(limit=10000)}
+        for job_id, job in self.acknowledged.items():
+            assert listed[job_id] == job
+            assert self.api.job(job_id) == job
+        assert pending in [job.job_id for job in self.agent.poll()]
+
+    def check_unhealthy(self) -> None:
+        reply = self.api.get("/health")
+        body = expect_json(reply, 503)
+        assert body["status"] == "unhealthy"
+        assert body["error"].startswith("job store cannot be written"), body
+
+    def check_on_disk(self, url: str) -> None:
+        """After a restart: every acknowledged version is there, no refused submission is."""
+        api = Api(url)
+        listed = {job["job_id"]: job for job in api.jobs(limit=10000)}
+        api.close()
+        for job_id, job in self.acknowledged.items():
+            assert listed.get(job_id) == job, (job, listed.get(job_id))
+        commands = {job["command"] for job in listed.values()}
+        for token in self.refused_tokens:
+            assert f"echo {token}" not in commands, "a refused submission was saved"
+
+    def close(self) -> None:
+        self.api.close()
+        self.agent.close()
+
+
+def only_node_a(registry: FakeRegistry) -> None:
+    registry.remove_node("node-b")
+    registry.remove_node("node-c")
+
+
+# --- the faults ----------------------------------------------------------------------------------
+
+
+def test_full_disk_refuses_writes_keeps_reads_and_heals_by_itself(
+    small_disk: Path, tmp_path: Path, registry: FakeRegistry
+) -> None:
+    only_node_a(registry)
+    db_path = small_disk / "scheduler.db"
+    proc = start_scheduler(db_path, tmp_path / "scheduler.log", registry.url, ENV)
+    client = Client(proc.url)
+    try:
+        running = client.on_node_a()["job_id"]
+        client.claim(running)
+        pending = client.on_node_a()["job_id"]
+        filler = fill(small_disk)
+
+        # The write-ahead log may still have room for a few commits: keep submitting until the
+        # store runs out. Every job acknowledged on the way must survive.
+        wait_for(lambda: client.submit()[0] == 503, timeout=60, message="a write to fail")
+        client.check_refusals(pending, running)
+        client.check_unhealthy()
+        client.check_reads(pending)
+
+        filler.unlink()
+        wait_for(
+            lambda: client.api.get("/health").status_code == 200,
+            timeout=30,
+            message="/health to recover once space is back",
+        )
+        assert expect_json(client.api.get("/health"), 200)["status"] == "healthy"
+        client.on_node_a()
+        client.claim(pending)
+        client.finish(running)
+    finally:
+        stop_scheduler(proc)
+    client.close()
+
+    again = start_scheduler(db_path, tmp_path / "again.log", registry.url, ENV)
+    try:
+        client.check_on_disk(again.url)
+    finally:
+        stop_scheduler(again)
+
+
+def test_file_system_turning_read_only_refuses_writes_and_loses_nothing(
+    ext4: Ext4, tmp_path: Path, registry: FakeRegistry
+) -> None:
+    only_node_a(registry)
+    db_path = ext4.mountpoint / "scheduler.db"
+    proc = start_scheduler(db_path, tmp_path / "scheduler.log", registry.url, ENV)
+    client = Client(proc.url)
+    try:
+        running = client.on_node_a()["job_id"]
+        client.claim(running)
+        pending = client.on_node_a()["job_id"]
+        for _ in range(5):
+            client.on_node_a()
+        ext4.fail()
+        client.check_refusals(pending, running)
+        client.check_unhealthy()
+        client.check_reads(pending)
+        # Nothing heals a read-only remount from inside: it stays refused, and says so.
+        client.check_refusals(pending, running)
+        client.check_unhealthy()
+    finally:
+        stop_scheduler(proc)
+    client.close()
+
+    ext4.repair()
+    again = start_scheduler(db_path, tmp_path / "again.log", registry.url, ENV)
+    try:
+        client.check_on_disk(again.url)
+        api = Api(again.url)
+        expect_json(api.post("/jobs", {"command": "after the repair"}), 201)
+        api.close()
+    finally:
+        stop_scheduler(again)
+
+
+# --- files the scheduler must refuse at start-up --------------------------------------------
+
+
+def refused_start(db_path: Path, tmp_path: Path, registry: FakeRegistry) -> str:
+    """Start gunicorn on `db_path`, expect it to exit non-zero by itself; returns its output."""
+    log_path = tmp_path / f"refused-{uuid.uuid4().hex[:6]}.log"
+    proc = SchedulerProcess(
+        str(db_path), env={**BASE_ENV, "REGISTRY_URL": registry.url}, log_path=str(log_path)
+    )
+    proc.start(wait=False)
+    assert proc.proc is not None
+    try:
+        code = proc.proc.wait(EXIT_TIMEOUT)
+    finally:
+        proc.kill()
+    output = log_path.read_text(errors="replace")
+    assert code != 0, output
+    assert "Traceback" not in output, "a refusal is one clear line, not a traceback"
+    return output
+
+
+def make_database(db_path: Path, tmp_path: Path, registry: FakeRegistry, jobs: int) -> None:
+    """A real database, written by a real scheduler: `jobs` jobs with long commands."""
+    proc = start_scheduler(db_path, tmp_path / "maker.log", registry.url)
+    try:
+        api = Api(proc.url)
+        for number in range(jobs):
+            api.submit(command=f"echo {number} " + "x" * 2000)
+        api.close()
+    finally:
+        stop_scheduler(proc)
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_file_that_is_not_a_database_stops_start_up(
+    tmp_path: Path, registry: FakeRegistry
+) -> None:
+    db_path = tmp_path / "scheduler.db"
+    db_path.write_bytes(b"these are not the jobs you are looking for\n" * 200)
+    before = digest(db_path)
+    output = refused_start(db_path, tmp_path, registry)
+    assert f"tiny-scheduler: cannot open job database '{db_path}'" in output, output
+    assert "file is not a database" in output, output
+    assert digest(db_path) == before, "a refused file must be left as it was"
+
+
+def test_a_database_with_a_damaged_page_stops_start_up(
+    tmp_path: Path, registry: FakeRegistry
+) -> None:
+    db_path = tmp_path / "scheduler.db"
+    make_database(db_path, tmp_path, registry, jobs=20)
+    conn = sqlite3.connect(db_path)
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'jobs'").fetchone()[0]
+    conn.close()
+    with open(db_path, "r+b") as f:  # scribble over the header of the jobs table's root page
+        f.seek((root - 1) * page_size)
+        f.write(b"\x00" * 16)
+    output = refused_start(db_path, tmp_path, registry)
+    assert f"tiny-scheduler: job database '{db_path}' is corrupt" in output, output
+
+
+def test_a_database_from_a_newer_scheduler_stops_start_up(
+    tmp_path: Path, registry: FakeRegistry
+) -> None:
+    db_path = tmp_path / "scheduler.db"
+    make_database(db_path, tmp_path, registry, jobs=1)
+    conn = sqlite3.connect(db_path)
+    with conn:
+        conn.execute("UPDATE schema_version SET version = ?", (store.SCHEMA_VERSION + 1,))
+    conn.close()
+    before = digest(db_path)
+    output = refused_start(db_path, tmp_path, registry)
+    newer = store.SCHEMA_VERSION + 1
+    assert f"has schema version {newer}, newer than the {store.SCHEMA_VERSION}" in output, output
+    assert "run a newer tiny-scheduler" in output
+    assert digest(db_path) == before, "a newer scheduler's file must be left as it was"
+
+
+def test_a_foreign_sqlite_file_stops_start_up_untouched(
+    tmp_path: Path, registry: FakeRegistry
+) -> None:
+    db_path = tmp_path / "other.db"
+    conn = sqlite3.connect(db_path)
+    with conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, amount INTEGER)")
+        conn.execute("INSERT INTO invoices (amount) VALUES (42)")
+    conn.close()
+    before = digest(db_path)
+    output = refused_start(db_path, tmp_path, registry)
+    assert "is a SQLite file but not a tiny-scheduler database" in output, output
+    assert digest(db_path) == before
+
+
+def test_a_database_on_a_read_only_file_system_stops_start_up(
+    small_disk: Path, tmp_path: Path, registry: FakeRegistry
+) -> None:
+    db_path = small_disk / "scheduler.db"
+    make_database(db_path, tmp_path, registry, jobs=1)
+    run("mount", "-o", "remount,ro", str(small_disk))
+    output = refused_start(db_path, tmp_path, registry)
+    assert f"tiny-scheduler: cannot open job database '{db_path}'" in output, output
+
+
+# --- older files are brought up to date ------------------------------------------------------
+
+
+def test_an_empty_file_becomes_a_current_database(tmp_path: Path, registry: FakeRegistry) -> None:
+    """Version 0 is the only older schema there has been: a file with no tables at all (what
+    `touch` leaves, or SQLite before the first start). It is migrated, not refused."""
+    db_path = tmp_path / "scheduler.db"
+    db_path.touch()
+    proc = start_scheduler(db_path, tmp_path / "scheduler.log", registry.url)
+    try:
+        api = Api(proc.url)
+        assert api.submit()["job_id"] == "job-1"
+        api.close()
+    finally:
+        stop_scheduler(proc)
+    conn = sqlite3.connect(db_path)
+    assert conn.execute("SELECT version FROM schema_version").fetchall() == [
+        (store.SCHEMA_VERSION,)
+    ]
+    conn.close()
+
+
+@pytest.fixture
+def next_schema(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Pretend this scheduler is one schema version ahead of the files it finds: the way the
+    migration path gets exercised before a real second version exists."""
+    monkeypatch.setattr(store, "SCHEMA_VERSION", store.SCHEMA_VERSION + 1)
+    yield
+
+
+def open_app(db_path: Path, registry: FakeRegistry) -> Any:
+    return create_app(Settings(db_path=str(db_path), registry_url=registry.url))
+
+
+def test_a_file_of_the_previous_version_is_migrated_keeping_every_job(
+    tmp_path: Path, registry: FakeRegistry, next_schema: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db_path = tmp_path / "scheduler.db"
+    make_database(db_path, tmp_path, registry, jobs=3)  # gunicorn runs the real, older one
+    conn = sqlite3.connect(db_path)
+    before = conn.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
+    conn.close()
+    monkeypatch.setitem(
+        store._MIGRATIONS,
+        store.SCHEMA_VERSION,
+        "ALTER TABLE jobs ADD COLUMN note TEXT; CREATE INDEX jobs_by_node ON jobs (node_id)",
+    )
+
+    app = open_app(db_path, registry)
+    with app.test_client() as http:
+        listed = http.get("/jobs").get_json()
+    stop_background(app)
+
+    assert [job["job_id"] for job in listed] == ["job-1", "job-2", "job-3"]
+    conn = sqlite3.connect(db_path)
+    version = conn.execute("SELECT version FROM schema_version").fetchall()
+    after = conn.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
+    conn.close()
+    assert version == [(store.SCHEMA_VERSION,)]
+    assert after == [(*row, None) for row in before], "a migration must keep every job"
+
+
+def test_a_failing_migration_leaves_the_file_as_it_was(
+    tmp_path: Path, registry: FakeRegistry, next_schema: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db_path = tmp_path / "scheduler.db"
+    make_database(db_path, tmp_path, registry, jobs=3)
+    checkpoint(db_path)
+    before = digest(db_path)
+    monkeypatch.setitem(
+        store._MIGRATIONS,
+        store.SCHEMA_VERSION,
+        "ALTER TABLE jobs ADD COLUMN note TEXT; ALTER TABLE no_such_table ADD COLUMN x TEXT",
+    )
+    with pytest.raises(store.StoreOpenError, match="no such table"):
+        store.check(str(db_path))
+    checkpoint(db_path)
+    assert digest(db_path) == before, "half a migration was left in the file"
+
+
+def checkpoint(db_path: Path) -> None:
+    """Fold the write-ahead log into the file, so that the file's bytes say it all."""
+    conn = sqlite3.connect(db_path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    assert not os.path.exists(f"{db_path}-wal") or os.path.getsize(f"{db_path}-wal") == 0
