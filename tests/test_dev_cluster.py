@@ -38,9 +38,10 @@ SCHEDULER_ENV = {
 }
 
 
-def processes_using(folder: pathlib.Path) -> list[int]:
+def processes_using(folder: pathlib.Path, cwd_only: bool = False) -> list[int]:
     """Live processes (other than this one) whose command line, working directory or
-    environment mentions `folder`: agents, their jobs, and the scheduler (its SCHEDULER_DB)."""
+    environment mentions `folder`: agents, their jobs, and the scheduler (its SCHEDULER_DB).
+    With `cwd_only`, only those working in it: jobs, which run in scratch dirs there."""
     needle = str(folder).encode()
     found = []
     for entry in os.listdir("/proc"):
@@ -57,7 +58,7 @@ def processes_using(folder: pathlib.Path) -> list[int]:
             cwd = os.readlink(f"/proc/{entry}/cwd").encode()
         except OSError:
             continue  # gone meanwhile, or not ours
-        if needle in cmdline or needle in environ or cwd.startswith(needle):
+        if cwd.startswith(needle) or (not cwd_only and (needle in cmdline or needle in environ)):
             found.append(int(entry))
     return found
 
@@ -91,7 +92,8 @@ def test_cluster_runs_50_jobs_and_survives_a_killed_node(tmp_path: pathlib.Path)
                 }
                 want = {"status": "done", "exit_code": 0, "stdout": f"a-{i}|two words"}
             elif kind == 3:
-                body = {"command": f"echo o-{i}; echo e-{i} >&2"}
+                # What a job leaves running in the background dies with it.
+                body = {"command": f"echo o-{i}; echo e-{i} >&2; sleep 60 >/dev/null 2>&1 &"}
                 want = {"status": "done", "stdout": f"o-{i}\n", "stderr": f"e-{i}\n"}
             else:
                 # The job prints the node it ran on: it must be the node it was assigned.
@@ -117,6 +119,10 @@ def test_cluster_runs_50_jobs_and_survives_a_killed_node(tmp_path: pathlib.Path)
             else:
                 assert job["retry_count"] == 0
         assert {job["node_id"] for job in jobs} == set(cluster.node_ids)
+        wait_for(
+            lambda: processes_using(work, cwd_only=True) == [],
+            message=lambda: f"jobs' leftovers to go: {processes_using(work, cwd_only=True)}",
+        )
 
         # --- a node dies with a job running and two queued behind it ----------------------
         mark = tmp_path / "ran-once"

@@ -12,7 +12,8 @@ detached, registered with the registry (`POST /services`) and reported when it e
 Dev-only extras, which change nothing on the wire: jobs see `TINY_NODE_ID` and `TINY_JOB_ID` in
 their environment (the demo uses them to fail on one node only), and every child runs in its own
 process group whose id is written to `children.pids` in the work directory, so the dev cluster
-can clean up after an agent it SIGKILLed (a dead node takes its jobs with it). On SIGTERM or
+can clean up after an agent it SIGKILLed (a dead node takes its jobs with it). When a job's
+shell exits, whatever it left running in its group is killed. On SIGTERM or
 SIGINT the agent kills its children and exits without reporting them: to the scheduler that is
 a lost node, as it would be for a real one.
 
@@ -329,6 +330,10 @@ class Agent:
         return proc
 
     def _forget(self, pgid: int) -> None:
+        """The job's shell has exited: kill whatever it left running in its group (a dev
+        cluster must not collect stray processes), and stop tracking the group."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
         with self._children_lock:
             self._children.pop(pgid, None)
             self._write_children_locked()
