@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import click
 import requests
@@ -119,10 +119,10 @@ class Client:
         return self.json("POST", "/jobs", json=body, headers=headers)
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self.json("GET", f"/jobs/{job_id}")
+        return self.json("GET", f"/jobs/{quote(job_id, safe='')}")
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        return self.json("POST", f"/jobs/{job_id}/cancel")
+        return self.json("POST", f"/jobs/{quote(job_id, safe='')}/cancel")
 
     def page(self, **params: Any) -> tuple[list[dict[str, Any]], str | None]:
         """One page of GET /jobs, and the `after` of the next page when there is one."""
