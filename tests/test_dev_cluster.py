@@ -20,6 +20,7 @@ import pytest
 import requests
 from helpers import Api, wait_for
 
+from tiny_scheduler.dev import demo
 from tiny_scheduler.dev.cluster import ClusterConfig, ClusterError, DevCluster
 from tiny_scheduler.dev.daemon import free_port
 
@@ -244,3 +245,14 @@ def test_a_busy_scheduler_port_is_refused_before_anything_starts(tmp_path: pathl
             second.start()
         assert second.agents == {}
     assert processes_using(tmp_path) == []
+
+
+def test_the_demo_ends_as_expected(capsys: pytest.CaptureFixture[str]) -> None:
+    """`make demo` is the first thing a newcomer runs: it must work, and say so."""
+    assert demo.main() == 0
+    out = capsys.readouterr().out
+    summary = out[out.index("\nsummary\n") :]
+    shows = ("success", "env vars", "retried elsewhere", "failure", "service", "cancel", "timeout")
+    for label in shows:
+        assert label in summary
+    assert "UNEXPECTED" not in summary

@@ -306,8 +306,11 @@ def main() -> int:
         return 130
     took = time.monotonic() - began
     if ok:
-        print(f"done in {took:.0f}s: every job ended as expected, and nothing is left running.")
-        print("Next: `tiny-scheduler dev`, then `tiny-scheduler submit --wait 'echo hi'`.")
+        print(f"done in {took:.0f}s: every job ended as expected; the cluster is stopped.")
+        print(
+            "Next: `.venv/bin/tiny-scheduler dev`, and in another shell"
+            " `.venv/bin/tiny-scheduler submit --wait 'echo hi'`."
+        )
         return 0
     print(f"done in {took:.0f}s, but some jobs did not end as expected (see above).")
     return 1
