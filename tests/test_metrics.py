@@ -161,13 +161,31 @@ def test_labels_stay_bounded(scheduler: SchedulerProcess, keyed_api: Api) -> Non
     }
 
 
-def test_metrics_are_open_while_the_api_wants_the_key(scheduler: SchedulerProcess) -> None:
-    before = scrape(scheduler.url)  # no token: open
-    assert requests.get(scheduler.url + "/jobs", timeout=10).status_code == 401
-    after = scrape(scheduler.url)
+def test_metrics_are_open_and_the_dashboard_asks_for_the_key(scheduler: SchedulerProcess) -> None:
+    url = scheduler.url
+    before = scrape(url)  # no token: open
+
+    asked = requests.get(url + "/ui/", timeout=10)
+    assert asked.status_code == 401
+    assert asked.headers["WWW-Authenticate"].startswith('Basic realm="tiny-scheduler"')
+    wrong = requests.get(url + "/ui/", auth=("admin", "not-the-key"), timeout=10)
+    assert wrong.status_code == 401
+    page = requests.get(url + "/ui/", auth=("anyone", KEY), timeout=10)
+    assert page.status_code == 200
+    assert page.headers["Content-Type"].startswith("text/html")
+    assert "Nodes" in page.text
+    bearer = requests.get(url + "/ui/jobs", headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+    assert bearer.status_code == 200
+    # The API itself still wants the bearer token, and Basic is no way around that.
+    listing = requests.get(url + "/jobs", auth=("anyone", KEY), timeout=10)
+    assert listing.status_code == 401
+    assert listing.headers["WWW-Authenticate"].startswith("Bearer")
+
+    after = scrape(url)
     http = "tiny_scheduler_http_request_duration_seconds_count"
     # A request refused by the auth check is timed too.
-    assert grew(before, after, http, endpoint="jobs.list_jobs", status="401") == 1
+    assert grew(before, after, http, endpoint="ui.overview", status="401") == 2
+    assert grew(before, after, http, endpoint="ui.overview", status="200") == 1
     assert grew(before, after, http, endpoint="metrics.metrics", status="200") == 1
 
 

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings | None = None) -> Flask:
     """The scheduler as a WSGI app; settings default to the environment's."""
-    from . import api, metrics
+    from . import api, metrics, ui
 
     settings = settings or Settings.from_env()
     store = Store(settings.db_path)
@@ -47,6 +47,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     api.replies.attach(app, service)
     api.init_app(app)
     app_metrics = metrics.init_app(app, service)
+    ui.init_app(app, service)
     background = Background(service)
     app_metrics.watch_background(background)
     app.extensions["tiny_scheduler.background"] = background

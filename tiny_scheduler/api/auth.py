@@ -4,36 +4,57 @@ When `TINYAWS_API_KEY` is set every request needs `Authorization: Bearer <key>`,
 constant time. Exempt: the health check, the metrics, and (while `AUTH_AGENT_EXEMPT` is on,
 because the real agent sends no header) the agent's poll and its PATCH. A plain listing of jobs
 is not exempt: it shows every job's command, environment and output.
+
+The dashboard under /ui/ is for people in a browser, which cannot be told to send a bearer
+header: there the key is also accepted as the password of HTTP Basic (any user name), and a
+refusal carries a `Basic` challenge so that the browser asks for it.
 """
 
 from __future__ import annotations
 
 import hmac
 
-from flask import Flask, request
+from flask import Flask, Response, request
 
 from .. import errors
-from .replies import scheduler
+from .replies import scheduler, text_reply
 
 _ALWAYS_OPEN = frozenset({"health.health", "metrics.metrics"})
+_UI_PATH = "/ui"
+_UI_CHALLENGE = {"WWW-Authenticate": 'Basic realm="tiny-scheduler", charset="UTF-8"'}
 
 
 def init_app(app: Flask) -> None:
     app.before_request(_check)
 
 
-def _check() -> None:
+def _check() -> Response | None:
     settings = scheduler().settings
     if not settings.api_key or _exempt(settings.auth_agent_exempt):
-        return
-    if not key_matches(request.headers.get("Authorization", ""), settings.api_key):
-        raise errors.Unauthorized(errors.UNAUTHORIZED)
+        return None
+    if key_matches(request.headers.get("Authorization", ""), settings.api_key):
+        return None
+    path = request.path
+    if path == _UI_PATH or path.startswith(_UI_PATH + "/"):
+        if _basic_password_matches(settings.api_key):
+            return None
+        return text_reply(errors.UNAUTHORIZED, 401, _UI_CHALLENGE)
+    raise errors.Unauthorized(errors.UNAUTHORIZED)
 
 
 def key_matches(header: str, key: str) -> bool:
     """Whether an Authorization header carries the key, compared in constant time."""
     expected = f"Bearer {key}".encode()
     return hmac.compare_digest(header.encode("utf-8", "surrogateescape"), expected)
+
+
+def _basic_password_matches(key: str) -> bool:
+    """Whether the request carries HTTP Basic credentials whose password is the key."""
+    credentials = request.authorization
+    if credentials is None or credentials.type != "basic" or credentials.password is None:
+        return False
+    given = credentials.password.encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(given, key.encode())
 
 
 def _exempt(agent_exempt: bool) -> bool:

@@ -1,0 +1,416 @@
+"""The dashboard in a real browser: Debian's headless Chromium, driven through Selenium and its
+chromedriver, against a real scheduler under gunicorn with jobs run by agents.
+
+Checked: every page loads without a console error, the overview's counts and nodes, the
+filters and paging of the jobs list, a job's outputs, attempts and hidden environment values,
+cancelling (and the refusal when the job started meanwhile), and the page refreshing itself.
+One screenshot per page goes to test-artifacts/ (`docs/dashboard.png` is a copy of the
+overview's, refreshed by hand when the dashboard changes).
+
+Without chromium and chromedriver these tests fail, loudly: `.ci/run` installs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from helpers import Agent, Api, wait_for
+from selenium import webdriver
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import Select
+
+from tiny_scheduler.dev.daemon import SchedulerProcess
+from tiny_scheduler.dev.registry import FakeRegistry
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+SECRET = "s3cr3t-token-value"
+EXACT_TIME = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC$")
+BROWSER_ARGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,1000",
+)
+
+
+# --- the browser -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser(
+    scheduler: SchedulerProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WebDriver]:
+    """One headless Chromium for the module (closed before the scheduler stops)."""
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
+    if missing:
+        pytest.fail(
+            f"{' and '.join(missing)} not found: the dashboard tests need Debian's chromium and "
+            "chromium-driver (apt-get install chromium chromium-driver; .ci/run does it)",
+            pytrace=False,
+        )
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in BROWSER_ARGS:
+        options.add_argument(arg)
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium')}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # An explicit driver path: Selenium Manager never runs, so nothing is downloaded.
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(20)
+    yield driver
+    driver.quit()
+
+
+class Page:
+    """The browser on one scheduler's dashboard, read through small atomic scripts: the page
+    replaces its content every few seconds, so element handles may go stale at any time."""
+
+    def __init__(self, driver: WebDriver, base_url: str) -> None:
+        self.driver = driver
+        self.base_url = base_url
+
+    def open(self, path: str) -> None:
+        self.driver.get(self.base_url + path)
+        wait_for(lambda: self.js("return document.readyState") == "complete", message="load")
+
+    def js(self, script: str, *args: Any) -> Any:
+        return self.driver.execute_script(script, *args)
+
+    def text(self, css: str) -> str:
+        return self.js(
+            "const e = document.querySelector(arguments[0]); return e ? e.innerText : ''", css
+        )
+
+    def texts(self, css: str) -> list[str]:
+        return self.js(
+            "return [...document.querySelectorAll(arguments[0])].map(e => e.innerText.trim())", css
+        )
+
+    def rows(self) -> list[dict[str, str]]:
+        """The jobs list's rows, as their data attributes."""
+        return self.js(
+            "return [...document.querySelectorAll('tr[data-job]')].map(r => ({...r.dataset}))"
+        )
+
+    def click(self, css: str) -> None:
+        def clicked() -> bool:
+            try:
+                self.driver.find_element(By.CSS_SELECTOR, css).click()
+            except StaleElementReferenceException:
+                return False  # replaced by a refresh between finding and clicking: again
+            return True
+
+        wait_for(clicked, message=f"a click on {css}")
+
+    def accept_confirm(self) -> str:
+        def alert() -> Any:
+            try:
+                return self.driver.switch_to.alert
+            except NoAlertPresentException:
+                return None
+
+        dialog = wait_for(alert, message="the confirm dialog")
+        question = dialog.text
+        dialog.accept()
+        return question
+
+    def screenshot(self, name: str) -> Path:
+        """The whole page (the window grows to its height for the shot) as a test artifact."""
+        ARTIFACTS.mkdir(exist_ok=True)
+        path = ARTIFACTS / f"{name}.png"
+        size = self.driver.get_window_size()
+        height = self.js("return document.documentElement.scrollHeight")
+        self.driver.set_window_size(size["width"], max(size["height"], height + 200))
+        try:
+            assert self.driver.save_screenshot(str(path)), f"no screenshot for {name}"
+        finally:
+            self.driver.set_window_size(size["width"], size["height"])
+        return path
+
+    def console_errors(self) -> list[dict[str, Any]]:
+        return [entry for entry in self.driver.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+@pytest.fixture
+def page(browser: WebDriver, scheduler: SchedulerProcess) -> Iterator[Page]:
+    """The browser, with the console checked for errors after each test."""
+    browser.get_log("browser")  # what earlier tests left
+    view = Page(browser, scheduler.url)
+    yield view
+    errors = view.console_errors()
+    assert not errors, f"browser console errors: {errors}"
+
+
+# --- the cluster's jobs ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Jobs:
+    trained: dict[str, Any]  # done, with env vars
+    tested: dict[str, Any]  # failed once, then done on another node
+    migrated: dict[str, Any]  # failed for good
+    running: dict[str, Any]
+    service: dict[str, Any]
+    pending: list[dict[str, Any]]
+
+
+def _run(url: str, job: dict[str, Any], exit_code: int, stdout: str = "", stderr: str = "") -> None:
+    """Claim and finish one attempt, as the job's node's agent would."""
+    agent = Agent(url, job["node_id"])
+    assert agent.claim(job["job_id"]).status_code == 200
+    assert agent.report(job["job_id"], exit_code, stdout, stderr).status_code == 200
+    agent.close()
+
+
+@pytest.fixture(scope="module")
+def jobs(scheduler: SchedulerProcess, registry_server: FakeRegistry) -> Iterator[Jobs]:
+    """A small, lived-in cluster: jobs done, retried, failed, running, pending."""
+    url = scheduler.url
+    api = Api(url)
+    trained = api.submit(
+        command="python train.py --epochs 3",
+        env_vars={"DATASET": "s3://datasets/cifar10", "API_TOKEN": SECRET},
+    )
+    _run(url, trained, 0, stdout="epoch 1 loss 0.91\nepoch 2 loss 0.55\nepoch 3 loss 0.38\n")
+    tested = api.submit(command="make test")
+    _run(
+        url,
+        tested,
+        2,
+        "collected 48 items\n",
+        "FAILED test_upload.py::test_retry - ConnectionReset\n",
+    )
+    _run(url, api.job(tested["job_id"]), 0, stdout="48 passed in 3.1s\n")
+    migrated = api.submit(command="./migrate.sh --to 42")
+    for _ in range(2):
+        _run(url, api.job(migrated["job_id"]), 1, stderr='ERROR: relation "users" does not exist\n')
+    running = api.submit(command="sleep 600 && ./report.sh")
+    service = api.submit(command="python -m http.server 8080", job_type="service", port=8080)
+    for job in (running, service):
+        assert Agent(url, job["node_id"]).claim(job["job_id"]).status_code == 200
+    pending = [api.submit(command=f"./backup.sh --shard {shard}") for shard in (1, 2)]
+    yield Jobs(
+        trained=trained,
+        tested=api.job(tested["job_id"]),
+        migrated=api.job(migrated["job_id"]),
+        running=running,
+        service=service,
+        pending=pending,
+    )
+    api.close()
+
+
+@pytest.fixture
+def cluster(registry: FakeRegistry, jobs: Jobs) -> Jobs:
+    """The jobs, with node-a..c healthy and node-d unhealthy in the registry."""
+    registry.set_node("node-d", status="unhealthy")
+    return jobs
+
+
+# --- the pages ---------------------------------------------------------------------------------
+
+
+def test_overview_shows_counts_nodes_and_failures(page: Page, cluster: Jobs, api: Api) -> None:
+    page.open("/ui/")
+    counts = api.get("/health").json()["jobs"]
+    shown = page.js(
+        "return Object.fromEntries([...document.querySelectorAll('a.count')]"
+        ".map(a => [a.dataset.status, a.querySelector('.number').innerText]))"
+    )
+    assert shown == {
+        **{status: str(n) for status, n in counts.items()},
+        "total": str(sum(counts.values())),
+    }
+
+    health = page.js(
+        "return Object.fromEntries([...document.querySelectorAll('tr[data-node]')]"
+        ".map(r => [r.dataset.node, r.querySelector('.badge').innerText]))"
+    )
+    assert health == {
+        "node-a": "healthy",
+        "node-b": "healthy",
+        "node-c": "healthy",
+        "node-d": "unhealthy",
+    }
+    running_node = cluster.running["node_id"]
+    assert cluster.running["job_id"] in page.text(f"tr[data-node='{running_node}'] td.node-running")
+    for job in cluster.pending:
+        assert job["job_id"] in page.text(f"tr[data-node='{job['node_id']}'] td.node-pending")
+
+    failures = page.text("table.failures")
+    assert cluster.migrated["job_id"] in failures
+    assert 'relation "users" does not exist' in failures
+    assert cluster.tested["job_id"] in failures  # its first attempt failed
+
+    times = page.js(
+        "return [...document.querySelectorAll('time')].map(t => [t.title, t.innerText])"
+    )
+    assert times
+    for title, text in times:
+        assert EXACT_TIME.match(title), title
+        assert text == "just now" or re.fullmatch(r"\d+ (s|min) ago", text), text
+    page.screenshot("ui-overview")
+
+
+def test_jobs_list_filters_and_pages(page: Page, cluster: Jobs, api: Api) -> None:
+    page.open("/ui/jobs")
+    everything = [row["job"] for row in page.rows()]
+    assert everything == [job["job_id"] for job in api.jobs()]  # oldest first, like the API
+    page.screenshot("ui-jobs")
+
+    Select(page.driver.find_element(By.ID, "filter-status")).select_by_visible_text("failed")
+    page.click("#filter-apply")
+    wait_for(lambda: "status=failed" in page.driver.current_url, message="the status filter")
+    failed = page.rows()
+    assert cluster.migrated["job_id"] in [row["job"] for row in failed]
+    assert {row["status"] for row in failed} == {"failed"}
+
+    page.open("/ui/jobs")
+    Select(page.driver.find_element(By.ID, "filter-type")).select_by_visible_text("service")
+    page.click("#filter-apply")
+    wait_for(lambda: "job_type=service" in page.driver.current_url, message="the type filter")
+    assert [row["job"] for row in page.rows()] == [cluster.service["job_id"]]
+
+    node = cluster.running["node_id"]
+    page.open("/ui/jobs")
+    page.driver.find_element(By.ID, "filter-node").send_keys(node)
+    page.click("#filter-apply")
+    wait_for(lambda: f"node_id={node}" in page.driver.current_url, message="the node filter")
+    on_node = [row["job"] for row in page.rows()]
+    assert on_node == [job["job_id"] for job in api.jobs(node_id=node)]
+    assert cluster.running["job_id"] in on_node
+
+    page.open("/ui/jobs?limit=3")
+    assert [row["job"] for row in page.rows()] == everything[:3]
+    page.click("#page-next")
+    wait_for(lambda: f"after={everything[2]}" in page.driver.current_url, message="page two")
+    assert [row["job"] for row in page.rows()] == everything[3:6]
+    page.click("#page-first")
+    wait_for(lambda: "after=" not in page.driver.current_url, message="page one again")
+    assert [row["job"] for row in page.rows()] == everything[:3]
+
+
+def test_job_page_shows_outputs_attempts_and_hides_env_values(page: Page, cluster: Jobs) -> None:
+    tested = cluster.tested
+    page.open(f"/ui/jobs/{tested['job_id']}")
+    assert page.text("#job-command") == "make test"
+    assert "48 passed" in page.text("#stdout")
+    attempts = page.js(
+        "return [...document.querySelectorAll('tr[data-attempt]')]"
+        ".map(r => [...r.cells].slice(0, 4).map(c => c.innerText.trim()))"
+    )
+    first_node = tested["attempts"][0]["node_id"]
+    assert attempts == [["1", first_node, "failed", "2"], ["2", tested["node_id"], "done", "0"]]
+    assert first_node != tested["node_id"]  # the retry went elsewhere
+    page.click("#attempt-1-output summary")
+    assert "ConnectionReset" in page.text("#attempt-1-output")
+    page.screenshot("ui-job")
+
+    page.open(f"/ui/jobs/{cluster.trained['job_id']}")
+    assert page.texts("table.env code:not(.env-value)") == ["DATASET", "API_TOKEN"]
+    assert SECRET not in page.driver.page_source
+    page.click("#env-show")
+    wait_for(lambda: SECRET in page.texts("code.env-value"), message="the env values")
+    assert "epoch 3 loss 0.38" in page.text("#stdout")
+
+
+def test_cancel_a_pending_job(page: Page, cluster: Jobs, api: Api) -> None:
+    job = api.submit(command="./cleanup.sh")
+    page.open(f"/ui/jobs/{job['job_id']}")
+    assert page.text("h1 .badge") == "pending"
+    page.click(f"button[data-cancel='{job['job_id']}']")
+    assert job["job_id"] in page.accept_confirm()
+    wait_for(lambda: page.text("#notice") == "Job cancelled.", message="the cancel notice")
+    assert page.text("h1 .badge") == "cancelled"
+    assert api.job(job["job_id"])["status"] == "cancelled"
+    assert not page.js("return document.querySelector('button[data-cancel]')")
+
+
+def test_cancel_of_a_job_that_started_meanwhile_is_refused(
+    page: Page, cluster: Jobs, api: Api
+) -> None:
+    job = api.submit(command="./cleanup.sh --again")
+    page.open(f"/ui/jobs/{job['job_id']}")
+    page.click("#refresh-toggle")  # hold the page still: the job must start behind its back
+    try:
+        assert page.text("#refresh-toggle") == "Resume"
+        agent = Agent(page.base_url, job["node_id"])
+        assert agent.claim(job["job_id"]).status_code == 200
+        agent.close()
+        page.click(f"button[data-cancel='{job['job_id']}']")
+        page.accept_confirm()
+        wait_for(lambda: page.text("#notice"), message="the refusal notice")
+        assert page.text("#notice") == "Only pending jobs can be cancelled. This job is running."
+        assert page.text("h1 .badge") == "running"
+        assert api.job(job["job_id"])["status"] == "running"
+    finally:
+        if page.text("#refresh-toggle") == "Resume":
+            page.click("#refresh-toggle")  # the choice is remembered: don't leave it paused
+
+
+def test_page_refreshes_itself(page: Page, cluster: Jobs, api: Api) -> None:
+    job = api.submit(command="echo refreshed")
+    page.open(f"/ui/jobs/{job['job_id']}")
+    assert page.text("h1 .badge") == "pending"
+    page.js("window.stillTheSamePage = true")
+    _run(page.base_url, job, 0, stdout="refreshed!\n")
+    wait_for(lambda: page.text("h1 .badge") == "done", timeout=20, message="an automatic refresh")
+    assert page.text("#stdout").strip() == "refreshed!"
+    assert page.js("return window.stillTheSamePage") is True  # updated in place, not reloaded
+    assert page.text("#refresh-state").startswith("auto-refresh every")
+
+
+# --- without a browser: what the pages refuse --------------------------------------------------
+
+
+def test_cross_site_cancel_is_refused(scheduler: SchedulerProcess, api: Api) -> None:
+    job = api.submit(command="./keep-me.sh")
+    url = f"{scheduler.url}/ui/jobs/{job['job_id']}/cancel"
+    for headers in ({"Sec-Fetch-Site": "cross-site"}, {"Origin": "http://elsewhere.invalid"}):
+        refused = requests.post(url, headers=headers, allow_redirects=False, timeout=10)
+        assert refused.status_code == 403, headers
+        assert api.job(job["job_id"])["status"] == "pending"
+    same = {"Sec-Fetch-Site": "same-origin", "Origin": scheduler.url}
+    done = requests.post(url, headers=same, allow_redirects=False, timeout=10)
+    assert done.status_code == 303
+    assert done.headers["Location"].endswith(f"/ui/jobs/{job['job_id']}?notice=cancelled")
+    assert api.job(job["job_id"])["status"] == "cancelled"
+
+
+def test_pages_are_not_cached_framed_or_found_when_missing(scheduler: SchedulerProcess) -> None:
+    missing = requests.get(f"{scheduler.url}/ui/jobs/job-987654", timeout=10)
+    assert missing.status_code == 404
+    assert missing.headers["Content-Type"].startswith("text/html")
+    assert "There is no job job-987654." in missing.text
+    overview = requests.get(f"{scheduler.url}/ui/", timeout=10)
+    assert overview.headers["Cache-Control"] == "no-store"
+    assert "frame-ancestors 'none'" in overview.headers["Content-Security-Policy"]
+
+
+def test_overview_survives_a_registry_outage(
+    scheduler: SchedulerProcess, registry: FakeRegistry, jobs: Jobs
+) -> None:
+    registry.fault = "error"
+    overview = requests.get(f"{scheduler.url}/ui/", timeout=10)
+    assert overview.status_code == 200
+    assert "Registry: failed to reach registry." in overview.text
+    # Nodes with jobs are still listed, their health unknown rather than gone.
+    node = jobs.running["node_id"]
+    assert re.search(rf'data-node="{node}">.*?badge-unknown', overview.text, re.DOTALL)

@@ -1,0 +1,131 @@
+"""The web dashboard under /ui/: server-rendered pages for the people who run the cluster.
+
+Pages: the overview (counts, nodes, recent failures), the jobs list (filters, paging) and one
+job (outputs, attempts, cancel). Jinja templates and one small script, no build step; the
+script refreshes the open page every few seconds and keeps relative times current. Without
+JavaScript every page still works (refresh by hand).
+
+Views only pick the page's data from `pages` and render it. The UI reads through the service
+like the API does and changes nothing but through `service.cancel`. Authentication is the API's
+(`api/auth.py`: HTTP Basic with the key as password when a key is set). A cancel is a form POST,
+refused when the browser says it comes from another site, so a page elsewhere cannot use the
+operator's saved credentials to cancel jobs.
+"""
+
+from __future__ import annotations
+
+from flask import (
+    Blueprint,
+    Flask,
+    Response,
+    current_app,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+
+from .. import errors, jobs
+from ..api.replies import scheduler
+from ..service import Scheduler
+from . import formatting, pages
+
+bp = Blueprint(
+    "ui",
+    __name__,
+    url_prefix="/ui",
+    template_folder="templates",
+    static_folder="static",
+    static_url_path="/static",
+)
+
+_EXTENSION = "tiny_scheduler.ui.failures"
+
+# The pages show commands, environments and outputs: never cached, never framed, and only
+# our own script and style run on them.
+_HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
+        "form-action 'self'; frame-ancestors 'none'"
+    ),
+    "Referrer-Policy": "same-origin",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+def init_app(app: Flask, service: Scheduler) -> None:
+    """Serve the dashboard on `app` and start remembering failures for its overview."""
+    failures = pages.RecentFailures()
+    service.listeners.append(failures.listener)
+    app.extensions[_EXTENSION] = failures
+    app.register_blueprint(bp)
+
+
+bp.add_app_template_filter(formatting.relative_time, "ago")
+bp.add_app_template_filter(formatting.exact_time, "exact_time")
+bp.add_app_template_filter(jobs.format_time, "rfc3339")
+bp.add_app_template_global(formatting.duration, "duration")
+bp.add_app_template_global(pages.REFRESH_SECS, "refresh_secs")
+
+
+@bp.before_request
+def _refuse_cross_site_posts() -> Response | None:
+    if request.method != "POST":
+        return None
+    site = request.headers.get("Sec-Fetch-Site")
+    origin = request.headers.get("Origin")
+    if site is not None:
+        same = site in ("same-origin", "none")
+    else:
+        same = origin is None or origin == request.host_url.rstrip("/")
+    if same:
+        return None
+    return _page("error.html", 403, message="Refused: this form was sent from another site.")
+
+
+@bp.after_request
+def _secure(response: Response) -> Response:
+    for name, value in _HEADERS.items():
+        response.headers.setdefault(name, value)
+    return response
+
+
+@bp.get("/")
+def overview() -> Response:
+    """Counts by status, each node with its health and jobs, recent failures."""
+    failures = current_app.extensions[_EXTENSION]
+    return _page("overview.html", view=pages.overview(scheduler(), failures))
+
+
+@bp.get("/jobs")
+def job_list() -> Response:
+    """Jobs matching the filters, a page at a time, oldest first."""
+    return _page("jobs.html", view=pages.job_list(scheduler(), request.args))
+
+
+@bp.get("/jobs/<job_id>")
+def job(job_id: str) -> Response:
+    """One job: its command, environment, outputs and every attempt."""
+    show_env = request.args.get("show_env") == "1"
+    notice = request.args.get("notice", "")
+    try:
+        view = pages.job_detail(scheduler(), job_id, show_env, notice)
+    except errors.NotFound:
+        return _page("error.html", 404, message=f"There is no job {job_id}.")
+    return _page("job.html", view=view)
+
+
+@bp.post("/jobs/<job_id>/cancel")
+def cancel(job_id: str) -> Response:
+    """Cancel a pending job, then show it again with the outcome."""
+    try:
+        notice = pages.cancel(scheduler(), job_id)
+    except errors.NotFound:
+        return _page("error.html", 404, message=f"There is no job {job_id}.")
+    # 303: the browser follows with a GET, so reloading the page does not cancel twice.
+    return redirect(url_for("ui.job", job_id=job_id, notice=notice), 303)
+
+
+def _page(template: str, status: int = 200, **context: object) -> Response:
+    return Response(render_template(template, **context), status=status, mimetype="text/html")

@@ -1,0 +1,50 @@
+"""How the dashboard writes times and durations for people: "3 min ago", "2.4 s".
+
+Pure functions over the job model's integer microseconds; registered as Jinja filters by the
+ui blueprint. The browser script (`static/ui.js`) writes relative times the same way when it
+refreshes them between page loads, so the two must agree on the wording.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+_UNITS = ((86400, "d"), (3600, "h"), (60, "min"), (1, "s"))
+
+
+def exact_time(us: int) -> str:
+    """A job time in full, in UTC: `2026-11-30 10:20:30.123 UTC`."""
+    moment = datetime.datetime.fromtimestamp(us / 1e6, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d} UTC"
+
+
+def relative_time(us: int, now_us: int) -> str:
+    """How long ago `us` was, in its largest unit: `just now`, `42 s ago`, `3 min ago`."""
+    seconds = (now_us - us) / 1e6
+    if abs(seconds) < 1:
+        return "just now"
+    text = _largest_unit(abs(seconds))
+    return f"{text} ago" if seconds > 0 else f"in {text}"
+
+
+def duration(start_us: int | None, end_us: int | None) -> str:
+    """The time between two stamps: `850 ms`, `12.4 s`, `3 min 20 s`, `2 h 5 min`; `` when
+    either is missing."""
+    if start_us is None or end_us is None:
+        return ""
+    seconds = max(0, end_us - start_us) / 1e6
+    if seconds < 1:
+        return f"{round(seconds * 1000)} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    big, small = divmod(int(seconds), 3600 if seconds >= 3600 else 60)
+    if seconds >= 3600:
+        return f"{big} h {small // 60} min"
+    return f"{big} min {small} s"
+
+
+def _largest_unit(seconds: float) -> str:
+    for size, name in _UNITS:
+        if seconds >= size:
+            return f"{int(seconds // size)} {name}"
+    return "0 s"

@@ -1,0 +1,294 @@
+"""What each dashboard page shows, gathered from the service and shaped for its template.
+
+The views stay one line each: they call one function here and render its result. Everything
+is read from the job table (memory) and the registry client's cached node list: a dashboard
+left open never touches the database, and a registry that is down only takes the node health
+column away, never the page.
+
+Newest-first listings would need a reverse read of the job table; the jobs page therefore
+pages oldest first with `after=`, exactly like `GET /jobs`. The overview's recent failures come
+from a small ring fed by the service's events, so they cover the time since start-up.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from collections.abc import Mapping
+
+from .. import errors, jobs, validation
+from ..jobs import Attempt, Job
+from ..service import Scheduler
+
+REFRESH_SECS = 5
+"""Seconds between two automatic refreshes of an open page."""
+
+PAGE_SIZE = 50
+"""Jobs per page of the jobs list, unless the URL asks for another `limit`."""
+
+MAX_PAGE_SIZE = 200
+"""Largest `limit` the jobs list accepts: a page must stay quick to render and to read."""
+
+NODE_JOBS_SHOWN = 5
+"""Running and pending jobs listed per node on the overview; the rest are a link away."""
+
+RECENT_FAILURES = 10
+"""Failed attempts remembered for the overview."""
+
+GONE = "gone"
+"""Health shown for a node that has jobs but is not in the registry's list."""
+
+UNKNOWN = "unknown"
+"""Health shown for every node while the registry cannot be asked."""
+
+# What the job page says after a cancel (the URL carries only the key, never text).
+NOTICES = {"cancelled": "Job cancelled.", "conflict": "Only pending jobs can be cancelled."}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Failure:
+    """One failed attempt, as it was when it failed (the job may have been retried since)."""
+
+    job_id: str
+    node_id: str
+    exit_code: int | None
+    reason: str
+    finished_at: int
+    retried: bool
+
+
+class RecentFailures:
+    """The last failed attempts since start-up, newest first; a service listener feeds it."""
+
+    def __init__(self, size: int = RECENT_FAILURES) -> None:
+        self._lock = threading.Lock()
+        self._ring: collections.deque[Failure] = collections.deque(maxlen=size)
+
+    def listener(self, event: str, job: Job | None, detail: str) -> None:
+        if job is None:
+            return
+        ended: Job | Attempt
+        if event == "finished" and job.status == jobs.FAILED:
+            ended, retried = job, False
+        elif event == "retried" and job.attempts:
+            ended, retried = job.attempts[-1], True
+        else:
+            return
+        lines = ended.stderr.strip().splitlines()
+        failure = Failure(
+            job_id=job.job_id,
+            node_id=ended.node_id,
+            exit_code=ended.exit_code,
+            reason=lines[-1][:200] if lines else "",
+            finished_at=ended.finished_at or jobs.now_us(),
+            retried=retried,
+        )
+        with self._lock:
+            self._ring.append(failure)
+
+    def newest(self) -> list[Failure]:
+        with self._lock:
+            return list(reversed(self._ring))
+
+
+# --- the overview -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeRow:
+    node_id: str
+    health: str  # healthy, unhealthy (or whatever the registry says), GONE or UNKNOWN
+    running: list[Job]
+    running_more: int
+    pending: list[Job]
+    pending_more: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Overview:
+    now: int
+    counts: dict[str, int]
+    total: int
+    store_error: str | None
+    registry_error: str | None
+    nodes: list[NodeRow]
+    failures: list[Failure]
+
+
+def overview(service: Scheduler, failures: RecentFailures) -> Overview:
+    """Counts by status, every node with its health and jobs, and the recent failures."""
+    counts = service.table.counts()
+    health, registry_error = _node_health(service)
+    rows = []
+    for node_id in sorted(set(health) | service.table.busy_nodes()):
+        pending, running = service.table.on_node(node_id)
+        rows.append(
+            NodeRow(
+                node_id=node_id,
+                health=health.get(node_id, UNKNOWN if registry_error else GONE),
+                running=running[:NODE_JOBS_SHOWN],
+                running_more=max(0, len(running) - NODE_JOBS_SHOWN),
+                pending=pending[:NODE_JOBS_SHOWN],
+                pending_more=max(0, len(pending) - NODE_JOBS_SHOWN),
+            )
+        )
+    return Overview(
+        now=jobs.now_us(),
+        counts=counts,
+        total=sum(counts.values()),
+        store_error=None if service.store.healthy else service.store.last_error,
+        registry_error=registry_error,
+        nodes=rows,
+        failures=failures.newest(),
+    )
+
+
+def _node_health(service: Scheduler) -> tuple[dict[str, str], str | None]:
+    """Each node the registry lists with its status, or no nodes and the registry's error."""
+    try:
+        return dict(service.placement.registry.nodes().status), None
+    except errors.PlacementError as exc:
+        return {}, exc.message
+
+
+# --- the jobs list ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobList:
+    now: int
+    jobs: list[Job]
+    node_id: str
+    status: str
+    job_type: str
+    limit: int
+    after: str  # the job id this page continues after, or ""
+    next_after: str | None  # the job id the next page continues after, when there is one
+    error: str | None
+    nodes: list[str]  # known node ids, offered in the node filter
+    statuses: tuple[str, ...] = jobs.STATUSES
+    job_types: tuple[str, ...] = jobs.JOB_TYPES
+
+    @property
+    def page_args(self) -> dict[str, str]:
+        """The query of this listing without `after`: filters set, and a non-default limit."""
+        args = {"status": self.status, "node_id": self.node_id, "job_type": self.job_type}
+        if self.limit != PAGE_SIZE:
+            args["limit"] = str(self.limit)
+        return {name: value for name, value in args.items() if value}
+
+
+def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
+    """One page of jobs matching the filters in `args`, oldest first (as GET /jobs)."""
+    error = None
+    limit = _page_size(args.get("limit", ""))
+    wanted = {name: args.get(name, "") for name in ("node_id", "status", "job_type", "after")}
+    try:
+        query = validation.parse_query({**wanted, "limit": str(limit)})
+    except errors.BadRequest as exc:
+        error = exc.message
+        wanted["after"] = ""
+        query = validation.parse_query({**wanted, "limit": str(limit)})
+    # Straight from the table, not through service.list_jobs: there a node plus
+    # status=pending is the agent's poll, capped to the node's free slots and counted as one.
+    found, more = service.table.query(
+        query.node_id, query.status, query.job_type, query.after, query.limit
+    )
+    health, _ = _node_health(service)
+    return JobList(
+        now=jobs.now_us(),
+        jobs=found,
+        node_id=wanted["node_id"],
+        status=wanted["status"],
+        job_type=wanted["job_type"],
+        limit=limit,
+        after=wanted["after"],
+        next_after=found[-1].job_id if more and found else None,
+        error=error,
+        nodes=sorted(set(health) | service.table.busy_nodes()),
+    )
+
+
+def _page_size(text: str) -> int:
+    if text.isascii() and text.isdigit() and len(text) <= 4:
+        return min(max(int(text), 1), MAX_PAGE_SIZE)
+    return PAGE_SIZE
+
+
+# --- one job ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AttemptRow:
+    number: int
+    node_id: str
+    status: str
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    running_at: int | None
+    finished_at: int | None
+    current: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobDetail:
+    now: int
+    job: Job
+    attempts: list[AttemptRow]  # every attempt, the current one last
+    env: list[tuple[str, str | None]]  # (name, value); value None while values are hidden
+    show_env: bool
+    cancellable: bool
+    notice: str | None
+
+
+def job_detail(service: Scheduler, job_id: str, show_env: bool, notice: str) -> JobDetail:
+    """One job with every attempt; raises NotFound. Env values only when asked for."""
+    job = service.get(job_id)
+    attempts = [
+        AttemptRow(
+            number=number,
+            node_id=attempt.node_id,
+            status=jobs.FAILED,
+            exit_code=attempt.exit_code,
+            stdout=attempt.stdout,
+            stderr=attempt.stderr,
+            running_at=attempt.running_at,
+            finished_at=attempt.finished_at,
+            current=False,
+        )
+        for number, attempt in enumerate(job.attempts, start=1)
+    ]
+    attempts.append(
+        AttemptRow(
+            number=len(job.attempts) + 1,
+            node_id=job.node_id,
+            status=job.status,
+            exit_code=job.exit_code,
+            stdout=job.stdout,
+            stderr=job.stderr,
+            running_at=job.running_at,
+            finished_at=job.finished_at,
+            current=True,
+        )
+    )
+    env = [(name, value if show_env else None) for name, value in (job.env_vars or {}).items()]
+    return JobDetail(
+        now=jobs.now_us(),
+        job=job,
+        attempts=attempts,
+        env=env,
+        show_env=show_env,
+        cancellable=job.status == jobs.PENDING,
+        notice=NOTICES.get(notice),
+    )
+
+
+def cancel(service: Scheduler, job_id: str) -> str:
+    """Cancel a pending job; the notice key to show (raises NotFound for an unknown id)."""
+    try:
+        service.cancel(job_id)
+    except errors.Conflict:
+        return "conflict"
+    return "cancelled"
