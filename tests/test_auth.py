@@ -1,0 +1,115 @@
+"""Authentication with TINYAWS_API_KEY set: which calls need the bearer, which are exempt for
+the agent (and how AUTH_AGENT_EXEMPT=0 closes them), and that the key reaches the registry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import SchedulerFactory
+from helpers import Agent, Api, expect_error, expect_json
+
+from tiny_scheduler.dev.daemon import SchedulerProcess
+from tiny_scheduler.dev.registry import FakeRegistry
+
+KEY = "s3cret-key"
+# The module's registry wants the key too: a submission succeeds only if the scheduler
+# passes it on.
+REGISTRY_KEY = KEY
+SCHEDULER_ENV = {"TINYAWS_API_KEY": KEY}
+
+NOT_EXEMPT = [
+    ("POST", "/jobs", {}),
+    ("GET", "/jobs", {}),
+    ("GET", "/jobs", {"status": "pending"}),
+    ("GET", "/jobs", {"node_id": "node-a"}),
+    ("GET", "/jobs", {"node_id": "node-a", "status": "running"}),
+    ("GET", "/jobs/job-1", {}),
+    ("POST", "/jobs/job-1/cancel", {}),
+    ("GET", "/schedule", {}),
+]
+WRONG_HEADERS = [
+    None,
+    f"Bearer {KEY}x",
+    f"Bearer {KEY[:-1]}",
+    "Bearer ",
+    KEY,
+    f"bearer{KEY}",
+    f"Basic {KEY}",
+    f"Bearer  {KEY}",
+]
+
+
+@pytest.fixture
+def authed(scheduler: SchedulerProcess) -> Iterator[Api]:
+    client = Api(scheduler.url, key=KEY)
+    yield client
+    client.close()
+
+
+def send(api: Api, method: str, path: str, params: dict[str, str], header: str | None) -> Any:
+    headers = {"Authorization": header} if header is not None else {}
+    return api.request(method, path, params=params, data=b'{"command":"x"}', headers=headers)
+
+
+@pytest.mark.parametrize("header", WRONG_HEADERS)
+@pytest.mark.parametrize(("method", "path", "params"), NOT_EXEMPT)
+def test_calls_without_the_right_key_are_unauthorized(
+    api: Api, method: str, path: str, params: dict[str, str], header: str | None
+) -> None:
+    expect_error(send(api, method, path, params, header), 401, "unauthorized")
+
+
+def test_with_the_key_every_call_works(authed: Api, node: str) -> None:
+    job = authed.submit(command="echo authorized")
+    assert job["node_id"] == node  # the registry (which wants the key too) was reached
+    assert authed.job(job["job_id"]) == job
+    assert [listed["job_id"] for listed in authed.jobs(node_id=node)] == [job["job_id"]]
+    assert expect_json(authed.get("/schedule"), 200) == {"node_id": node}
+    assert expect_json(authed.post(f"/jobs/{job['job_id']}/cancel"), 200)["status"] == "cancelled"
+
+
+def test_health_and_the_agents_calls_are_exempt(
+    api: Api, authed: Api, scheduler: SchedulerProcess, node: str
+) -> None:
+    assert expect_json(api.get("/health"), 200)["status"] == "healthy"
+    job = authed.submit()
+    agent = Agent(scheduler.url, node)  # sends no Authorization header, like the real one
+    try:
+        assert [polled.job_id for polled in agent.poll()] == [job["job_id"]]
+        assert expect_json(agent.claim(job["job_id"]), 200)["status"] == "running"
+        assert expect_json(agent.report(job["job_id"], 0), 200)["status"] == "done"
+    finally:
+        agent.close()
+
+
+def test_the_registry_gets_the_schedulers_key(authed: Api, registry: FakeRegistry) -> None:
+    registry.key = "a-different-key"
+    try:
+        expect_error(authed.post("/jobs", {"command": "x"}), 503, "failed to reach registry")
+        expect_error(authed.get("/schedule"), 503, "failed to reach registry")
+    finally:
+        registry.key = KEY
+    assert authed.submit()["status"] == "pending"
+
+
+def test_auth_agent_exempt_off_closes_the_agents_calls(
+    scheduler_factory: SchedulerFactory, node: str
+) -> None:
+    closed = scheduler_factory({"TINYAWS_API_KEY": KEY, "AUTH_AGENT_EXEMPT": "0"})
+    anonymous, authed = Api(closed.url), Api(closed.url, key=KEY)
+    try:
+        job_id = authed.submit()["job_id"]
+        poll = {"node_id": node, "status": "pending"}
+        expect_error(anonymous.get("/jobs", params=poll), 401, "unauthorized")
+        expect_error(anonymous.patch(f"/jobs/{job_id}", {"status": "running"}), 401, "unauthorized")
+        assert expect_json(anonymous.get("/health"), 200)["status"] == "healthy"
+        # Agents that send the key get in.
+        assert [job["job_id"] for job in expect_json(authed.get("/jobs", params=poll), 200)] == [
+            job_id
+        ]
+        assert expect_json(authed.patch(f"/jobs/{job_id}", {"status": "running"}), 200)
+    finally:
+        anonymous.close()
+        authed.close()
