@@ -1,5 +1,6 @@
-"""Many agents and submitters at once: every job is claimed exactly once and finishes, and
-nothing answers 5xx."""
+"""Races under real gunicorn: many agents and submitters at once (every job is claimed exactly
+once and finishes, nothing answers 5xx), one Idempotency-Key sent concurrently, and a cancel
+racing a claim."""
 
 from __future__ import annotations
 
@@ -132,3 +133,66 @@ def test_every_job_is_claimed_exactly_once_under_load(
         assert api.jobs(status="running", limit=10000) == []
     finally:
         api.close()
+
+
+def run_together(actions: list[Callable[[], int]]) -> list[int]:
+    """Run the actions on threads released at the same moment; their results, in order."""
+    barrier = threading.Barrier(len(actions))
+    results: list[int] = [0] * len(actions)
+
+    def runner(index: int) -> None:
+        barrier.wait(10)
+        results[index] = actions[index]()
+
+    threads = [threading.Thread(target=runner, args=(n,)) for n in range(len(actions))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+def test_concurrent_submissions_with_one_idempotency_key_create_one_job(
+    scheduler: SchedulerProcess, registry: FakeRegistry
+) -> None:
+    clients = [Api(scheduler.url) for _ in range(8)]
+    replies: list[dict] = []
+
+    def submit(api: Api) -> Callable[[], int]:
+        def call() -> int:
+            response = api.post("/jobs", {"command": "once"}, headers={"Idempotency-Key": "race"})
+            replies.append(response.json())
+            return response.status_code
+
+        return call
+
+    try:
+        statuses = run_together([submit(api) for api in clients])
+    finally:
+        for api in clients:
+            api.close()
+    assert sorted(statuses) == [200] * 7 + [201]
+    assert len({reply["job_id"] for reply in replies}) == 1
+
+
+def test_a_cancel_racing_a_claim_lets_exactly_one_win(
+    scheduler: SchedulerProcess, registry: FakeRegistry
+) -> None:
+    set_nodes(registry, [unique_node("race")])
+    canceller, agent_api = Api(scheduler.url), Api(scheduler.url)
+    try:
+        for _ in range(10):
+            job_id = canceller.submit()["job_id"]
+            path = f"/jobs/{job_id}"
+            cancel, claim = run_together(
+                [
+                    lambda p=path: canceller.post(f"{p}/cancel").status_code,
+                    lambda p=path: agent_api.patch(p, {"status": "running"}).status_code,
+                ]
+            )
+            assert sorted([cancel, claim]) == [200, 409]
+            status = canceller.job(job_id)["status"]
+            assert status == ("cancelled" if cancel == 200 else "running")
+    finally:
+        canceller.close()
+        agent_api.close()
