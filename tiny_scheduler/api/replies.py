@@ -6,11 +6,12 @@ large), leaves through here, so no HTML error page ever reaches an agent or a sc
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 import orjson
-from flask import Flask, Response, current_app
+from flask import Flask, Response, current_app, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from .. import errors
@@ -54,7 +55,20 @@ def _service_error(exc: errors.ServiceError) -> Response:
     return text_reply(exc.message, exc.status, headers if exc.status == 401 else None)
 
 
+DRAIN_LIMIT_FACTOR = 4
+"""A refused body up to this many times MAX_REQUEST_BYTES is read and dropped (see below)."""
+
+
 def _too_large(exc: RequestEntityTooLarge) -> Response:
+    # gunicorn answers keep-alive and then drops the connection when much of the body is left
+    # unread, so a client reusing it fails on its next request. Reading a body of moderate size
+    # to the end keeps the connection usable; a huge one is left for gunicorn to cut.
+    length = request.content_length or 0
+    if length <= DRAIN_LIMIT_FACTOR * (current_app.config["MAX_CONTENT_LENGTH"] or 0):
+        stream = request.environ["wsgi.input"]
+        with contextlib.suppress(OSError, ValueError):
+            while length > 0 and (chunk := stream.read(min(length, 65536))):
+                length -= len(chunk)
     return text_reply(errors.REQUEST_TOO_LARGE, 413)
 
 
