@@ -65,7 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="cycle: most jobs submitted but not done (0: no limit)",
     )
     parser.add_argument(
-        "--log-level", default="", help="SCHEDULER_LOG_LEVEL of the server (default: its own)"
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment of the server (repeatable), e.g. SCHEDULER_LOG_LEVEL=warning",
     )
     parser.add_argument(
         "--json", type=Path, default=RESULTS / "latest.json", help="where the JSON goes"
@@ -104,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit("--profile needs py-spy: pip install py-spy, or pass --py-spy PATH")
         profiler = profile.PySpy(executable, RESULTS / "profiles")
 
-    env = {"SCHEDULER_LOG_LEVEL": args.log_level} if args.log_level else {}
+    env = {}
+    for item in args.server_env:
+        name, equals, value = item.partition("=")
+        if not equals:
+            sys.exit(f"--server-env wants NAME=VALUE, got {item!r}")
+        env[name] = value
     options = scenarios.Options(
         runs=args.runs,
         warmup_s=args.warmup,

@@ -91,3 +91,12 @@ def build(path: Path, total: int, nodes: list[str]) -> float:
     finally:
         store.close()
     return time.monotonic() - began
+
+
+def stored_jobs(path: Path) -> list[Job]:
+    """Every job in a database, read by the store's own code."""
+    store = Store(str(path))
+    try:
+        return store.load()[0]
+    finally:
+        store.close()

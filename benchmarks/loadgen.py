@@ -101,12 +101,14 @@ def request(method: str, path: str, body: bytes = b"", content_type: str = "") -
 
 
 class Recorder:
-    """Latencies (ns) of successful replies to requests sent in the window, and the errors."""
+    """Latencies (ns) of successful replies to requests sent in the window, the errors in the
+    window, and every successful reply of the run (warm-up included) as `ok`."""
 
     def __init__(self, window: Window) -> None:
         self.window = window
         self.latencies = array("q")
         self.errors: Counter[int] = Counter()
+        self.ok = 0
 
     def add(self, reply: Reply, ok: int = 200) -> bool:
         """Record a reply; whether it had the expected status."""
@@ -114,12 +116,13 @@ class Recorder:
             if self.window.measuring(reply.sent_ns):
                 self.errors[reply.status] += 1
             return False
+        self.ok += 1
         if self.window.measuring(reply.sent_ns):
             self.latencies.append(reply.done_ns - reply.sent_ns)
         return True
 
     def result(self) -> dict[str, Any]:
-        return {"latencies": self.latencies, "errors": dict(self.errors)}
+        return {"latencies": self.latencies, "errors": dict(self.errors), "ok": self.ok}
 
 
 # --- the per-process loop ------------------------------------------------------------------

@@ -19,10 +19,10 @@ import re
 import subprocess
 from pathlib import Path
 
-SAMPLE_RATE = 250
+SAMPLE_RATE = 1000
 """Samples per second."""
 
-_LOCATION = re.compile(r" \((.*):\d+\)$")
+_LINE = re.compile(r":\d+\)$")
 
 
 class PySpy:
@@ -57,9 +57,34 @@ class PySpy:
         return written
 
 
-def summary(path: Path, top: int = 20) -> str:
-    """The functions holding the most samples in a raw py-spy profile, self and inclusive."""
+_LAYERS = (
+    ("tiny_scheduler/", "tiny_scheduler"),
+    ("gunicorn/", "gunicorn"),
+    ("flask/", "flask"),
+    ("werkzeug/", "werkzeug"),
+    ("logging/", "logging"),
+    ("threading.py", "threads, queues, selectors"),
+    ("concurrent/", "threads, queues, selectors"),
+    ("queue.py", "threads, queues, selectors"),
+    ("selectors.py", "threads, queues, selectors"),
+    ("socket.py", "sockets"),
+)
+
+# Frames worth knowing the inclusive share of, whoever calls them.
+_MARKERS = {
+    "Flask.__call__": "the Flask app (routing, request/response objects, our views)",
+    "Logger.access": "gunicorn's access log (formatted even though it goes nowhere)",
+    "Logger._log": "logging records made (ours and gunicorn's)",
+    "Store._write_loop": "the store's writer thread (with the GIL)",
+    "Parser.__next__": "gunicorn parsing requests",
+}
+
+
+def summary(path: Path, top: int = 25) -> str:
+    """Where the samples of a raw py-spy profile fall: by layer (the package of the function a
+    sample was in), by function (self), by marked frames and by our functions (inclusive)."""
     own: collections.Counter[str] = collections.Counter()
+    layers: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
     total = 0
     for line in path.read_text().splitlines():
@@ -68,31 +93,35 @@ def summary(path: Path, top: int = 20) -> str:
             continue
         count = int(count_text)
         total += count
-        frames = [_short(frame) for frame in stack.split(";")]
+        frames = [_LINE.sub(")", frame) for frame in stack.split(";")]
         own[frames[-1]] += count
+        layers[_layer(frames[-1])] += count
         for frame in set(frames):
             inclusive[frame] += count
     if not total:
         return f"{path.name}: no samples"
-    lines = [f"{path.name}: {total} busy samples"]
-    for title, counter in (("self", own), ("inclusive", inclusive)):
-        lines.append(f"  top {top} by {title}:")
-        for frame, count in counter.most_common(top):
-            lines.append(f"    {100 * count / total:5.1f}%  {frame}")
+
+    def share(count: int) -> str:
+        return f"{100 * count / total:5.1f}%"
+
+    lines = [f"{path.name}: {total} samples with the GIL held", "  by layer (self):"]
+    lines += [f"    {share(n)}  {layer}" for layer, n in layers.most_common()]
+    lines.append("  marked frames (inclusive):")
+    for frame, n in inclusive.most_common():
+        name = frame.split(" (")[0]
+        if name in _MARKERS:
+            lines.append(f"    {share(n)}  {name}: {_MARKERS[name]}")
+    lines.append(f"  top {top} functions (self):")
+    lines += [f"    {share(n)}  {frame}" for frame, n in own.most_common(top)]
+    ours = [(f, n) for f, n in inclusive.most_common() if "(tiny_scheduler/" in f]
+    lines.append(f"  top {top} tiny_scheduler functions (inclusive):")
+    lines += [f"    {share(n)}  {frame}" for frame, n in ours[:top]]
     return "\n".join(lines)
 
 
-def _short(frame: str) -> str:
-    """`func (path/to/module.py:12)` -> `func (module.py)`: lines merged, paths shortened."""
-    match = _LOCATION.search(frame)
-    if not match:
-        return frame
-    where = match.group(1)
-    parts = where.split("/")
-    if "site-packages" in parts:
-        where = "/".join(parts[parts.index("site-packages") + 1 :])
-    elif "tiny_scheduler" in parts:
-        where = "/".join(parts[parts.index("tiny_scheduler") :])
-    else:
-        where = parts[-1]
-    return f"{frame[: match.start()]} ({where})"
+def _layer(frame: str) -> str:
+    where = frame.rpartition(" (")[2]
+    for prefix, layer in _LAYERS:
+        if where.startswith(prefix):
+            return layer
+    return "other stdlib"

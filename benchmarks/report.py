@@ -86,6 +86,19 @@ def rows(results: dict[str, Any]) -> list[Row]:
         )
         out.append(Row("", "p50 / p99 ms", _ms(m), f"{GO_SUBMIT_P50_8_MS} / -" if eight else ""))
 
+    durable = results.get("durability")
+    if durable:
+        stored, acked = durable["stored_after_sigkill"], durable["acknowledged"]
+        out.append(
+            Row(
+                "submit, then SIGKILL",
+                "acked jobs in the db",
+                f"{stored:,} of {acked:,}",
+                target="all",
+                met=stored >= acked,
+            )
+        )
+
     sizes = sorted(
         int(key.split("_")[1]) for key in results if key.startswith("poll_") and key.endswith("_1")
     )

@@ -156,8 +156,12 @@ def _case(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def submissions(bench: Bench) -> dict[str, Any]:
-    out = {}
-    server = bench.server("submit", bench.options.workdir / "submit.db").start()
+    """Submissions from 1 and 8 clients; then the server is SIGKILLed and every acknowledged
+    (201) job must be in the database: the reply comes only after the commit."""
+    out: dict[str, Any] = {}
+    db = bench.options.workdir / "submit.db"
+    server = bench.server("submit", db).start()
+    acknowledged = 0
     try:
         for clients in (1, 8):
             runs = []
@@ -167,6 +171,7 @@ def submissions(bench: Bench) -> dict[str, Any]:
                     (sessions.submit_worker, (n,)) for n in split(clients, CONNS_PER_PROCESS)
                 ]
                 result = bench.load(server, workers, window, f"submit-{clients}")
+                acknowledged += sum(w["ok"] for w in result.workers)
                 latencies = [w["latencies"] for w in result.workers]
                 runs.append(
                     {
@@ -179,7 +184,11 @@ def submissions(bench: Bench) -> dict[str, Any]:
                 )
             out[f"submit_{clients}"] = _case(runs)
     finally:
-        server.stop()
+        server.process.kill()
+    stored = len(history.stored_jobs(db))
+    out["durability"] = {"acknowledged": acknowledged, "stored_after_sigkill": stored}
+    if stored < acknowledged:
+        raise RuntimeError(f"{acknowledged} jobs acknowledged but only {stored} in the database")
     return out
 
 
