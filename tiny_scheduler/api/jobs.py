@@ -5,8 +5,9 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 from flask import Blueprint, Response, request
+from werkzeug.exceptions import HTTPException
 
-from .. import validation
+from .. import errors, validation
 from ..jobs import JOB_ID_PREFIX
 from .replies import json_reply, scheduler
 
@@ -17,7 +18,7 @@ bp = Blueprint("jobs", __name__)
 def submit_job() -> Response:
     """Create a job (201), or return the one an earlier request with the same
     Idempotency-Key created (200)."""
-    job_request = validation.parse_job_request(request.get_data(cache=False))
+    job_request = validation.parse_job_request(_body(errors.DECODE_JOB))
     key = request.headers.get("Idempotency-Key") or None
     job, created = scheduler().submit(job_request, f"http:{key}" if key else None)
     return json_reply(job.to_wire(), 201 if created else 200)
@@ -44,7 +45,7 @@ def get_job(job_id: str) -> Response:
 @bp.patch("/jobs/<job_id>")
 def update_job(job_id: str) -> Response:
     """An agent's report: running, done or failed."""
-    update = validation.parse_update(request.get_data(cache=False))
+    update = validation.parse_update(_body(errors.DECODE_UPDATE))
     return json_reply(scheduler().update(job_id, update).to_wire())
 
 
@@ -52,3 +53,30 @@ def update_job(job_id: str) -> Response:
 def cancel_job(job_id: str) -> Response:
     """Cancel a pending job."""
     return json_reply(scheduler().cancel(job_id).to_wire())
+
+
+def _body(message: str) -> bytes:
+    """The request body, or 413 when it is over MAX_REQUEST_BYTES.
+
+    One that cannot even be read, such as a chunked body with a malformed chunk size, is a
+    body that cannot be decoded: 400 with `message`, not a 500. The WSGI server raises its own
+    exception types for these, hence the broad catch.
+    """
+    try:
+        data = request.get_data(cache=False)
+        # A body of unknown length (chunked) is cut at the limit by werkzeug, not refused:
+        # if anything follows the cut, the body was too large.
+        limit = request.max_content_length
+        overflow = (
+            limit is not None
+            and request.content_length is None
+            and len(data) >= limit
+            and bool(request.environ["wsgi.input"].read(1))
+        )
+    except HTTPException:
+        raise  # werkzeug's own answers, such as 413 for a declared length over the limit
+    except Exception:
+        raise errors.BadRequest(message) from None
+    if overflow:
+        raise errors.TooLarge(errors.REQUEST_TOO_LARGE)
+    return data
