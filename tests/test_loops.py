@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 import requests
-from helpers import wait_for
+from helpers import Api, wait_for
 
 from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE
 from tiny_scheduler.dev.daemon import SchedulerProcess
@@ -47,9 +47,11 @@ class Cluster:
         }
         self.server = SchedulerProcess(str(tmp / "jobs.db"), settings, log_path=str(self.log))
         self.server.start()
-        self.http = requests.Session()
+        self.api = Api(self.server.url)
+        self.http = self.api.session
 
     def close(self) -> None:
+        self.api.close()  # an open keep-alive connection would slow the graceful stop
         self.server.stop()
         for peer in (self.registry, self.sqs, self.sns):
             peer.stop()
