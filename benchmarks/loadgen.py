@@ -170,14 +170,17 @@ class _Conn:
             if end < 0:
                 return None, False
             head = bytes(buf[:end]).lower()
+            self.status = int(head[9:12])
             at = head.find(b"\r\ncontent-length:")
-            if at < 0:
+            if at >= 0:
+                stop = head.find(b"\r\n", at + 2)
+                length = int(head[at + 17 : stop if stop > 0 else len(head)])
+            elif self.status in (204, 304):
+                length = 0
+            else:
                 raise ConnectionError(f"reply without Content-Length: {head[:200]!r}")
-            stop = head.find(b"\r\n", at + 2)
-            length = int(head[at + 17 : stop if stop > 0 else len(head)])
             self.body_at = end + 4
             self.need = self.body_at + length
-            self.status = int(head[9:12])
             self.closing = b"\r\nconnection: close" in head
         if len(buf) < self.need:
             return None, False
