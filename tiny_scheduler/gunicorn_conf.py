@@ -7,7 +7,10 @@ database file stops start-up with one clear line instead of a worker traceback.
 
 from __future__ import annotations
 
+import logging
+import logging.handlers
 import os
+import queue
 import sys
 
 from tiny_scheduler import store
@@ -40,34 +43,33 @@ graceful_timeout = 15
 # (tests, a dev cluster beside a real one) would fight over it; nothing here uses it.
 control_socket_disable = True
 
+# Only the error log. No access log: with one worker serving every agent's poll, formatting a
+# line per request costs more than the poll itself (`--access-logfile -` turns it on).
 errorlog = "-"
 loglevel = os.environ.get("SCHEDULER_LOG_LEVEL", "info")
-_level = loglevel.upper()
-logconfig_dict = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {
-        "plain": {"format": "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"}
-    },
-    "handlers": {
-        "stderr": {
-            "class": "logging.StreamHandler",
-            "formatter": "plain",
-            "stream": "ext://sys.stderr",
-        }
-    },
-    "root": {"level": "WARNING", "handlers": ["stderr"]},
-    "loggers": {
-        "gunicorn.error": {"level": _level, "handlers": ["stderr"], "propagate": False},
-        "tiny_scheduler": {"level": _level, "handlers": ["stderr"], "propagate": False},
-    },
-}
+
+
+def on_starting(server) -> None:
+    """The scheduler's log lines go where gunicorn's own go: its error log, at its level."""
+    ours = logging.getLogger("tiny_scheduler")
+    ours.handlers[:] = server.log.error_log.handlers
+    ours.setLevel(server.log.error_log.level)
+    ours.propagate = False
 
 
 def post_worker_init(worker) -> None:
     """Start the loops in the one worker, after the app has loaded."""
     from tiny_scheduler import start_background
 
+    # Request threads hand their log records to one thread that writes them, instead of
+    # queueing behind each other for the handler's lock while a line goes to stderr.
+    ours = logging.getLogger("tiny_scheduler")
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    worker.log_listener = logging.handlers.QueueListener(
+        records, *ours.handlers, respect_handler_level=True
+    )
+    ours.handlers[:] = [logging.handlers.QueueHandler(records)]
+    worker.log_listener.start()
     start_background(worker.wsgi)
 
 
@@ -78,3 +80,6 @@ def worker_exit(server, worker) -> None:
     app = getattr(worker, "wsgi", None)
     if app is not None:
         stop_background(app)
+    listener = getattr(worker, "log_listener", None)
+    if listener is not None:
+        listener.stop()  # writes what is still queued

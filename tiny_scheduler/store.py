@@ -89,6 +89,10 @@ _HIGH_WATER = (
     "INSERT INTO meta (key, value) VALUES ('last_seq', ?) "
     "ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)"
 )
+_PROBE = (
+    "INSERT INTO meta (key, value) VALUES ('probe', ?) "
+    "ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+)
 
 
 class StoreOpenError(RuntimeError):
@@ -96,12 +100,16 @@ class StoreOpenError(RuntimeError):
 
 
 class _Ticket:
-    """One caller's writes, and the answer the writer thread gives back."""
+    """One caller's writes (rows to upsert, ids to delete), and the writer thread's answer."""
 
-    __slots__ = ("done", "error", "ops")
+    __slots__ = ("deletes", "done", "error", "probe", "upserts")
 
-    def __init__(self, ops: list[Callable[[sqlite3.Connection], None]]) -> None:
-        self.ops = ops
+    def __init__(
+        self, upserts: list[tuple[object, ...]], deletes: list[tuple[int]], probe: bool = False
+    ) -> None:
+        self.upserts = upserts
+        self.deletes = deletes
+        self.probe = probe
         self.done = threading.Event()
         self.error: BaseException | None = None
 
@@ -146,37 +154,16 @@ class Store:
 
     def save(self, *changed: Job) -> None:
         """Insert or replace these jobs; returns once committed, else raises StoreError."""
-        rows = [_row_from_job(job) for job in changed]
-        high = max(job.seq for job in changed)
-
-        def write(conn: sqlite3.Connection) -> None:
-            conn.executemany(_UPSERT, rows)
-            conn.execute(_HIGH_WATER, (high,))
-
-        self._submit([write])
+        self._submit(_Ticket([_row_from_job(job) for job in changed], []))
 
     def delete(self, seqs: Iterable[int]) -> None:
         """Remove these jobs; the id high-water mark stays, so ids are never reused."""
-        params = [(seq,) for seq in seqs]
-
-        def write(conn: sqlite3.Connection) -> None:
-            conn.executemany("DELETE FROM jobs WHERE seq = ?", params)
-
-        self._submit([write])
+        self._submit(_Ticket([], [(seq,) for seq in seqs]))
 
     def probe(self) -> bool:
         """Try a tiny write, to find out whether a store that failed can write again."""
-        now = time.time_ns() // 1000
-
-        def write(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO meta (key, value) VALUES ('probe', ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (now,),
-            )
-
         try:
-            self._submit([write])
+            self._submit(_Ticket([], [], probe=True))
         except StoreError:
             return False
         return True
@@ -190,8 +177,7 @@ class Store:
             self._thread.join(timeout=10)
         self._conn.close()
 
-    def _submit(self, ops: list[Callable[[sqlite3.Connection], None]]) -> None:
-        ticket = _Ticket(ops)
+    def _submit(self, ticket: _Ticket) -> None:
         with self._wakeup:
             if self._closing:
                 raise StoreError("scheduler is shutting down; nothing was changed")
@@ -215,7 +201,7 @@ class Store:
     def _commit(self, batch: list[_Ticket]) -> None:
         started = time.perf_counter()
         try:
-            self._transaction([op for ticket in batch for op in ticket.ops])
+            self._transaction(batch)
         except sqlite3.Error as exc:
             if len(batch) == 1:
                 batch[0].error = exc
@@ -223,7 +209,7 @@ class Store:
                 # One bad change must not sink its neighbours: give each its own transaction.
                 for ticket in batch:
                     try:
-                        self._transaction(ticket.ops)
+                        self._transaction([ticket])
                     except sqlite3.Error as single:
                         ticket.error = single
         failures = [ticket.error for ticket in batch if ticket.error is not None]
@@ -234,12 +220,25 @@ class Store:
         for ticket in batch:
             ticket.done.set()
 
-    def _transaction(self, ops: list[Callable[[sqlite3.Connection], None]]) -> None:
+    def _transaction(self, batch: list[_Ticket]) -> None:
+        """All the batch's writes in one transaction, one statement per kind: the writer
+        gives up the GIL at every statement and must win it back from the request threads,
+        so fewer statements mean a shorter commit under load."""
+        upserts = [row for ticket in batch for row in ticket.upserts]
+        deletes = [seq for ticket in batch for seq in ticket.deletes]
+        high = max((row[0] for row in upserts), default=0)
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for op in ops:
-                op(conn)
+            if upserts:
+                conn.executemany(_UPSERT, upserts)
+            if deletes:
+                conn.executemany("DELETE FROM jobs WHERE seq = ?", deletes)
+            if high:
+                conn.execute(_HIGH_WATER, (high,))
+            if any(ticket.probe for ticket in batch):
+                # A fresh value each time: SQLite skips writing a row that does not change.
+                conn.execute(_PROBE, (time.time_ns(),))
             conn.execute("COMMIT")
         except sqlite3.Error:
             if conn.in_transaction:
