@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import time
 from typing import Any
 
@@ -253,13 +254,16 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-_EPOCH = datetime.datetime(1970, 1, 1)
-
-
 def format_time(us: int) -> str:
     """RFC 3339 in UTC with microseconds and a Z, e.g. 2026-11-30T10:20:30.123456Z."""
-    moment = _EPOCH + datetime.timedelta(microseconds=us)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    seconds, micros = divmod(us, 1_000_000)
+    return f"{_second(seconds)}.{micros:06d}Z"
+
+
+@functools.lru_cache(maxsize=4096)
+def _second(seconds: int) -> str:
+    # Jobs of one listing share few distinct seconds: format each second once.
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
 def parse_time(text: str) -> int:
