@@ -223,8 +223,13 @@ def retry(job: Job, node_id: str) -> Job:
     )
 
 
+def can_cancel(job: Job) -> bool:
+    """Only a job no agent has claimed yet can be cancelled."""
+    return job.status == PENDING
+
+
 def cancel(job: Job, now: int) -> Job:
-    if job.status != PENDING:
+    if not can_cancel(job):
         raise TransitionError(job, CANCELLED)
     return job.evolve(status=CANCELLED, finished_at=now)
 

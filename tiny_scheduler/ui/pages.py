@@ -280,7 +280,7 @@ def job_detail(service: Scheduler, job_id: str, show_env: bool, notice: str) -> 
         attempts=attempts,
         env=env,
         show_env=show_env,
-        cancellable=job.status == jobs.PENDING,
+        cancellable=jobs.can_cancel(job),
         notice=NOTICES.get(notice),
     )
 
