@@ -67,6 +67,7 @@ bp.add_app_template_filter(formatting.exact_time, "exact_time")
 bp.add_app_template_filter(jobs.format_time, "rfc3339")
 bp.add_app_template_global(formatting.duration, "duration")
 bp.add_app_template_global(pages.REFRESH_SECS, "refresh_secs")
+bp.add_app_template_global(jobs.can_cancel, "can_cancel")
 
 
 @bp.before_request
