@@ -42,7 +42,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     service = Scheduler(settings, store, table, Placement(Registry(settings)))
     log.info("loaded %d jobs from %s (last id job-%d)", len(table), settings.db_path, last_seq)
 
-    app = Flask(__name__)
+    # No app-wide /static route: there is no such folder; the dashboard serves its own files.
+    app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
     api.replies.attach(app, service)
     api.init_app(app)
