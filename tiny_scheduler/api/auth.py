@@ -1,9 +1,10 @@
 """Authentication: the shared bearer token, and which calls are exempt from it.
 
 When `TINYAWS_API_KEY` is set every request needs `Authorization: Bearer <key>`, compared in
-constant time. Exempt: the health check, the metrics, and (while `AUTH_AGENT_EXEMPT` is on,
-because the real agent sends no header) the agent's poll and its PATCH. A plain listing of jobs
-is not exempt: it shows every job's command, environment and output.
+constant time. Exempt: the health check, the metrics, the OpenAPI document, and (while
+`AUTH_AGENT_EXEMPT` is on, because the real agent sends no header) the agent's poll and its
+PATCH. A plain listing of jobs is not exempt: it shows every job's command, environment and
+output.
 
 The dashboard under /ui/ is for people in a browser, which cannot be told to send a bearer
 header: there the key is also accepted as the password of HTTP Basic (any user name), and a
@@ -19,7 +20,7 @@ from flask import Flask, Response, request
 from .. import errors
 from .replies import scheduler, text_reply
 
-_ALWAYS_OPEN = frozenset({"health.health", "metrics.metrics"})
+_ALWAYS_OPEN = frozenset({"health.health", "metrics.metrics", "openapi.openapi"})
 _UI_PATH = "/ui"
 _UI_CHALLENGE = {"WWW-Authenticate": 'Basic realm="tiny-scheduler", charset="UTF-8"'}
 
