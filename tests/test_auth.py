@@ -3,7 +3,9 @@ the agent (and how AUTH_AGENT_EXEMPT=0 closes them), and that the key reaches th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from importlib import resources
 from typing import Any
 
 import pytest
@@ -33,6 +35,7 @@ WRONG_HEADERS = [
     None,
     f"Bearer {KEY}x",
     f"Bearer {KEY[:-1]}",
+    f"Bearer {KEY[:-1]}{chr(ord(KEY[-1]) + 1)}",  # the same length, only the last one differs
     "Bearer ",
     KEY,
     f"bearer{KEY}",
@@ -113,3 +116,29 @@ def test_auth_agent_exempt_off_closes_the_agents_calls(
     finally:
         anonymous.close()
         authed.close()
+
+
+def documented_operations() -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """Every operation of the OpenAPI document (which test_openapi keeps equal to the routes),
+    with its security requirements; a path parameter becomes job-1."""
+    document = json.loads(resources.files("tiny_scheduler").joinpath("openapi.json").read_text())
+    found = []
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            if method in ("get", "post", "patch", "put", "delete"):
+                security = operation.get("security", document["security"])
+                concrete = path.replace("{job_id}", "job-1").replace("{filename}", "ui.css")
+                found.append((method.upper(), concrete, security))
+    return found
+
+
+@pytest.mark.parametrize("header", [None, f"Bearer {KEY[:-1]}{chr(ord(KEY[-1]) + 1)}"])
+def test_every_route_not_documented_as_open_needs_the_key(api: Api, header: str | None) -> None:
+    """Derived from the document, so that a new route cannot be forgotten here: a route whose
+    security does not allow "no key" refuses a request without it; one that does answers."""
+    for method, path, security in documented_operations():
+        reply = send(api, method, path, {}, header)
+        if {} in security or not security:
+            assert reply.status_code != 401, (method, path)
+        else:
+            expect_error(reply, 401, "unauthorized")

@@ -269,11 +269,17 @@ def test_every_answer_matches_the_document(
 ) -> None:
     operation = live_schema[path][method]
 
+    checks = CHECKS
+    if (method, path) == ("GET", "/jobs"):
+        # The key it needs depends on the query (the agent's poll is exempt), which the
+        # document can only say in words; test_auth checks both sides.
+        checks = [check for check in CHECKS if check is not ignored_auth]
+
     @CONFORMANCE
     @given(case=operation.as_strategy(generation_mode=mode))
     def conforms(case: Any) -> None:
         case.call_and_validate(
-            headers={"Authorization": f"Bearer {KEY}"}, checks=CHECKS, timeout=10
+            headers={"Authorization": f"Bearer {KEY}"}, checks=checks, timeout=10
         )
 
     conforms()
