@@ -235,6 +235,16 @@ def negative_cases_exist(method: str, path: str) -> bool:
     return "requestBody" in operation or any(p["in"] in ("query", "header") for p in params)
 
 
+def refused_by_gunicorn(response: Any) -> bool:
+    """gunicorn's own refusal of a request over its HTTP limits (a request line over 4094
+    bytes: 414; a header over 8190: 400 or 431): a bare `text/html` page, which nothing in the
+    app sends (the dashboard's pages say their charset)."""
+    refused = response.headers.get("Content-Type") == "text/html"
+    if refused:
+        assert response.status_code in (400, 414, 431), response.status_code
+    return refused
+
+
 CASES = [
     (method, path, mode)
     for method, path in sorted(documented_operations())
@@ -278,9 +288,10 @@ def test_every_answer_matches_the_document(
     @CONFORMANCE
     @given(case=operation.as_strategy(generation_mode=mode))
     def conforms(case: Any) -> None:
-        case.call_and_validate(
-            headers={"Authorization": f"Bearer {KEY}"}, checks=checks, timeout=10
-        )
+        response = case.call(headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+        if refused_by_gunicorn(response):
+            return  # never reached the API; the document's description says so
+        case.validate_response(response, checks=checks, headers={"Authorization": f"Bearer {KEY}"})
 
     conforms()
 
