@@ -196,29 +196,39 @@ class Store:
                     return
                 batch = list(self._queue)
                 self._queue.clear()
-            self._commit(batch)
+            try:
+                self._commit(batch)
+            except Exception:  # every write waits on this thread: it must never die
+                log.exception("job store writer: unexpected error")
 
     def _commit(self, batch: list[_Ticket]) -> None:
         started = time.perf_counter()
         try:
-            self._transaction(batch)
-        except sqlite3.Error as exc:
-            if len(batch) == 1:
-                batch[0].error = exc
-            else:
-                # One bad change must not sink its neighbours: give each its own transaction.
-                for ticket in batch:
-                    try:
-                        self._transaction([ticket])
-                    except sqlite3.Error as single:
-                        ticket.error = single
-        failures = [ticket.error for ticket in batch if ticket.error is not None]
-        self._note_health(failures[-1] if failures else None)
-        elapsed = time.perf_counter() - started
-        for observe in self.commit_observers:
-            observe(elapsed, len(batch))
-        for ticket in batch:
-            ticket.done.set()
+            # Not only sqlite3.Error: a value SQLite cannot bind (text that is not valid
+            # Unicode) raises something else, and must fail its own change, nothing more.
+            try:
+                self._transaction(batch)
+            except Exception as exc:
+                if len(batch) == 1:
+                    batch[0].error = exc
+                else:
+                    # One bad change must not sink its neighbours: give each its own transaction.
+                    for ticket in batch:
+                        try:
+                            self._transaction([ticket])
+                        except Exception as single:
+                            ticket.error = single
+            # Only the database's own errors say that the store cannot write; a change it
+            # could not take says nothing about the disk.
+            failures = [t.error for t in batch if isinstance(t.error, sqlite3.Error)]
+            if failures or any(ticket.error is None for ticket in batch):
+                self._note_health(failures[-1] if failures else None)
+            elapsed = time.perf_counter() - started
+            for observe in self.commit_observers:
+                observe(elapsed, len(batch))
+        finally:
+            for ticket in batch:
+                ticket.done.set()
 
     def _transaction(self, batch: list[_Ticket]) -> None:
         """All the batch's writes in one transaction, one statement per kind: the writer
@@ -240,7 +250,7 @@ class Store:
                 # A fresh value each time: SQLite skips writing a row that does not change.
                 conn.execute(_PROBE, (time.time_ns(),))
             conn.execute("COMMIT")
-        except sqlite3.Error:
+        except Exception:
             if conn.in_transaction:
                 try:
                     conn.execute("ROLLBACK")
