@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import quote, quote_from_bytes
 
 import pytest
-from conftest import log_tail
+from conftest import BASE_ENV, log_tail
 from helpers import JSON_TYPE, TEXT_TYPE, Api, assert_no_nulls, compact, expect_json, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -736,8 +736,6 @@ def test_as_many_stalled_senders_as_threads_do_not_starve_the_server(live: Fixtu
 
 
 def live_threads() -> str:
-    from conftest import BASE_ENV
-
     return {**BASE_ENV, **SCHEDULER_ENV}.get("SCHEDULER_THREADS", "32")
 
 

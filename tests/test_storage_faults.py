@@ -24,6 +24,7 @@ import hashlib
 import os
 import sqlite3
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,7 @@ from helpers import Agent, Api, expect_error, expect_json, wait_for
 from tiny_scheduler import Settings, create_app, errors, stop_background, store
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
+from tiny_scheduler.jobs import Job
 
 EXIT_TIMEOUT = 30.0
 """Seconds a scheduler refusing its database may take to exit."""
@@ -475,3 +477,47 @@ def checkpoint(db_path: Path) -> None:
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
     assert not os.path.exists(f"{db_path}-wal") or os.path.getsize(f"{db_path}-wal") == 0
+
+
+# --- a change the database cannot take -----------------------------------------------------
+
+
+def save_within(db: store.Store, job: Job, timeout: float = 10.0) -> BaseException | None:
+    """Save on another thread; the error it raised, None on success. A save that never
+    returns (a dead writer thread) fails the test instead of hanging it."""
+    outcome: list[BaseException | None] = []
+
+    def attempt() -> None:
+        try:
+            db.save(job)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=attempt, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert outcome, f"save of {job.job_id} never returned: the writer thread is gone"
+    return outcome[0]
+
+
+def test_a_change_sqlite_cannot_take_fails_alone_and_the_writer_goes_on(tmp_path: Path) -> None:
+    """No HTTP request can carry text that is not valid Unicode (the decoder refuses lone
+    surrogates), but other ways in (a peer's message id, a future field) might: one such
+    change must fail on its own, not stop the one writer thread every write waits for."""
+    db = store.Store(str(tmp_path / "scheduler.db"))
+    db.start()
+    try:
+        bad = Job(seq=1, node_id="node-a", command="echo \ud800", created_at=1)
+        error = save_within(db, bad)
+        assert isinstance(error, errors.StoreError), error
+        assert save_within(db, Job(seq=2, node_id="node-a", command="ok", created_at=2)) is None
+        assert db.healthy, "a bad change is not a broken disk"
+    finally:
+        db.close()
+    reopened = store.Store(str(tmp_path / "scheduler.db"))
+    try:
+        loaded, _ = reopened.load()
+    finally:
+        reopened.close()
+    assert [job.seq for job in loaded] == [2]
