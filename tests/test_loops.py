@@ -240,7 +240,9 @@ def test_sqs_invalid_message_is_logged_and_deleted(make_cluster) -> None:
     cluster = make_cluster()
     bad = cluster.sqs.send("jobs", json.dumps({"command": "x", "port": 70000}))
     junk = cluster.sqs.send("jobs", "not json at all")
-    wait_for(lambda: {bad, junk} <= set(cluster.sqs.deleted))
+    # A lone surrogate survives JSON transport but can never be UTF-8.
+    surrogate = cluster.sqs.send("jobs", '{"command":"echo \ud800"}')
+    wait_for(lambda: {bad, junk, surrogate} <= set(cluster.sqs.deleted))
     assert cluster.jobs() == []
     log = cluster.log_text()
     assert f"SQS message {bad} rejected (port must be an integer between 1 and 65535)" in log

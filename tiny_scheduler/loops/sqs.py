@@ -64,18 +64,21 @@ class SqsIngest:
     def handle(self, message: dict[str, Any]) -> str:
         """Deal with one message: created, duplicate, invalid, kept or stop."""
         message_id, body = message.get("id"), message.get("body")
-        if not isinstance(message_id, str) or not message_id:
-            log.error("SQS message without an id ignored: %.500r", message)
+        if not isinstance(message_id, str) or not message_id or not _encodable(message_id):
+            log.error("SQS message without a usable id ignored: %.500r", message)
             return "invalid"
         try:
             if not isinstance(body, str):
                 raise errors.BadRequest(errors.DECODE_JOB)
-            request = validation.parse_job_request(body.encode())
+            # A lone surrogate cannot be UTF-8: keep it in the bytes so that the JSON parser
+            # refuses the body, rather than failing here on every redelivery.
+            raw = body.encode("utf-8", "surrogatepass")
+            request = validation.parse_job_request(raw)
         except errors.BadRequest as exc:
             log.warning("SQS message %s rejected (%s), deleting it: %.2000r", message_id, exc, body)
             self.delete(message_id)
             return "invalid"
-        digest = hashlib.sha256(body.encode()).hexdigest()[:16]
+        digest = hashlib.sha256(raw).hexdigest()[:16]
         try:
             job, created = self.service.submit(request, f"sqs:{message_id}:{digest}", "sqs")
         except errors.PlacementError as exc:
@@ -134,3 +137,11 @@ class SqsIngest:
     def _observe(self, call: str, result: str) -> None:
         for observe in self.call_observers:
             observe(call, result)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
