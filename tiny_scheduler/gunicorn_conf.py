@@ -51,10 +51,22 @@ loglevel = os.environ.get("SCHEDULER_LOG_LEVEL", "info")
 
 def on_starting(server) -> None:
     """The scheduler's log lines go where gunicorn's own go: its error log, at its level."""
+    # Thread and multiprocessing names are in no log format here; skip looking them up.
+    logging.logThreads = False
+    logging.logMultiprocessing = False
     ours = logging.getLogger("tiny_scheduler")
     ours.handlers[:] = server.log.error_log.handlers
     ours.setLevel(server.log.error_log.level)
     ours.propagate = False
+
+
+class _HandOff(logging.handlers.QueueHandler):
+    """Pass the record itself to the writing thread: it lives in this process, so the
+    formatting and copying QueueHandler does to make records picklable is wasted work on
+    every request thread."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        return record
 
 
 def post_worker_init(worker) -> None:
@@ -68,7 +80,7 @@ def post_worker_init(worker) -> None:
     worker.log_listener = logging.handlers.QueueListener(
         records, *ours.handlers, respect_handler_level=True
     )
-    ours.handlers[:] = [logging.handlers.QueueHandler(records)]
+    ours.handlers[:] = [_HandOff(records)]
     worker.log_listener.start()
     start_background(worker.wsgi)
 
