@@ -143,6 +143,8 @@ class Store:
             if collecting:
                 gc.enable()
         found = self._conn.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
+        # The load filled SQLite's page cache with pages the writer will rarely touch again.
+        self._conn.execute("PRAGMA shrink_memory")
         last_seq = max(found[0] if found else 0, loaded[-1].seq if loaded else 0)
         return loaded, last_seq
 
