@@ -8,6 +8,7 @@ from helpers import set_nodes
 
 from tiny_scheduler.config import Settings
 from tiny_scheduler.dev.daemon import free_port
+from tiny_scheduler.dev.http import PeerServer, Reply, Request
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.errors import PlacementError
 from tiny_scheduler.placement import Placement
@@ -147,3 +148,21 @@ def test_the_node_list_is_cached_for_registry_cache_secs(registry: FakeRegistry)
     fresh = placement_for(registry.url, cache_secs=0)
     assert fresh.place() == "node-z"
     assert registry.requests > before
+
+
+class _DeepRegistry(PeerServer):
+    """A registry whose node list nests deeper than any JSON parser recurses."""
+
+    def handle(self, request: Request) -> Reply:
+        return Reply(200, b"[" * 100_000 + b"]" * 100_000)
+
+
+def test_an_unexpected_parse_failure_answers_and_does_not_wedge_later_calls() -> None:
+    server = _DeepRegistry().start()
+    try:
+        placement = placement_for(server.url)
+        # Twice: a fetch that failed oddly must not leave later callers waiting on it forever.
+        assert placement_error(placement) == "failed to decode registry response"
+        assert placement_error(placement) == "failed to decode registry response"
+    finally:
+        server.stop()

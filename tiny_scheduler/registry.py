@@ -84,6 +84,10 @@ class Registry:
             result = self._fetch_nodes()
         except PlacementError as exc:
             result = exc
+        except Exception:
+            # Whatever went wrong, the flight must land: every later caller waits on it.
+            log.exception("registry: unexpected error reading the node list")
+            result = PlacementError(DECODE_FAILED)
         with self._lock:
             if isinstance(result, Nodes):
                 self._cached = result
