@@ -134,7 +134,7 @@ class Registry:
             raise PlacementError(REACH_FAILED)
         try:
             data = response.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             self._observe(endpoint, "garbage")
             log.warning("registry %s answered non-JSON: %.200r", url, response.content)
             raise PlacementError(DECODE_FAILED) from None

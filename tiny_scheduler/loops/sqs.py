@@ -108,7 +108,7 @@ class SqsIngest:
             return None
         try:
             data = response.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             self._observe("receive", "garbage")
             log.warning("SQS receive answered non-JSON: %.200r", response.content)
             return None
