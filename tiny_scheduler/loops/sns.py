@@ -101,7 +101,11 @@ class SnsPublisher:
                 continue
             if time.monotonic() > self._drain_until:
                 return
-            self._deliver(message)
+            try:
+                self._deliver(message)
+            except Exception:  # the one sender must outlive any one event
+                self.dropped += 1
+                log.exception("SNS: event dropped after an unexpected error: %s", message)
 
     def _deliver(self, message: str) -> None:
         """Try a few times; a stop request turns the remaining waits into one last try."""
