@@ -71,17 +71,6 @@ class Attempt:
             out["finished_at"] = format_time(self.finished_at)
         return out
 
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> Attempt:
-        return cls(
-            node_id=data["node_id"],
-            exit_code=data.get("exit_code"),
-            stdout=data.get("stdout", ""),
-            stderr=data.get("stderr", ""),
-            running_at=parse_time(data["running_at"]) if "running_at" in data else None,
-            finished_at=parse_time(data["finished_at"]) if "finished_at" in data else None,
-        )
-
 
 @dataclasses.dataclass(slots=True)
 class Job:
