@@ -247,32 +247,10 @@ def job_detail(service: Scheduler, job_id: str, show_env: bool, notice: str) -> 
     """One job with every attempt; raises NotFound. Env values only when asked for."""
     job = service.get(job_id)
     attempts = [
-        AttemptRow(
-            number=number,
-            node_id=attempt.node_id,
-            status=jobs.FAILED,
-            exit_code=attempt.exit_code,
-            stdout=attempt.stdout,
-            stderr=attempt.stderr,
-            running_at=attempt.running_at,
-            finished_at=attempt.finished_at,
-            current=False,
-        )
+        _attempt_row(number, attempt, jobs.FAILED, current=False)
         for number, attempt in enumerate(job.attempts, start=1)
     ]
-    attempts.append(
-        AttemptRow(
-            number=len(job.attempts) + 1,
-            node_id=job.node_id,
-            status=job.status,
-            exit_code=job.exit_code,
-            stdout=job.stdout,
-            stderr=job.stderr,
-            running_at=job.running_at,
-            finished_at=job.finished_at,
-            current=True,
-        )
-    )
+    attempts.append(_attempt_row(len(attempts) + 1, job, job.status, current=True))
     env = [(name, value if show_env else None) for name, value in (job.env_vars or {}).items()]
     return JobDetail(
         now=jobs.now_us(),
@@ -282,6 +260,22 @@ def job_detail(service: Scheduler, job_id: str, show_env: bool, notice: str) -> 
         show_env=show_env,
         cancellable=jobs.can_cancel(job),
         notice=NOTICES.get(notice),
+    )
+
+
+def _attempt_row(number: int, run: Job | Attempt, status: str, current: bool) -> AttemptRow:
+    """A row of the attempts table: an earlier attempt, or the job itself for the current one
+    (both carry the same node, exit code, outputs and times)."""
+    return AttemptRow(
+        number=number,
+        node_id=run.node_id,
+        status=status,
+        exit_code=run.exit_code,
+        stdout=run.stdout,
+        stderr=run.stderr,
+        running_at=run.running_at,
+        finished_at=run.finished_at,
+        current=current,
     )
 
 
