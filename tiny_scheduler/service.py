@@ -49,26 +49,27 @@ class Scheduler:
     # --- reads ----------------------------------------------------------------------------
 
     def get(self, job_id: str) -> Job:
-        seq = jobs.parse_job_id(job_id)
-        job = self.table.get(seq) if seq is not None else None
+        job = self.table.get(self._seq(job_id))
         if job is None:
             raise errors.NotFound(errors.JOB_NOT_FOUND)
         return job
 
     def list_jobs(self, query: JobQuery) -> Page:
         """Oldest first. The agent poll is capped at the node's free slots."""
-        if query.is_agent_poll and query.job_type is None and not query.after:
+        if query.is_agent_poll:
             assert query.node_id is not None
-            found = self.table.poll(query.node_id, self.settings.max_jobs_per_node, query.limit)
+            found = self.table.poll(
+                query.node_id,
+                self.settings.max_jobs_per_node,
+                query.limit,
+                query.after,
+                query.job_type,
+            )
             self._emit("polled", None, query.node_id)
             return Page(found, None)
         found, more = self.table.query(
             query.node_id, query.status, query.job_type, query.after, query.limit
         )
-        if query.is_agent_poll:
-            free = self.table.free_slots(query.node_id or "", self.settings.max_jobs_per_node)
-            found = found[:free]
-            more = False
         return Page(found, found[-1].seq if more and found else None)
 
     def schedule(self) -> str:
@@ -128,7 +129,7 @@ class Scheduler:
             except jobs.TransitionError as exc:
                 raise errors.Conflict(str(exc)) from None
             self._commit(new)
-        self._announce(job, new)
+        self._announce(new)
         return new
 
     def cancel(self, job_id: str) -> Job:
@@ -139,7 +140,7 @@ class Scheduler:
             except jobs.TransitionError as exc:
                 raise errors.Conflict(str(exc)) from None
             self._commit(new)
-        self._announce(job, new)
+        self._announce(new)
         return new
 
     def fail_running(self, seq: int, stderr: str, retry: bool) -> Job | None:
@@ -153,7 +154,7 @@ class Scheduler:
             if retry:
                 new = self._maybe_retry(new)
             self._commit(new)
-        self._announce(job, new)
+        self._announce(new)
         return new
 
     def move_pending(self, seq: int) -> Job | None:
@@ -216,7 +217,7 @@ class Scheduler:
         self.store.save(job)
         self.table.put(job)
 
-    def _announce(self, old: Job, new: Job) -> None:
+    def _announce(self, new: Job) -> None:
         """Log and tell listeners what a committed change did."""
         if new.status == jobs.RUNNING:
             log.info("job %s claimed by node %s", new.job_id, new.node_id)

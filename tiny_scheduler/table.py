@@ -76,14 +76,25 @@ class JobTable:
         with self._lock:
             return max(0, max_running - self._slots_used[node_id])
 
-    def poll(self, node_id: str, max_running: int, limit: int) -> list[Job]:
-        """The node's oldest pending jobs, at most as many as it has free slots."""
+    def poll(
+        self,
+        node_id: str,
+        max_running: int,
+        limit: int,
+        after: int = 0,
+        job_type: str | None = None,
+    ) -> list[Job]:
+        """The node's oldest pending jobs, at most as many as it has free slots (the agent's
+        query; `after` and `job_type` narrow it further for callers that add them)."""
         with self._lock:
             free = min(max_running - self._slots_used[node_id], limit)
             queue = self._pending.get(node_id)
             if free <= 0 or not queue:
                 return []
-            return list(itertools.islice(queue.values(), free))
+            found: Iterator[Job] = queue.values() if not after else _values_after(queue, after)
+            if job_type is not None:
+                found = (job for job in found if job.job_type == job_type)
+            return list(itertools.islice(found, free))
 
     def query(
         self,
