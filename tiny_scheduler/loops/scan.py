@@ -75,9 +75,8 @@ class Scan:
         for node in sorted(down):
             since = self._down_since.setdefault(node, now)
             pending, running = self.service.table.on_node(node)
-            for job in pending:
-                if can_move and not job.instance_id:
-                    _guarded(self.service.move_pending, job)
+            for job in pending if can_move else ():
+                _guarded(self.service.move_pending, job)  # it leaves pinned jobs where they are
             if now - since > self.settings.node_lost_secs:
                 for job in running:
                     if _guarded(self.service.fail_running, job, jobs.NODE_LOST_STDERR, True):
