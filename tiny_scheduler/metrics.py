@@ -72,7 +72,7 @@ class Metrics:
     def __init__(self, service: Scheduler) -> None:
         self.service = service
         self.registry = CollectorRegistry()
-        self.queue_depth: Callable[[], int] | None = None  # set by track_queue_depth
+        self.queue_depth: Callable[[], int] | None = None  # set by watch_background
         reg = self.registry
 
         self.submitted = Counter(
@@ -191,18 +191,14 @@ class Metrics:
         self.commit_seconds.observe(seconds)
         self.commit_batch.observe(batch_size)
 
-    def peer_observer(self, peer: str) -> Callable[[str, str], None]:
-        """A call observer `(endpoint, result)` for one peer's client."""
+    def watch_peer(self, peer: str, call_observers: list[Callable[[str, str], None]]) -> None:
+        """Count the calls of a client that offers a `call_observers` list."""
         calls = self.peer_calls
 
         def observe(endpoint: str, result: str) -> None:
             calls.labels(peer, endpoint, result).inc()
 
-        return observe
-
-    def watch_peer(self, peer: str, call_observers: list[Callable[[str, str], None]]) -> None:
-        """Count the calls of a client that offers a `call_observers` list."""
-        call_observers.append(self.peer_observer(peer))
+        call_observers.append(observe)
 
     def watch_background(self, background: Background) -> None:
         """Count the SQS and SNS clients' calls and read the SNS queue depth, for those on."""
@@ -210,11 +206,7 @@ class Metrics:
             self.watch_peer("sqs", background.sqs.call_observers)
         if background.sns is not None:
             self.watch_peer("sns", background.sns.call_observers)
-            self.track_queue_depth(background.sns.depth)
-
-    def track_queue_depth(self, depth: Callable[[], int]) -> None:
-        """Read the SNS publisher's queue depth at each scrape (`depth()` must be cheap)."""
-        self.queue_depth = depth
+            self.queue_depth = background.sns.depth  # read at each scrape: must be cheap
 
     # --- HTTP request timing -----------------------------------------------------------------
 
