@@ -88,13 +88,10 @@ class JobTable:
         query; `after` and `job_type` narrow it further for callers that add them)."""
         with self._lock:
             free = min(max_running - self._slots_used[node_id], limit)
-            queue = self._pending.get(node_id)
-            if free <= 0 or not queue:
+            if free <= 0:
                 return []
-            found: Iterator[Job] = queue.values() if not after else _values_after(queue, after)
-            if job_type is not None:
-                found = (job for job in found if job.job_type == job_type)
-            return list(itertools.islice(found, free))
+            pending = self._stream(self._pending, node_id, after, job_type)
+            return list(itertools.islice(pending, free))
 
     def query(
         self,
@@ -118,15 +115,26 @@ class JobTable:
     ) -> list[Job]:
         index = self._pending if status == jobs.PENDING else self._running
         with self._lock:
-            if node_id is None:
-                queues = list(index.values())
-            else:
-                queues = [index[node_id]] if node_id in index else []
-            streams = [_values_after(queue, after) for queue in queues]
-            merged: Iterator[Job] = heapq.merge(*streams, key=lambda job: job.seq)
-            if job_type is not None:
-                merged = (job for job in merged if job.job_type == job_type)
-            return list(itertools.islice(merged, wanted))
+            return list(itertools.islice(self._stream(index, node_id, after, job_type), wanted))
+
+    def _stream(
+        self,
+        index: dict[str, SortedDict],
+        node_id: str | None,
+        after: int,
+        job_type: str | None,
+    ) -> Iterator[Job]:
+        """Jobs of one active index (one node's, or every node's merged), oldest first.
+        Consume it while holding the lock."""
+        if node_id is None:
+            queues = list(index.values())
+        else:
+            queues = [index[node_id]] if node_id in index else []
+        streams = [_values_after(queue, after) for queue in queues]
+        found = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_seq_of)
+        if job_type is not None:
+            found = (job for job in found if job.job_type == job_type)
+        return found
 
     def _scan(
         self,
@@ -295,7 +303,13 @@ class JobTable:
 
 
 def _values_after(queue: SortedDict, after: int) -> Iterator[Job]:
+    if not after:
+        return iter(queue.values())  # the agent's poll: no seek needed
     return (queue[seq] for seq in queue.irange(minimum=after, inclusive=(False, True)))
+
+
+def _seq_of(job: Job) -> int:
+    return job.seq
 
 
 def _discard(index: dict[str, SortedDict], node_id: str, seq: int) -> None:
