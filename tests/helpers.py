@@ -28,6 +28,24 @@ REQUEST_TIMEOUT = 10.0
 JSON_TYPE = "application/json"
 TEXT_TYPE = "text/plain; charset=utf-8"
 
+# The job's wire shape as the spec writes it, spelled out here rather than taken from
+# tiny_scheduler.jobs, so that a change there cannot quietly change what the tests expect.
+WIRE_ORDER = (
+    *("job_id", "node_id", "instance_id", "command", "deploy_url", "job_type", "port"),
+    *("env_vars", "timeout_secs", "status", "retry_count", "exit_code", "stdout", "stderr"),
+    *("created_at", "running_at", "finished_at", "attempts"),
+)
+"""Every field a job may show, in the order the spec gives them on the wire."""
+
+ALWAYS_PRESENT = ("job_id", "node_id", "command", "job_type", "status", "retry_count", "created_at")
+"""The fields every job shows, whatever its state (in wire order)."""
+
+
+def in_wire_order(fields: Iterable[str]) -> list[str]:
+    """The known ones of `fields`, in the order the spec puts them on the wire."""
+    wanted = set(fields)
+    return [field for field in WIRE_ORDER if field in wanted]
+
 
 def wait_for(
     predicate: Callable[[], T],

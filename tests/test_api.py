@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 from helpers import (
+    ALWAYS_PRESENT,
     Agent,
     Api,
     assert_no_nulls,
     expect_error,
     expect_json,
+    in_wire_order,
     set_nodes,
     unique_node,
 )
@@ -25,7 +27,6 @@ from tiny_scheduler.dev.registry import FakeRegistry
 MAX_REQUEST_BYTES = 65536
 SCHEDULER_ENV = {"MAX_REQUEST_BYTES": str(MAX_REQUEST_BYTES)}
 
-ALWAYS = ["job_id", "node_id", "command", "job_type", "status", "retry_count", "created_at"]
 TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 JOB_ID = re.compile(r"^job-[1-9]\d*$")
 LINK = re.compile(r'^<(/jobs\?[^>]+)>; rel="next"$')
@@ -81,7 +82,7 @@ def test_schedule_without_healthy_nodes(api: Api, registry: FakeRegistry) -> Non
 def test_submit_creates_a_pending_job(api: Api, node: str) -> None:
     response = api.post("/jobs", {"command": "echo hi"})
     job = expect_json(response, 201)
-    assert list(job) == ALWAYS
+    assert list(job) == list(ALWAYS_PRESENT)
     assert JOB_ID.match(job["job_id"])
     assert TIME.match(job["created_at"])
     assert job == {
@@ -109,20 +110,8 @@ def test_submit_with_every_field(api: Api, registry: FakeRegistry, node: str) ->
         "unknown_field": [1, 2, 3],
     }
     job = api.submit(**request)
-    assert list(job) == [
-        "job_id",
-        "node_id",
-        "instance_id",
-        "command",
-        "deploy_url",
-        "job_type",
-        "port",
-        "env_vars",
-        "timeout_secs",
-        "status",
-        "retry_count",
-        "created_at",
-    ]
+    # Each field submitted, and no unknown one, with the ones every job has, in wire order.
+    assert list(job) == in_wire_order([*ALWAYS_PRESENT, *request.keys() - {"unknown_field"}])
     del request["unknown_field"]
     assert {key: job[key] for key in request} == request
     assert job["node_id"] == node

@@ -6,33 +6,12 @@ import itertools
 import re
 
 import pytest
-from helpers import assert_no_nulls
+from helpers import ALWAYS_PRESENT, WIRE_ORDER, assert_no_nulls
 
 from tiny_scheduler import jobs
 from tiny_scheduler.jobs import Attempt, Job, TransitionError
 
 T0 = 1_764_498_030_123_456  # 2025-11-30T10:20:30.123456Z
-ALWAYS = ["job_id", "node_id", "command", "job_type", "status", "retry_count", "created_at"]
-WIRE_ORDER = [
-    "job_id",
-    "node_id",
-    "instance_id",
-    "command",
-    "deploy_url",
-    "job_type",
-    "port",
-    "env_vars",
-    "timeout_secs",
-    "status",
-    "retry_count",
-    "exit_code",
-    "stdout",
-    "stderr",
-    "created_at",
-    "running_at",
-    "finished_at",
-    "attempts",
-]
 
 
 def new_job(**fields: object) -> Job:
@@ -71,7 +50,7 @@ def full_job() -> Job:
 
 def test_minimal_job_has_only_the_always_present_fields_in_order() -> None:
     wire = new_job().to_wire(with_attempts=True)
-    assert list(wire) == ALWAYS
+    assert list(wire) == list(ALWAYS_PRESENT)
     assert wire == {
         "job_id": "job-7",
         "node_id": "node-a",
@@ -85,7 +64,7 @@ def test_minimal_job_has_only_the_always_present_fields_in_order() -> None:
 
 def test_full_job_lists_every_field_in_the_spec_order() -> None:
     wire = full_job().to_wire(with_attempts=True)
-    assert list(wire) == WIRE_ORDER
+    assert list(wire) == list(WIRE_ORDER)
     assert wire["env_vars"] == {"A": "1", "B": "two"}
     assert wire["running_at"] == "2025-11-30T10:20:30.123457Z"
     assert wire["attempts"] == [
@@ -113,7 +92,7 @@ def test_exit_code_zero_and_empty_command_are_shown() -> None:
 
 def test_empty_optional_fields_are_left_out() -> None:
     wire = new_job(env_vars={}, port=0, timeout_secs=0, stdout="", stderr="").to_wire()
-    assert list(wire) == ALWAYS
+    assert list(wire) == list(ALWAYS_PRESENT)
 
 
 @pytest.mark.parametrize(
@@ -335,7 +314,7 @@ def test_retry_records_the_attempt_and_clears_the_attempt_fields() -> None:
     assert (retried.exit_code, retried.stdout, retried.stderr) == (None, "", "")
     assert (retried.running_at, retried.finished_at) == (None, None)
     assert retried.created_at == T0
-    assert list(retried.to_wire()) == ALWAYS
+    assert list(retried.to_wire()) == list(ALWAYS_PRESENT)
 
     again = jobs.retry(
         jobs.finish(jobs.start(retried, T0 + 3), jobs.FAILED, 9, "", "x", T0 + 4), "c"

@@ -28,7 +28,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from helpers import compact, set_nodes
+from helpers import compact, in_wire_order, set_nodes
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -120,20 +120,9 @@ class ModelJob:
         }
         expected.update({k: v for k, v in optional.items() if v is not None})
         assert wire == expected, f"{self.job_id}: scheduler {wire} != model {expected}"
-        assert list(wire) == list(wire_order(expected)), "fields out of the contract's order"
+        assert list(wire) == in_wire_order(expected), "fields out of the contract's order"
         if self.frozen is not None:
             assert wire == self.frozen, f"finished {self.job_id} changed"
-
-
-_ORDER = [
-    *("job_id", "node_id", "instance_id", "command", "deploy_url", "job_type", "port"),
-    *("env_vars", "timeout_secs", "status", "retry_count", "exit_code", "stdout", "stderr"),
-    *("created_at", "running_at", "finished_at", "attempts"),
-]
-
-
-def wire_order(job: dict[str, Any]) -> dict[str, Any]:
-    return {field: job[field] for field in _ORDER if field in job}
 
 
 class Clock:
