@@ -37,10 +37,10 @@ def duration(start_us: int | None, end_us: int | None) -> str:
         return f"{round(seconds * 1000)} ms"
     if seconds < 60:
         return f"{seconds:.1f} s"
-    big, small = divmod(int(seconds), 3600 if seconds >= 3600 else 60)
-    if seconds >= 3600:
-        return f"{big} h {small // 60} min"
-    return f"{big} min {small} s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
 
 
 def _largest_unit(seconds: float) -> str:
