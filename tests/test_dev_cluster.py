@@ -23,8 +23,7 @@ from helpers import Api, wait_for
 from tiny_scheduler.dev import demo
 from tiny_scheduler.dev.cluster import ClusterConfig, ClusterError, DevCluster
 from tiny_scheduler.dev.daemon import free_port
-
-FINAL = ("done", "failed", "cancelled")
+from tiny_scheduler.jobs import FINAL_STATUSES
 
 CLI = os.path.join(os.path.dirname(sys.executable), "tiny-scheduler")
 """The installed command, as a user runs it."""
@@ -66,7 +65,7 @@ def processes_using(folder: pathlib.Path, cwd_only: bool = False) -> list[int]:
 
 def final_jobs(api: Api, job_ids: list[str]) -> list[dict[str, Any]] | None:
     jobs = [api.job(job_id) for job_id in job_ids]
-    return jobs if all(job["status"] in FINAL for job in jobs) else None
+    return jobs if all(job["status"] in FINAL_STATUSES for job in jobs) else None
 
 
 def test_cluster_runs_50_jobs_and_survives_a_killed_node(tmp_path: pathlib.Path) -> None:

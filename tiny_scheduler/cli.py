@@ -26,6 +26,18 @@ from urllib.parse import parse_qs, quote, urlsplit
 import click
 import requests
 
+from .jobs import (
+    DONE,
+    FAILED,
+    FINAL_STATUSES,
+    JOB_ID_PREFIX,
+    PENDING,
+    RUN,
+    RUNNING,
+    SERVICE,
+    STATUSES,
+)
+
 DEFAULT_URL = "http://127.0.0.1:9001"
 """Where the scheduler listens unless SCHEDULER_URL says otherwise."""
 
@@ -162,9 +174,9 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def describe(job: dict[str, Any]) -> str:
     """`failed (exit 3)`, `done`, `running on node-2`: a job's state in a few words."""
     status = job["status"]
-    if status in ("done", "failed") and "exit_code" in job:
+    if status in (DONE, FAILED) and "exit_code" in job:
         return f"{status} (exit {job['exit_code']})"
-    if status in ("pending", "running"):
+    if status in (PENDING, RUNNING):
         return f"{status} on {job['node_id']}"
     return status
 
@@ -172,12 +184,17 @@ def describe(job: dict[str, Any]) -> str:
 def exit_status(job: dict[str, Any]) -> int:
     """The exit status `--wait` ends with: the job's exit code; 1 when it failed without a
     usable one (timed out, lost node: -1) or was cancelled."""
-    if job["status"] == "done":
+    if job["status"] == DONE:
         return 0
     code = job.get("exit_code")
-    if job["status"] == "failed" and isinstance(code, int) and 0 < code < 256:
+    if job["status"] == FAILED and isinstance(code, int) and 0 < code < 256:
         return code
     return 1
+
+
+def job_state(job: dict[str, Any]) -> tuple[str, str, int]:
+    """What a watcher reports a change of: the status, the node, the retry count."""
+    return (job["status"], job["node_id"], job["retry_count"])
 
 
 def _short_time(stamp: str | None) -> str:
@@ -198,7 +215,7 @@ def _echo_json(data: Any) -> None:
 
 def _job_id(text: str) -> str:
     """Accept `7` as well as `job-7`."""
-    return f"job-{text}" if text.isdigit() else text
+    return f"{JOB_ID_PREFIX}{text}" if text.isdigit() else text
 
 
 # --- waiting ----------------------------------------------------------------------------------
@@ -234,14 +251,14 @@ def wait_for_job(
                 raise
             time.sleep(interval)
             continue
-        state = (job["status"], job["node_id"], job["retry_count"])
+        state = job_state(job)
         if state != seen:
             seen = state
             if progress:
                 retry = f" (retry {job['retry_count']})" if job["retry_count"] else ""
                 elapsed = time.monotonic() - started
                 progress(f"[{elapsed:6.1f}s] {job_id} {describe(job)}{retry}")
-        if job["status"] in ("done", "failed", "cancelled"):
+        if job["status"] in FINAL_STATUSES:
             return job
         time.sleep(interval)
 
@@ -339,7 +356,7 @@ def submit(
         raise click.UsageError("give a COMMAND or --deploy-url")
     body: dict[str, Any] = {
         "command": command[0] if len(command) == 1 else shlex.join(command),
-        "job_type": "service" if service else "run",
+        "job_type": SERVICE if service else RUN,
         "env_vars": _parse_env(env),
     }
     optional = {
@@ -419,7 +436,7 @@ def _print_status(job: dict[str, Any]) -> None:
 @click.option("--node", help="Only jobs on this node.")
 @click.option(
     "--status",
-    type=click.Choice(["pending", "running", "done", "failed", "cancelled"]),
+    type=click.Choice(STATUSES),
     help="Only jobs in this status.",
 )
 @click.option("--limit", type=click.IntRange(1, MAX_PAGE), default=100, show_default=True)
@@ -437,7 +454,7 @@ def list_jobs(
     """List jobs, oldest first."""
     client = _client(ctx)
     after = _job_id(after) if after else None
-    if node and status == "pending":
+    if node and status == PENDING:
         jobs, more = _pending_on_node(client, node, limit, after)
     else:
         jobs, more = client.page(node_id=node, status=status, limit=limit, after=after)
@@ -479,7 +496,7 @@ def _pending_on_node(
     while True:
         page, cursor = client.page(node_id=node, limit=MAX_PAGE, after=cursor)
         for job in page:
-            if job["status"] != "pending":
+            if job["status"] != PENDING:
                 continue
             if len(found) == limit:
                 return found, found[-1]["job_id"]

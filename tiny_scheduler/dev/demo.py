@@ -23,7 +23,8 @@ from typing import Any
 
 import requests
 
-from ..cli import Client, CliError, describe, format_table
+from ..cli import Client, CliError, describe, format_table, job_state
+from ..jobs import FINAL_STATUSES, PENDING, SERVICE, TIMED_OUT_STDERR
 from .cluster import ClusterConfig, ClusterError, DevCluster
 from .daemon import free_port
 
@@ -73,7 +74,7 @@ class Demo:
     def submit(self, shown: Shown, **body: Any) -> Shown:
         shown.job = self.client.submit(body)
         self.shown.append(shown)
-        self._last_seen[shown.job_id] = _state(shown.job)
+        self._last_seen[shown.job_id] = job_state(shown.job)
         self.say(f"  submitted {shown.job_id:<7} {shown.label:<22} -> {shown.job['node_id']}")
         return shown
 
@@ -157,7 +158,7 @@ class Demo:
             instance_id="i-demo",
         )
         waiting.job = self.client.cancel(waiting.job_id)
-        self._last_seen[waiting.job_id] = _state(waiting.job)
+        self._last_seen[waiting.job_id] = job_state(waiting.job)
         self.say(f"  cancelled {waiting.job_id} while it waited for {busy_node}")
         self.submit(
             Shown(
@@ -166,7 +167,7 @@ class Demo:
                 lambda j: (
                     j["status"] == "failed"
                     and j.get("exit_code") == -1
-                    and j.get("stderr") == "job timed out"
+                    and j.get("stderr") == TIMED_OUT_STDERR
                 ),
             ),
             command="sleep 30",
@@ -181,7 +182,7 @@ class Demo:
         deadline = time.monotonic() + PHASE_TIMEOUT_SECS
         while True:
             for shown in self.shown:
-                if shown.job.get("status") not in ("done", "failed", "cancelled"):
+                if shown.job.get("status") not in FINAL_STATUSES:
                     shown.job = self.client.job(shown.job_id)
                 self._report_change(shown)
             if until():
@@ -193,13 +194,13 @@ class Demo:
 
     def _settled(self, shown: Shown) -> bool:
         status = shown.job.get("status")
-        if shown.job.get("job_type") == "service":
-            return status != "pending"
-        return status in ("done", "failed", "cancelled")
+        if shown.job.get("job_type") == SERVICE:
+            return status != PENDING
+        return status in FINAL_STATUSES
 
     def _report_change(self, shown: Shown) -> None:
         job = shown.job
-        state = _state(job)
+        state = job_state(job)
         before = self._last_seen.get(shown.job_id)
         if before == state:
             return
@@ -235,10 +236,6 @@ class Demo:
         headers = ("JOB", "SHOWS", "STATUS", "EXIT", "NODES", "OUTPUT", "AS EXPECTED")
         self.say("\nsummary")
         self.say(format_table(headers, rows))
-
-
-def _state(job: dict[str, Any]) -> tuple[str, str, int]:
-    return (job["status"], job["node_id"], job["retry_count"])
 
 
 def _done_with(job: dict[str, Any], text: str) -> bool:
