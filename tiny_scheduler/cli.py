@@ -54,6 +54,10 @@ gives up."""
 MAX_PAGE = 10000
 """The largest page the API serves."""
 
+SERVE_ARGV = (sys.executable, "-m", "gunicorn", "-c", "python:tiny_scheduler.gunicorn_conf")
+"""How the daemon runs: gunicorn with the package's config, every setting from the environment.
+`serve` runs it, and so does `dev.daemon.SchedulerProcess`, exactly as an operator would."""
+
 COMMAND_WIDTH = 48
 """Characters of a job's command shown in a table row."""
 
@@ -313,8 +317,7 @@ _interval_option = click.option(
 @main.command()
 def serve() -> None:
     """Run the scheduler daemon (gunicorn, configured from the environment)."""
-    argv = [sys.executable, "-m", "gunicorn", "-c", "python:tiny_scheduler.gunicorn_conf"]
-    os.execv(sys.executable, argv)
+    os.execv(sys.executable, SERVE_ARGV)
 
 
 @main.command()

@@ -1,8 +1,8 @@
 """Start and stop a real scheduler daemon (gunicorn) as a child process.
 
 The dev cluster, the tests and the benchmark all run the scheduler this way, exactly as an
-operator would: `gunicorn -c <the package's config>`, configured only through environment
-variables, on a loopback port, waited for until `/health` answers.
+operator would: `tiny-scheduler serve`'s command line (`cli.SERVE_ARGV`), configured only
+through environment variables, on a loopback port, waited for until `/health` answers.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Mapping
 
 import requests
+
+from ..cli import SERVE_ARGV
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -52,7 +53,7 @@ class SchedulerProcess:
         if self.log_path:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", "python:tiny_scheduler.gunicorn_conf"],
+            SERVE_ARGV,
             env=env,
             stdout=self._log or subprocess.DEVNULL,
             stderr=subprocess.STDOUT if self._log else subprocess.DEVNULL,
