@@ -206,31 +206,40 @@ class Store:
     def _commit(self, batch: list[_Ticket]) -> None:
         started = time.perf_counter()
         try:
-            # Not only sqlite3.Error: a value SQLite cannot bind (text that is not valid
-            # Unicode) raises something else, and must fail its own change, nothing more.
-            try:
-                self._transaction(batch)
-            except Exception as exc:
-                if len(batch) == 1:
-                    batch[0].error = exc
-                else:
-                    # One bad change must not sink its neighbours: give each its own transaction.
-                    for ticket in batch:
-                        try:
-                            self._transaction([ticket])
-                        except Exception as single:
-                            ticket.error = single
-            # Only the database's own errors say that the store cannot write; a change it
-            # could not take says nothing about the disk.
-            failures = [t.error for t in batch if isinstance(t.error, sqlite3.Error)]
-            if failures or any(ticket.error is None for ticket in batch):
-                self._note_health(failures[-1] if failures else None)
+            self._write(batch)
+            self._judge_health(batch)
             elapsed = time.perf_counter() - started
             for observe in self.commit_observers:
                 observe(elapsed, len(batch))
         finally:
             for ticket in batch:
                 ticket.done.set()
+
+    def _write(self, batch: list[_Ticket]) -> None:
+        """Commit the batch, recording on each ticket whether its change made it. Not only
+        sqlite3.Error counts: a value SQLite cannot bind (text that is not valid Unicode)
+        raises something else, and must fail its own change, nothing more."""
+        try:
+            self._transaction(batch)
+        except Exception as exc:
+            if len(batch) == 1:
+                batch[0].error = exc
+                return
+            # One bad change must not sink its neighbours: give each its own transaction.
+            for ticket in batch:
+                try:
+                    self._transaction([ticket])
+                except Exception as single:
+                    ticket.error = single
+
+    def _judge_health(self, batch: list[_Ticket]) -> None:
+        """Only the database's own errors say that the store cannot write; a change it could
+        not take says nothing about the disk, and leaves the verdict as it was."""
+        failures = [t.error for t in batch if isinstance(t.error, sqlite3.Error)]
+        if failures:
+            self._note_health(failures[-1])
+        elif any(ticket.error is None for ticket in batch):
+            self._note_health(None)
 
     def _transaction(self, batch: list[_Ticket]) -> None:
         """All the batch's writes in one transaction, one statement per kind: the writer
