@@ -8,8 +8,9 @@ each HTTP request. Gauges that describe current state (jobs by status, store hea
 depth) are read at scrape time by a custom collector, so nothing has to keep them in step.
 
 Labels stay bounded: statuses, sources, Flask endpoint names, HTTP status codes, peer call
-results; never a job id or a node id. The hot paths (submit, poll, PATCH) pay one cached child
-lookup and one observation per request, nothing more.
+results; never a job id or a node id. Every request pays one cached child lookup and one
+observation for its timing; the job event it causes (submit, poll, PATCH) adds a counter
+increment or two and at most one more observation. Nothing on these paths scans the table.
 
 No HTTP here beyond the request hooks: `api/metrics.py` serves the text format.
 """
