@@ -56,7 +56,13 @@ class JobQuery:
 
     @property
     def is_agent_poll(self) -> bool:
-        return self.node_id is not None and self.status == jobs.PENDING
+        return is_agent_poll(self.node_id, self.status)
+
+
+def is_agent_poll(node_id: str | None, status: str | None) -> bool:
+    """Whether a listing is the agent's poll (`node_id=N&status=pending`): the query that is
+    capped at the node's free slots and, while AUTH_AGENT_EXEMPT is on, needs no key."""
+    return bool(node_id) and status == jobs.PENDING
 
 
 def parse_query(args: Mapping[str, str]) -> JobQuery:

@@ -17,7 +17,7 @@ import hmac
 
 from flask import Flask, Response, request
 
-from .. import errors
+from .. import errors, validation
 from .replies import scheduler, text_reply
 
 _ALWAYS_OPEN = frozenset({"health.health", "metrics.metrics", "openapi.openapi"})
@@ -66,8 +66,6 @@ def _exempt(agent_exempt: bool) -> bool:
         return False
     if endpoint == "jobs.update_job":
         return True
-    return (
-        endpoint == "jobs.list_jobs"
-        and bool(request.args.get("node_id"))
-        and request.args.get("status") == "pending"
+    return endpoint == "jobs.list_jobs" and validation.is_agent_poll(
+        request.args.get("node_id"), request.args.get("status")
     )
