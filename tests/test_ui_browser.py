@@ -204,7 +204,9 @@ def jobs(scheduler: SchedulerProcess, registry_server: FakeRegistry) -> Iterator
     running = api.submit(command="sleep 600 && ./report.sh")
     service = api.submit(command="python -m http.server 8080", job_type="service", port=8080)
     for job in (running, service):
-        assert Agent(url, job["node_id"]).claim(job["job_id"]).status_code == 200
+        agent = Agent(url, job["node_id"])
+        assert agent.claim(job["job_id"]).status_code == 200
+        agent.close()
     pending = [api.submit(command=f"./backup.sh --shard {shard}") for shard in (1, 2)]
     yield Jobs(
         trained=trained,
