@@ -76,11 +76,16 @@ def _job(seq: int, total: int, nodes: list[str], now: int) -> Job:
     )
 
 
+def remove_database(path: Path) -> None:
+    """Delete a database file with its WAL and shared-memory files, so a start is fresh."""
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
 def build(path: Path, total: int, nodes: list[str]) -> float:
     """Write a fresh history of `total` jobs into `path`; returns the seconds it took."""
     began = time.monotonic()
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    remove_database(path)
     store = Store(str(path))
     store.start()
     now = jobs_module.now_us()

@@ -73,8 +73,7 @@ class Bench:
 
     def server(self, name: str, db: Path, fresh: bool = True) -> Server:
         if fresh:
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{db}{suffix}").unlink(missing_ok=True)
+            history.remove_database(db)
         log = self.options.workdir / f"server-{name}.log"
         return Server(db, self.registry.url, log, self.options.server_env)
 
