@@ -122,11 +122,16 @@ class Server:
 
 
 def rss_bytes(pid: int) -> int:
-    """VmRSS of a process, from /proc/<pid>/status."""
+    """Resident memory of a process now."""
+    return memory_bytes(pid, "VmRSS")
+
+
+def memory_bytes(pid: int, field: str) -> int:
+    """A memory figure of a process (VmRSS, VmHWM: its peak RSS, ...) from /proc/<pid>/status."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    raise RuntimeError(f"no {field} for pid {pid}")
 
 
 def _cpu_seconds(pid: int) -> tuple[float, float]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from . import history, loadgen, sessions
 from .loadgen import LoadResult, Window
-from .procs import RegistryProcess, Server, rss_bytes
+from .procs import RegistryProcess, Server, memory_bytes, rss_bytes
 
 CONNS_PER_PROCESS = 4
 """Clients per load generator process for submitters and pollers (8 clients: 2 processes)."""
@@ -230,11 +230,11 @@ def history_and_restart(bench: Bench) -> dict[str, Any]:
 
 def _start_figures(server: Server) -> dict[str, Any]:
     worker = server.worker_pid
-    hwm = 0
-    for line in Path(f"/proc/{worker}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            hwm = int(line.split()[1]) * 1024
-    return {"startup_s": round(server.startup_s, 3), "rss_bytes": rss_bytes(worker), "hwm": hwm}
+    return {
+        "startup_s": round(server.startup_s, 3),
+        "rss_bytes": rss_bytes(worker),
+        "hwm": memory_bytes(worker, "VmHWM"),
+    }
 
 
 def _polls(bench: Bench, server: Server, size: int) -> dict[str, Any]:
