@@ -122,13 +122,14 @@ def agent_worker(
             if not checked:
                 parse_poll_reply(reply.body)  # strict, like the real agent, once per agent
                 checked = True
-            path = f"/jobs/{orjson.loads(reply.body)[0]['job_id']}"
+            job_id = orjson.loads(reply.body)[0]["job_id"]
+            path = f"/jobs/{job_id}"
             reply = yield request("PATCH", path, RUNNING_BODY, JSON)
             if not patches.add(reply):
                 continue  # another agent won the claim, or an error: poll again
             reply = yield request("PATCH", path, DONE_BODY, JSON)
             if patches.add(reply):
-                done_at[path[6:]] = reply.done_ns
+                done_at[job_id] = reply.done_ns
                 done[slot] += 1
 
     def collect() -> dict[str, Any]:
