@@ -157,6 +157,7 @@ class Load:
         self.url = url
         self.ledger = ledger
         self.stop = threading.Event()
+        self.killed = threading.Event()  # set just before the SIGKILL
         self.threads: list[threading.Thread] = []
         seeds = [rng.randrange(2**32) for _ in range(16)]
         workers: list[Callable[[Api, random.Random], None]] = [self.submitter] * 3
@@ -182,8 +183,10 @@ class Load:
         try:
             while not self.stop.is_set():
                 worker(api, rng)
-        except CONNECTION_LOST:
-            pass  # the server died under us: that is the point
+        except CONNECTION_LOST as exc:
+            # The server dying under us is the point; a connection lost before then is not.
+            if not self.killed.is_set():
+                self.ledger.problem(f"connection lost before the kill: {exc!r}")
         except Exception as exc:  # a thread's surprise must fail the test, not vanish
             self.ledger.problem(f"load thread failed: {exc!r}")
         finally:
@@ -430,6 +433,7 @@ def run_until_killed(proc: SchedulerProcess, ledger: Ledger, rng: random.Random)
             message=lambda: f"{target} acknowledged changes (have {ledger.acks})",
         )
     finally:
+        load.killed.set()
         proc.kill()  # mid-flight: requests are being served and committed right now
         load.join()
 
