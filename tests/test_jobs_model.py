@@ -228,12 +228,14 @@ def test_output_one_byte_over_the_cap() -> None:
 
 # --- state machine --------------------------------------------------------------------------
 
-ALLOWED = {(jobs.PENDING, jobs.RUNNING), (jobs.RUNNING, jobs.DONE), (jobs.RUNNING, jobs.FAILED)}
+# The spec's statuses, written out: taken from jobs.STATUSES, a status dropped there would
+# silently drop its cases here too.
+STATUSES = ("pending", "running", "done", "failed", "cancelled")
+UPDATE_STATUSES = ("running", "done", "failed")  # what a PATCH may ask for
+ALLOWED = {("pending", "running"), ("running", "done"), ("running", "failed")}
 
 
-@pytest.mark.parametrize(
-    ("current", "wanted"), list(itertools.product(jobs.STATUSES, jobs.UPDATE_STATUSES))
-)
+@pytest.mark.parametrize(("current", "wanted"), list(itertools.product(STATUSES, UPDATE_STATUSES)))
 def test_update_transitions(current: str, wanted: str) -> None:
     job = new_job(status=current)
     if (current, wanted) in ALLOWED:
@@ -245,12 +247,12 @@ def test_update_transitions(current: str, wanted: str) -> None:
         assert current in str(caught.value)
 
 
-@pytest.mark.parametrize("current", jobs.STATUSES)
+@pytest.mark.parametrize("current", STATUSES)
 def test_only_a_pending_job_can_be_cancelled(current: str) -> None:
     job = new_job(status=current)
-    if current == jobs.PENDING:
+    if current == "pending":
         cancelled = jobs.cancel(job, T0 + 9)
-        assert (cancelled.status, cancelled.finished_at) == (jobs.CANCELLED, T0 + 9)
+        assert (cancelled.status, cancelled.finished_at) == ("cancelled", T0 + 9)
         assert cancelled.is_final
     else:
         with pytest.raises(TransitionError) as caught:
