@@ -202,7 +202,8 @@ def test_a_second_change_waits_and_sees_the_first_ones_result() -> None:
         assert job.status == jobs.PENDING
         thread = threading.Thread(target=second)
         thread.start()
-        # The second change must not get in while the first holds the job.
+        # The second change must not get in while the first holds the job. Waiting is the
+        # check here: no event marks "blocked", so it gets a bounded window to barge in.
         assert not entered.wait(0.2)
         table.put(jobs.start(job, T0 + 1))
     thread.join(10)
@@ -256,6 +257,7 @@ def test_a_concurrent_request_with_the_same_key_waits_for_the_first() -> None:
     with table.deduplicating("k"):
         thread = threading.Thread(target=second)
         thread.start()
+        # A bounded window for the second request to get in, which it must not.
         assert not entered.wait(0.2)
         table.put(make(table.new_seq(), dedupe_key="k"))
     thread.join(10)
