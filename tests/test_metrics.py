@@ -273,3 +273,25 @@ def test_two_schedulers_in_one_process_keep_separate_numbers(
     finally:
         for app in apps:
             app.extensions["tiny_scheduler"].store.close()
+
+
+def test_sns_queue_depth_reads_the_publisher(tmp_path, registry: FakeRegistry) -> None:
+    """Narrow, in-process: with SNS on, the gauge is the publisher's queue, not a constant 0.
+
+    The background threads are never started, so the final-state event stays queued."""
+    settings = Settings(
+        db_path=str(tmp_path / "sns.db"),
+        registry_url=registry.url,
+        sns_url="http://127.0.0.1:9/never-contacted",
+    )
+    app = create_app(settings)
+    try:
+        client = app.test_client()
+        created = client.post("/jobs", data=compact({"command": "true"}))
+        assert created.status_code == 201
+        job_id = created.get_json()["job_id"]
+        assert client.post(f"/jobs/{job_id}/cancel").status_code == 200
+        samples = parse(client.get("/metrics").get_data(as_text=True))
+        assert value(samples, "tiny_scheduler_sns_queue_depth") == 1
+    finally:
+        app.extensions["tiny_scheduler"].store.close()
