@@ -87,6 +87,10 @@ def test_sigterm_then_start_again_keeps_every_job_and_continues_ids(
         agent = Agent(second.url, "node-b")
         assert agent.report(job_ids[1], 0).status_code == 200
         agent.close()
+        agent = Agent(second.url, before[0][0]["node_id"])
+        assert [job.job_id for job in agent.poll()] == [job_ids[0]]
+        assert agent.claim(job_ids[0]).status_code == 200
+        agent.close()
     finally:
         api.close()
 
