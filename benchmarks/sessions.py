@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, parse_poll_reply
+from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, parse_poll_reply, report_update
 
 from .loadgen import Pause, Recorder, Session, Window, request
 
@@ -26,7 +26,7 @@ SUBMIT_BODY = orjson.dumps({"command": "echo hello from the benchmark", "env_var
 RUNNING_BODY = orjson.dumps(RUNNING_UPDATE)
 """The claim, byte for byte as the real agent sends it."""
 
-DONE_BODY = orjson.dumps({"status": "done", "exit_code": 0, "stdout": "hello\n", "stderr": ""})
+DONE_BODY = orjson.dumps(report_update(0, stdout="hello\n"))
 """The end of a successful run."""
 
 Collect = Callable[[], dict[str, Any]]

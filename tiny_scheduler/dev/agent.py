@@ -41,7 +41,7 @@ from typing import Any
 
 import requests
 
-from .agent_protocol import RUNNING_UPDATE, PolledJob, parse_poll_reply
+from .agent_protocol import RUNNING_UPDATE, PolledJob, parse_poll_reply, report_update
 
 log = logging.getLogger("tiny_scheduler.dev.agent")
 
@@ -239,10 +239,9 @@ class Agent:
         return reply.ok
 
     def _report(self, job_id: str, exit_code: int, stdout: str = "", stderr: str = "") -> None:
-        status = "done" if exit_code == 0 else "failed"
-        body = {"status": status, "exit_code": exit_code, "stdout": stdout, "stderr": stderr}
+        body = report_update(exit_code, stdout, stderr)
         if self._patch(job_id, body):
-            log.info("%s: %s %s (exit %d)", self.node_id, job_id, status, exit_code)
+            log.info("%s: %s %s (exit %d)", self.node_id, job_id, body["status"], exit_code)
 
     # --- running jobs ------------------------------------------------------------------------
 

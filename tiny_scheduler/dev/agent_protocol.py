@@ -5,7 +5,8 @@ element `job_id` and `command` must be strings, `deploy_url`, `instance_id` and 
 optional strings, `port` an optional int 0-65535, `env_vars` an optional string map. One
 `null` anywhere or one bad element makes the whole reply unreadable (the real agent then
 silently does nothing), so this raises `ValueError` for it. The dev agent and the tests both
-use it, so they see replies exactly as a real agent would.
+use it, so they see replies exactly as a real agent would. `RUNNING_UPDATE` and
+`report_update` are the two PATCH bodies the real agent sends.
 """
 
 from __future__ import annotations
@@ -16,6 +17,13 @@ from typing import Any
 
 RUNNING_UPDATE = {"status": "running", "exit_code": None, "stdout": "", "stderr": ""}
 """The exact claim body the real agent sends."""
+
+
+def report_update(exit_code: int, stdout: str = "", stderr: str = "") -> dict[str, Any]:
+    """The body of the one final report the real agent sends when a job's command ends:
+    `done` for exit code 0, `failed` otherwise."""
+    status = "done" if exit_code == 0 else "failed"
+    return {"status": status, "exit_code": exit_code, "stdout": stdout, "stderr": stderr}
 
 
 @dataclasses.dataclass(frozen=True)
