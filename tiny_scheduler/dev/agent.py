@@ -123,7 +123,7 @@ class Agent:
         self._stop.set()
         with self._children_lock:
             groups = list(self._children)
-        _kill_groups(groups, grace=KILL_GRACE_SECS)
+        kill_groups(groups, grace=KILL_GRACE_SECS)
         for thread in self._threads:
             thread.join(5.0)
         self._write_children()
@@ -325,7 +325,7 @@ class Agent:
             self._children[proc.pid] = job.job_id
             self._write_children_locked()
         if self._stop.is_set():  # shutdown raced with the start: it may have missed this one
-            _kill_groups([proc.pid], grace=0)
+            kill_groups([proc.pid], grace=0)
         return proc
 
     def _forget(self, pgid: int) -> None:
@@ -360,11 +360,11 @@ def kill_recorded_children(work_dir: str) -> list[int]:
             groups = [int(line.split()[0]) for line in f if line.strip()]
     except (OSError, ValueError, IndexError):
         return []
-    _kill_groups(groups, grace=0)
+    kill_groups(groups, grace=0)
     return groups
 
 
-def _kill_groups(groups: list[int], grace: float) -> None:
+def kill_groups(groups: list[int], grace: float) -> None:
     """SIGTERM the process groups, give them `grace` seconds, then SIGKILL what is left."""
     if grace > 0:
         for pgid in groups:

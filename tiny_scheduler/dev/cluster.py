@@ -27,7 +27,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 
-from .agent import DEFAULT_HEARTBEAT_SECS, DEFAULT_POLL_SECS, kill_recorded_children
+from .agent import DEFAULT_HEARTBEAT_SECS, DEFAULT_POLL_SECS, kill_groups, kill_recorded_children
 from .daemon import SchedulerProcess, free_port
 from .registry import FakeRegistry
 
@@ -363,9 +363,7 @@ def watchdog() -> None:
             work_dirs.append(value)
     for work_dir in work_dirs:
         kill_recorded_children(work_dir)
-    for pgid in groups:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
+    kill_groups(groups, grace=0)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--watchdog"]:
