@@ -14,7 +14,12 @@ from typing import Any, TypeVar
 
 import requests
 
-from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, PolledJob, parse_poll_reply
+from tiny_scheduler.dev.agent_protocol import (
+    RUNNING_UPDATE,
+    PolledJob,
+    parse_poll_reply,
+    report_update,
+)
 from tiny_scheduler.dev.registry import FakeRegistry
 
 T = TypeVar("T")
@@ -209,9 +214,7 @@ class Agent:
         self, job_id: str, exit_code: int, stdout: str = "", stderr: str = ""
     ) -> requests.Response:
         """The final report: done for exit 0, failed otherwise."""
-        status = "done" if exit_code == 0 else "failed"
-        body = {"status": status, "exit_code": exit_code, "stdout": stdout, "stderr": stderr}
-        return self.api.patch(f"/jobs/{job_id}", body)
+        return self.api.patch(f"/jobs/{job_id}", report_update(exit_code, stdout, stderr))
 
     def close(self) -> None:
         self.api.close()
