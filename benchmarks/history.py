@@ -1,7 +1,7 @@
 """Job histories for the poll and restart measurements, written with the store's own code.
 
 `build(path, total, nodes)` writes `total` jobs spread round-robin over `nodes` into a fresh
-database through `tiny_scheduler.store.Store.save` in big batches, so the file has exactly the
+database through `tiny_scheduler.storage.Writer.save` in big batches, so the file has exactly the
 schema and row format the scheduler writes (nothing here knows a column name). The history
 looks like a busy cluster's last hours: the oldest jobs finished (mostly `done`, some `failed`
 after their one retry), the newest `PENDING_PER_NODE` jobs of each node still pending. Times
@@ -18,7 +18,8 @@ from pathlib import Path
 
 from tiny_scheduler import jobs as jobs_module
 from tiny_scheduler.jobs import DONE, FAILED, Attempt, Job
-from tiny_scheduler.store import Store
+from tiny_scheduler.storage import Writer
+from tiny_scheduler.storage.sqlite import SqliteStore
 
 PENDING_PER_NODE = 20
 """Pending backlog per node at the end of the history (1,000 jobs over 50 nodes)."""
@@ -86,7 +87,7 @@ def build(path: Path, total: int, nodes: list[str]) -> float:
     """Write a fresh history of `total` jobs into `path`; returns the seconds it took."""
     began = time.monotonic()
     remove_database(path)
-    store = Store(str(path))
+    store = Writer(SqliteStore(str(path)))
     store.start()
     now = jobs_module.now_us()
     try:
@@ -100,8 +101,8 @@ def build(path: Path, total: int, nodes: list[str]) -> float:
 
 def stored_jobs(path: Path) -> list[Job]:
     """Every job in a database, read by the store's own code."""
-    store = Store(str(path))
+    store = SqliteStore(str(path))
     try:
-        return store.load()[0]
+        return store.load().jobs
     finally:
         store.close()

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import SchedulerFactory
 from helpers import (
     ALWAYS_PRESENT,
     Agent,
@@ -334,12 +335,13 @@ def test_poll_holds_no_more_jobs_than_free_slots(api: Api, agent: Agent) -> None
     assert [job.job_id for job in agent.poll()] == [second["job_id"]]
 
 
-def test_poll_with_after_is_capped_too(api: Api, agent: Agent) -> None:
+def test_the_poll_query_with_after_is_an_ordinary_listing(api: Api, agent: Agent) -> None:
+    """Only the agent's exact query is the poll; with `after` it lists, uncapped (spec)."""
     submitted = [api.submit()["job_id"] for _ in range(3)]
     response = agent.api.get(
         "/jobs", params={"node_id": agent.node_id, "status": "pending", "after": submitted[0]}
     )
-    assert ids(expect_json(response, 200)) == [submitted[1]]
+    assert ids(expect_json(response, 200)) == submitted[1:]
 
 
 def test_poll_reply_carries_what_the_agent_reads(
@@ -470,6 +472,27 @@ def test_empty_output_in_a_final_report_means_no_change(api: Api, node: str) -> 
 
 
 # --- POST /jobs/{id}/cancel -----------------------------------------------------------------
+
+
+def test_a_retry_goes_to_another_node_even_when_the_rotation_points_back(
+    scheduler_factory: SchedulerFactory, registry: FakeRegistry
+) -> None:
+    """Two nodes: the first two jobs take one each, so the rotation's next turn is the node
+    the first job fails on. The retry must still go to the other node."""
+    nodes = sorted([unique_node(), unique_node()])
+    set_nodes(registry, nodes)
+    api = Api(scheduler_factory().url)
+    try:
+        first, second = api.submit(), api.submit()
+        assert [first["node_id"], second["node_id"]] == nodes
+        agent = Agent(api.base_url, nodes[0])
+        assert agent.claim(first["job_id"]).status_code == 200
+        retried = expect_json(agent.report(first["job_id"], exit_code=1), 200)
+        agent.close()
+        assert retried["status"] == "pending"
+        assert retried["node_id"] == nodes[1]
+    finally:
+        api.close()
 
 
 def test_cancel(api: Api, agent: Agent) -> None:

@@ -124,6 +124,24 @@ def test_run_job_times_out_fails_without_retry_and_is_published(make_cluster) ->
     assert "failed" in late.text
 
 
+def test_the_timeout_counts_from_running_at_not_created_at(make_cluster) -> None:
+    """A job that waited pending longer than its timeout still gets its whole timeout once
+    it runs."""
+    cluster = make_cluster({"MAX_JOBS_PER_NODE": "5"}, nodes=("node-a",))
+    waited = cluster.submit(command="sleep 60", timeout_secs=4)
+    first_witness = cluster.submit(command="sleep 60", timeout_secs=4)
+    cluster.claim(first_witness["job_id"])
+    # Once the witness has timed out, `waited` has been pending for longer than its timeout.
+    wait_for(lambda: cluster.job(first_witness["job_id"])["status"] == "failed", timeout=15)
+    cluster.claim(waited["job_id"])
+    second_witness = cluster.submit(command="sleep 60", timeout_secs=1)
+    cluster.claim(second_witness["job_id"])
+    # Scans have run since the claim (the second witness timed out in one of them)...
+    wait_for(lambda: cluster.job(second_witness["job_id"])["status"] == "failed", timeout=15)
+    # ...and none of them took `waited`'s time pending for time running.
+    assert cluster.job(waited["job_id"])["status"] == "running"
+
+
 def test_service_job_has_no_scheduler_timeout(make_cluster) -> None:
     cluster = make_cluster({"JOB_TIMEOUT_SECS": "1", "MAX_JOBS_PER_NODE": "5"}, nodes=("node-a",))
     service = cluster.submit(command="serve forever", job_type="service", port=8080)

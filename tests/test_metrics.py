@@ -272,7 +272,7 @@ def test_two_schedulers_in_one_process_keep_separate_numbers(
         assert metrics_of(apps[0]).registry is not metrics_of(apps[1]).registry
     finally:
         for app in apps:
-            app.extensions["tiny_scheduler"].store.close()
+            app.extensions["tiny_scheduler.store"].close()
 
 
 def test_sns_queue_depth_reads_the_publisher(tmp_path, registry: FakeRegistry) -> None:
@@ -294,4 +294,4 @@ def test_sns_queue_depth_reads_the_publisher(tmp_path, registry: FakeRegistry) -
         samples = parse(client.get("/metrics").get_data(as_text=True))
         assert value(samples, "tiny_scheduler_sns_queue_depth") == 1
     finally:
-        app.extensions["tiny_scheduler"].store.close()
+        app.extensions["tiny_scheduler.store"].close()

@@ -47,6 +47,17 @@ def test_round_robin_over_healthy_nodes_sorted_by_id(
     ]
 
 
+def test_round_robin_sorts_nodes_the_registry_lists_out_of_order(
+    registry: FakeRegistry, placement: Placement
+) -> None:
+    """The registry's JSON object has no order we may rely on: the rotation must sort."""
+    set_nodes(registry, healthy=[])
+    for node_id in ("node-z", "node-m", "node-a"):
+        registry.set_node(node_id)
+    assert list(registry.nodes_listing()) == ["node-z", "node-m", "node-a"]  # served unsorted
+    assert [placement.place() for _ in range(4)] == ["node-a", "node-m", "node-z", "node-a"]
+
+
 def test_consecutive_placements_spread_evenly_as_nodes_change(
     registry: FakeRegistry, placement: Placement
 ) -> None:

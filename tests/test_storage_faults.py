@@ -34,10 +34,11 @@ import pytest
 from conftest import BASE_ENV, start_scheduler, stop_scheduler
 from helpers import Agent, Api, expect_error, expect_json, wait_for
 
-from tiny_scheduler import Settings, create_app, errors, stop_background, store
+from tiny_scheduler import Settings, create_app, errors, stop_background, storage
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.jobs import Job
+from tiny_scheduler.storage import sqlite
 
 EXIT_TIMEOUT = 30.0
 """Seconds a scheduler refusing its database may take to exit."""
@@ -356,12 +357,12 @@ def test_a_database_from_a_newer_scheduler_stops_start_up(
     make_database(db_path, tmp_path, registry, jobs=1)
     conn = sqlite3.connect(db_path)
     with conn:
-        conn.execute("UPDATE schema_version SET version = ?", (store.SCHEMA_VERSION + 1,))
+        conn.execute("UPDATE schema_version SET version = ?", (sqlite.SCHEMA_VERSION + 1,))
     conn.close()
     before = digest(db_path)
     output = refused_start(db_path, tmp_path, registry)
-    newer = store.SCHEMA_VERSION + 1
-    assert f"has schema version {newer}, newer than the {store.SCHEMA_VERSION}" in output, output
+    newer = sqlite.SCHEMA_VERSION + 1
+    assert f"has schema version {newer}, newer than the {sqlite.SCHEMA_VERSION}" in output, output
     assert "run a newer tiny-scheduler" in output
     assert digest(db_path) == before, "a newer scheduler's file must be left as it was"
 
@@ -408,7 +409,7 @@ def test_an_empty_file_becomes_a_current_database(tmp_path: Path, registry: Fake
         stop_scheduler(proc)
     conn = sqlite3.connect(db_path)
     assert conn.execute("SELECT version FROM schema_version").fetchall() == [
-        (store.SCHEMA_VERSION,)
+        (sqlite.SCHEMA_VERSION,)
     ]
     conn.close()
 
@@ -417,7 +418,7 @@ def test_an_empty_file_becomes_a_current_database(tmp_path: Path, registry: Fake
 def next_schema(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Pretend this scheduler is one schema version ahead of the files it finds: the way the
     migration path gets exercised before a real second version exists."""
-    monkeypatch.setattr(store, "SCHEMA_VERSION", store.SCHEMA_VERSION + 1)
+    monkeypatch.setattr(sqlite, "SCHEMA_VERSION", sqlite.SCHEMA_VERSION + 1)
     yield
 
 
@@ -434,8 +435,8 @@ def test_a_file_of_the_previous_version_is_migrated_keeping_every_job(
     before = conn.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
     conn.close()
     monkeypatch.setitem(
-        store._MIGRATIONS,
-        store.SCHEMA_VERSION,
+        sqlite.MIGRATIONS,
+        sqlite.SCHEMA_VERSION,
         "ALTER TABLE jobs ADD COLUMN note TEXT; CREATE INDEX jobs_by_node ON jobs (node_id)",
     )
 
@@ -449,7 +450,7 @@ def test_a_file_of_the_previous_version_is_migrated_keeping_every_job(
     version = conn.execute("SELECT version FROM schema_version").fetchall()
     after = conn.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
     conn.close()
-    assert version == [(store.SCHEMA_VERSION,)]
+    assert version == [(sqlite.SCHEMA_VERSION,)]
     assert after == [(*row, None) for row in before], "a migration must keep every job"
 
 
@@ -461,12 +462,12 @@ def test_a_failing_migration_leaves_the_file_as_it_was(
     checkpoint(db_path)
     before = digest(db_path)
     monkeypatch.setitem(
-        store._MIGRATIONS,
-        store.SCHEMA_VERSION,
+        sqlite.MIGRATIONS,
+        sqlite.SCHEMA_VERSION,
         "ALTER TABLE jobs ADD COLUMN note TEXT; ALTER TABLE no_such_table ADD COLUMN x TEXT",
     )
-    with pytest.raises(store.StoreOpenError, match="no such table"):
-        store.check(str(db_path))
+    with pytest.raises(storage.StoreOpenError, match="no such table"):
+        storage.check(str(db_path))
     checkpoint(db_path)
     assert digest(db_path) == before, "half a migration was left in the file"
 
@@ -482,7 +483,7 @@ def checkpoint(db_path: Path) -> None:
 # --- a change the database cannot take -----------------------------------------------------
 
 
-def save_within(db: store.Store, job: Job, timeout: float = 10.0) -> BaseException | None:
+def save_within(db: storage.Writer, job: Job, timeout: float = 10.0) -> BaseException | None:
     """Save on another thread; the error it raised, None on success. A save that never
     returns (a dead writer thread) fails the test instead of hanging it."""
     outcome: list[BaseException | None] = []
@@ -505,7 +506,7 @@ def test_a_change_sqlite_cannot_take_fails_alone_and_the_writer_goes_on(tmp_path
     """No HTTP request can carry text that is not valid Unicode (the decoder refuses lone
     surrogates), but other ways in (a peer's message id, a future field) might: one such
     change must fail on its own, not stop the one writer thread every write waits for."""
-    db = store.Store(str(tmp_path / "scheduler.db"))
+    db = storage.Writer(sqlite.SqliteStore(str(tmp_path / "scheduler.db")))
     db.start()
     try:
         bad = Job(seq=1, node_id="node-a", command="echo \ud800", created_at=1)
@@ -515,9 +516,9 @@ def test_a_change_sqlite_cannot_take_fails_alone_and_the_writer_goes_on(tmp_path
         assert db.healthy, "a bad change is not a broken disk"
     finally:
         db.close()
-    reopened = store.Store(str(tmp_path / "scheduler.db"))
+    reopened = sqlite.SqliteStore(str(tmp_path / "scheduler.db"))
     try:
-        loaded, _ = reopened.load()
+        loaded = reopened.load().jobs
     finally:
         reopened.close()
     assert [job.seq for job in loaded] == [2]

@@ -43,36 +43,32 @@ def seqs(found: Iterable[Job]) -> list[int]:
 
 def test_poll_is_fifo_per_node_and_capped_at_free_slots() -> None:
     table = table_of(make(s, "node-a" if s % 2 else "node-b") for s in range(1, 11))
-    assert seqs(table.poll("node-a", 10, 1000)) == [1, 3, 5, 7, 9]
-    assert seqs(table.poll("node-b", 10, 1000)) == [2, 4, 6, 8, 10]
-    assert seqs(table.poll("node-a", 1, 1000)) == [1]
-    assert seqs(table.poll("node-a", 2, 1000)) == [1, 3]
-    assert seqs(table.poll("node-a", 10, 2)) == [1, 3]
-    assert table.poll("node-z", 10, 1000) == []
+    assert seqs(table.poll("node-a", 10)) == [1, 3, 5, 7, 9]
+    assert seqs(table.poll("node-b", 10)) == [2, 4, 6, 8, 10]
+    assert seqs(table.poll("node-a", 1)) == [1]
+    assert seqs(table.poll("node-a", 2)) == [1, 3]
+    assert table.poll("node-z", 10) == []
 
 
 def test_running_run_jobs_take_slots_and_services_do_not() -> None:
     table = table_of(make(s) for s in range(1, 6))
     table.put(make(1, status=jobs.RUNNING, running_at=T0))
-    assert seqs(table.poll("node-a", 1, 1000)) == []
-    assert seqs(table.poll("node-a", 2, 1000)) == [2]
-    assert table.free_slots("node-a", 2) == 1
+    assert seqs(table.poll("node-a", 1)) == []
+    assert seqs(table.poll("node-a", 2)) == [2]
 
     table.put(make(2, job_type=jobs.SERVICE, status=jobs.RUNNING, running_at=T0))
-    assert seqs(table.poll("node-a", 2, 1000)) == [3]
-    assert table.free_slots("node-a", 2) == 1
+    assert seqs(table.poll("node-a", 2)) == [3]
 
     table.put(make(1, status=jobs.DONE, running_at=T0, finished_at=T0 + 1, exit_code=0))
-    assert seqs(table.poll("node-a", 2, 1000)) == [3, 4]
-    assert table.free_slots("node-a", 1) == 1
+    assert seqs(table.poll("node-a", 2)) == [3, 4]
 
 
 def test_a_claimed_or_moved_job_leaves_its_nodes_queue() -> None:
     table = table_of(make(1), make(2), make(3))
     table.put(make(1, status=jobs.RUNNING, running_at=T0, job_type=jobs.SERVICE))
     table.put(make(2, "node-b"))
-    assert seqs(table.poll("node-a", 5, 1000)) == [3]
-    assert seqs(table.poll("node-b", 5, 1000)) == [2]
+    assert seqs(table.poll("node-a", 5)) == [3]
+    assert seqs(table.poll("node-b", 5)) == [2]
 
 
 # --- listings -------------------------------------------------------------------------------

@@ -236,6 +236,10 @@ def test_query_after_must_be_a_job_id(after: str) -> None:
 
 
 def test_agent_poll_is_node_and_pending() -> None:
-    assert validation.parse_query({"node_id": "n", "status": "pending"}).is_agent_poll
-    assert not validation.parse_query({"status": "pending"}).is_agent_poll
-    assert not validation.parse_query({"node_id": "n", "status": "running"}).is_agent_poll
+    assert validation.agent_poll_node({"node_id": "n", "status": "pending"}) == "n"
+    assert validation.agent_poll_node({"status": "pending"}) is None
+    assert validation.agent_poll_node({"node_id": "n", "status": "running"}) is None
+    assert validation.agent_poll_node({"node_id": "", "status": "pending"}) is None
+    # With anything more it is a listing, not the poll (and not exempt from the key).
+    for extra in ("after", "limit", "job_type", "x"):
+        assert validation.agent_poll_node({"node_id": "n", "status": "pending", extra: "1"}) is None

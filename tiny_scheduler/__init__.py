@@ -13,12 +13,13 @@ import logging
 
 from flask import Flask
 
+from . import storage
 from .config import Settings
 from .loops import Background
+from .peers import CallObserver
 from .placement import Placement
 from .registry import Registry
 from .service import Scheduler
-from .store import Store
 from .table import JobTable
 
 __all__ = ["Settings", "create_app", "start_background", "stop_background"]
@@ -31,16 +32,18 @@ def create_app(settings: Settings | None = None) -> Flask:
     from . import api, metrics, ui
 
     settings = settings or Settings.from_env()
-    store = Store(settings.db_path)
-    loaded, last_seq = store.load()
+    store = storage.Writer(storage.open_store(settings.db_path))
+    loaded = store.load()
     store.start()
-    table = JobTable(loaded, last_seq)
+    table = JobTable(loaded.jobs, loaded.last_seq)
+    last_seq = loaded.last_seq
     del loaded
     # The loaded jobs live as long as the process: move them out of the cycle collector's
     # sight, or every full collection walks a million objects (a latency spike each time).
     gc.freeze()
-    service = Scheduler(settings, store, table, Placement(Registry(settings)))
-    log.info("loaded %d jobs from %s (last id job-%d)", len(table), settings.db_path, last_seq)
+    peer_calls: list[CallObserver] = []  # told of every call to a peer (the metrics count them)
+    service = Scheduler(settings, store, table, Placement(Registry(settings, peer_calls)))
+    log.info("loaded %d jobs from %s (last id job-%d)", len(table), store.location, last_seq)
 
     # No app-wide /static route: there is no such folder; the dashboard serves its own files.
     app = Flask(__name__, static_folder=None)
@@ -49,9 +52,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     api.init_app(app)
     app_metrics = metrics.init_app(app, service)
     ui.init_app(app, service)
-    background = Background(service)
+    background = Background(service, peer_calls)
+    app_metrics.watch_peers(peer_calls)
     app_metrics.watch_background(background)
     app.extensions["tiny_scheduler.background"] = background
+    app.extensions["tiny_scheduler.store"] = store
     return app
 
 
@@ -63,4 +68,4 @@ def start_background(app: Flask) -> None:
 def stop_background(app: Flask) -> None:
     """Stop the daemon threads, then commit what is queued and close the store."""
     app.extensions["tiny_scheduler.background"].stop()
-    app.extensions["tiny_scheduler"].store.close()
+    app.extensions["tiny_scheduler.store"].close()

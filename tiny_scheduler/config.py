@@ -2,8 +2,9 @@
 
 `Settings.from_env()` reads every variable of the spec's configuration table once, at start-up.
 A value that does not parse raises `ConfigError` naming the variable, so that a typo stops the
-daemon instead of silently running with a default. Nothing else in the package reads
-`os.environ`.
+daemon instead of silently running with a default. Nothing else in the daemon reads
+`os.environ` (the command line, a client, reads its own two: SCHEDULER_URL and
+TINYAWS_API_KEY).
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ DEFAULT_MAX_OUTPUT_BYTES = 1048576
 DEFAULT_MAX_REQUEST_BYTES = 4194304
 """Largest request body in bytes; larger ones get 413."""
 
+DEFAULT_THREADS = 32
+"""Request threads of the one gunicorn worker (SCHEDULER_THREADS)."""
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+"""Values SCHEDULER_LOG_LEVEL accepts; `info` is the default."""
+
 DEFAULT_SQS_QUEUE = "jobs"
 """Queue the SQS loop ingests."""
 
@@ -57,11 +64,15 @@ DEFAULT_SQS_POLL_INTERVAL_SECS = 5.0
 DEFAULT_SNS_TOPIC = "job-status"
 """Topic that final job states are published to."""
 
-REGISTRY_CONNECT_TIMEOUT_SECS = 1.0
-"""Seconds to open a connection to the registry before answering 503."""
+REGISTRY_DEADLINE_SECS = 3.0
+"""Seconds one registry call may take in all (connect, send, the whole answer) before the
+request that needed it gets 503: a hung or trickling registry."""
 
-REGISTRY_READ_TIMEOUT_SECS = 3.0
-"""Seconds to wait for the registry's answer before answering 503 (a hung registry)."""
+SQS_DEADLINE_SECS = 5.0
+"""Seconds one SQS call may take in all."""
+
+SNS_DEADLINE_SECS = 3.0
+"""Seconds one SNS publish may take in all."""
 
 
 class ConfigError(ValueError):
@@ -91,6 +102,8 @@ class Settings:
     sqs_poll_interval_secs: float = DEFAULT_SQS_POLL_INTERVAL_SECS
     sns_url: str | None = None
     sns_topic: str = DEFAULT_SNS_TOPIC
+    threads: int = DEFAULT_THREADS
+    log_level: str = "info"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -120,6 +133,8 @@ class Settings:
             ),
             sns_url=env.optional_url("SNS_URL"),
             sns_topic=env.text("SNS_TOPIC", DEFAULT_SNS_TOPIC),
+            threads=env.integer("SCHEDULER_THREADS", DEFAULT_THREADS, 1),
+            log_level=env.choice("SCHEDULER_LOG_LEVEL", LOG_LEVELS, "info"),
         )
 
 
@@ -170,6 +185,14 @@ class _Env:
         if not value >= minimum or value == float("inf"):
             raise ConfigError(f"{name} must be a finite number of at least {minimum}, got {raw!r}")
         return value
+
+    def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
+        raw = self.optional(name)
+        if raw is None:
+            return default
+        if raw.lower() not in choices:
+            raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+        return raw.lower()
 
     def flag(self, name: str, default: bool) -> bool:
         raw = self.optional(name)

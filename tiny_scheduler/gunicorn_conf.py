@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
-import os
 import queue
 import sys
 
-from tiny_scheduler import store
+from tiny_scheduler import storage
 from tiny_scheduler.config import ConfigError, Settings
 
 try:
     _settings = Settings.from_env()
-    store.check(_settings.db_path)
+    storage.check(_settings.db_path)
 except ConfigError as _exc:
     sys.exit(f"tiny-scheduler: configuration error: {_exc}")
-except store.StoreOpenError as _exc:
+except storage.StoreOpenError as _exc:
     sys.exit(f"tiny-scheduler: {_exc}")
 
 wsgi_app = "tiny_scheduler:create_app()"
@@ -33,7 +32,7 @@ workers = 1
 worker_class = "gthread"
 # Threads serve concurrent requests. Requests waiting on a group commit each hold one, so more
 # threads mean bigger batches for the same fsync.
-threads = int(os.environ.get("SCHEDULER_THREADS") or 32)
+threads = _settings.threads
 # Agents poll every 3 s over keep-alive connections: keep them open across polls.
 keepalive = 10
 # A request waits for at most one registry call (a few seconds) and one commit.
@@ -46,7 +45,7 @@ control_socket_disable = True
 # Only the error log. No access log: with one worker serving every agent's poll, formatting a
 # line per request costs more than the poll itself (`--access-logfile -` turns it on).
 errorlog = "-"
-loglevel = os.environ.get("SCHEDULER_LOG_LEVEL", "info")
+loglevel = _settings.log_level
 
 
 def on_starting(server) -> None:

@@ -14,19 +14,40 @@ import dataclasses
 import datetime
 import functools
 import time
+from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
-PENDING = "pending"
-RUNNING = "running"
-DONE = "done"
-FAILED = "failed"
-CANCELLED = "cancelled"
-STATUSES = (PENDING, RUNNING, DONE, FAILED, CANCELLED)
+
+class _WireEnum(str, Enum):
+    """A string enum whose members print and format as their plain value (the wire form)."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+class Status(_WireEnum):
+    """A job's status. A typo in a member name is an AttributeError, not a silent miss."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class JobType(_WireEnum):
+    RUN = "run"
+    SERVICE = "service"
+
+
+PENDING, RUNNING, DONE, FAILED, CANCELLED = Status
+STATUSES = tuple(status.value for status in Status)
+"""The statuses' wire names, in lifecycle order (for choices, filters and counts)."""
 FINAL_STATUSES = frozenset((DONE, FAILED, CANCELLED))
 
-RUN = "run"
-SERVICE = "service"
-JOB_TYPES = (RUN, SERVICE)
+RUN, SERVICE = JobType
+JOB_TYPES = tuple(job_type.value for job_type in JobType)
 
 # The statuses an update (PATCH) may ask for, and from which status each is allowed.
 UPDATE_STATUSES = (RUNNING, DONE, FAILED)
@@ -35,6 +56,16 @@ _ALLOWED_FROM = {RUNNING: PENDING, DONE: RUNNING, FAILED: RUNNING}
 JOB_ID_PREFIX = "job-"
 TIMED_OUT_STDERR = "job timed out"
 NODE_LOST_STDERR = "node lost"
+
+# How a field appears in the Job's JSON object (the `wire` metadata of each field below).
+ALWAYS = "always"  # always present, even when empty
+OPTIONAL = "optional"  # left out when empty (see _empty)
+DETAIL = "detail"  # only in GET /jobs/{id}, and left out when empty
+HIDDEN = "hidden"  # never on the wire
+
+
+def _field(wire: str, default: Any = dataclasses.MISSING, **meta: Any) -> Any:
+    return dataclasses.field(default=default, metadata={"wire": wire, **meta})
 
 
 class TransitionError(Exception):
@@ -76,35 +107,39 @@ class Attempt:
 class Job:
     """A job as the scheduler keeps it. Times are integer microseconds since the epoch.
 
+    **The one declaration of a job's fields.** Their order is the spec's wire order; the
+    `wire` metadata says how each appears in the JSON object (`to_wire`), and the store derives
+    its columns and row mapping from the same list (`storage.rows`). Adding a field is this
+    declaration, its validation and one schema migration.
+
     Treated as immutable (see the module docstring); not frozen only because a frozen
     dataclass is several times slower to build, which shows when a million jobs load.
     """
 
-    seq: int
-    node_id: str
-    command: str
-    created_at: int
-    instance_id: str = ""
-    deploy_url: str = ""
-    job_type: str = RUN
-    port: int = 0
-    env_vars: dict[str, str] | None = None
-    timeout_secs: int = 0
-    status: str = PENDING
-    retry_count: int = 0
-    exit_code: int | None = None
-    stdout: str = ""
-    stderr: str = ""
-    running_at: int | None = None
-    finished_at: int | None = None
-    attempts: tuple[Attempt, ...] = ()
-    # Where the job came from, for deduplication (an Idempotency-Key or an SQS message);
-    # never sent on the wire.
-    dedupe_key: str | None = None
+    seq: int = _field(ALWAYS, wire_name="job_id")  # N of job-N
+    node_id: str = _field(ALWAYS)
+    instance_id: str = _field(OPTIONAL, "")
+    command: str = _field(ALWAYS, "")
+    deploy_url: str = _field(OPTIONAL, "")
+    job_type: JobType = _field(ALWAYS, RUN)
+    port: int = _field(OPTIONAL, 0)
+    env_vars: dict[str, str] | None = _field(OPTIONAL, None)
+    timeout_secs: int = _field(OPTIONAL, 0)
+    status: Status = _field(ALWAYS, PENDING)
+    retry_count: int = _field(ALWAYS, 0)
+    exit_code: int | None = _field(OPTIONAL, None)
+    stdout: str = _field(OPTIONAL, "")
+    stderr: str = _field(OPTIONAL, "")
+    created_at: int = _field(ALWAYS, 0, time=True)  # set by the service when it creates one
+    running_at: int | None = _field(OPTIONAL, None, time=True)
+    finished_at: int | None = _field(OPTIONAL, None, time=True)
+    attempts: tuple[Attempt, ...] = _field(DETAIL, ())
+    # Where the job came from, for deduplication (an Idempotency-Key or an SQS message).
+    dedupe_key: str | None = _field(HIDDEN, None)
 
     @property
     def job_id(self) -> str:
-        return f"{JOB_ID_PREFIX}{self.seq}"
+        return job_id_of(self.seq)
 
     @property
     def is_final(self) -> bool:
@@ -119,39 +154,20 @@ class Job:
         return dataclasses.replace(self, **changes)
 
     def to_wire(self, with_attempts: bool = False) -> dict[str, Any]:
-        """The job's JSON object: fields in the spec's order, empty optional fields left out.
+        """The job's JSON object: fields in the declaration's (the spec's) order, empty
+        optional fields left out.
 
         The real agent rejects a whole poll reply if one field is `null`, so no value here is
         ever None.
         """
-        out: dict[str, Any] = {"job_id": self.job_id, "node_id": self.node_id}
-        if self.instance_id:
-            out["instance_id"] = self.instance_id
-        out["command"] = self.command
-        if self.deploy_url:
-            out["deploy_url"] = self.deploy_url
-        out["job_type"] = self.job_type
-        if self.port:
-            out["port"] = self.port
-        if self.env_vars:
-            out["env_vars"] = self.env_vars
-        if self.timeout_secs:
-            out["timeout_secs"] = self.timeout_secs
-        out["status"] = self.status
-        out["retry_count"] = self.retry_count
-        if self.exit_code is not None:
-            out["exit_code"] = self.exit_code
-        if self.stdout:
-            out["stdout"] = self.stdout
-        if self.stderr:
-            out["stderr"] = self.stderr
-        out["created_at"] = format_time(self.created_at)
-        if self.running_at is not None:
-            out["running_at"] = format_time(self.running_at)
-        if self.finished_at is not None:
-            out["finished_at"] = format_time(self.finished_at)
-        if with_attempts and self.attempts:
-            out["attempts"] = [attempt.to_wire() for attempt in self.attempts]
+        out: dict[str, Any] = {}
+        for name, key, wire, default, encode in _WIRE_FIELDS:
+            value = getattr(self, name)
+            if wire == DETAIL and not with_attempts:
+                continue
+            if wire != ALWAYS and _empty(value, default):
+                continue
+            out[key] = encode(value) if encode is not None else value
         return out
 
 
@@ -234,6 +250,11 @@ def run_deadline(job: Job, default_timeout_secs: int) -> int | None:
 # --- ids, times and output ------------------------------------------------------------------
 
 
+def job_id_of(seq: int) -> str:
+    """The `job-N` id of sequence number N."""
+    return f"{JOB_ID_PREFIX}{seq}"
+
+
 def parse_job_id(job_id: str) -> int | None:
     """The sequence number of a `job-N` id, or None when the text is not a canonical id."""
     if not job_id.startswith(JOB_ID_PREFIX):
@@ -284,3 +305,39 @@ def cap_output(text: str, max_bytes: int) -> str:
         keep = fits
     tail = data[len(data) - keep :].decode("utf-8", "ignore")  # a split character is dropped
     return marker + tail
+
+
+# --- the wire shape, derived from the declaration ----------------------------------------
+
+
+def _empty(value: Any, default: Any) -> bool:
+    """None, empty text or containers, and a number equal to its default are left out (an
+    exit code of 0 is shown: its default is None)."""
+    if isinstance(value, int):
+        return value == default
+    return not value
+
+
+def _wire_encoder(field: dataclasses.Field) -> Callable[[Any], Any] | None:
+    if field.name == "seq":
+        return job_id_of
+    if field.metadata.get("time"):
+        return format_time
+    if field.name == "attempts":
+        return lambda attempts: [attempt.to_wire() for attempt in attempts]
+    return None
+
+
+_WIRE_FIELDS = tuple(
+    (
+        field.name,
+        field.metadata.get("wire_name", field.name),
+        field.metadata["wire"],
+        field.default,
+        _wire_encoder(field),
+    )
+    for field in dataclasses.fields(Job)
+    if field.metadata["wire"] != HIDDEN
+)
+WIRE_ORDER = tuple(key for _, key, *_rest in _WIRE_FIELDS)
+"""The JSON object's keys in the spec's order (attempts last, only in GET /jobs/{id})."""

@@ -32,7 +32,8 @@ from prometheus_client.registry import Collector
 
 from . import jobs
 from .jobs import Job
-from .service import Scheduler
+from .peers import CallObserver, Outcome
+from .service import Event, Scheduler
 
 if TYPE_CHECKING:
     from .loops import Background
@@ -170,21 +171,21 @@ class Metrics:
 
     # --- observers ---------------------------------------------------------------------------
 
-    def listener(self, event: str, job: Job | None, detail: str) -> None:
+    def listener(self, event: Event, job: Job | None, detail: str) -> None:
         """A service listener: count job events and time their lifecycle."""
-        if event == "polled":
+        if event == Event.POLLED:
             self.polls.inc()
         elif job is None:
             return
-        elif event == "submitted":
+        elif event == Event.SUBMITTED:
             self.submitted.labels(detail or "http").inc()
-        elif event == "started":
+        elif event == Event.STARTED:
             self._started(job)
-        elif event == "finished":
+        elif event == Event.FINISHED:
             self._finished(job)
-        elif event == "retried":
+        elif event == Event.RETRIED:
             self._retried(job)
-        elif event == "moved":
+        elif event == Event.MOVED:
             self.moved.inc()
 
     def observe_commit(self, seconds: float, batch_size: int) -> None:
@@ -192,21 +193,18 @@ class Metrics:
         self.commit_seconds.observe(seconds)
         self.commit_batch.observe(batch_size)
 
-    def watch_peer(self, peer: str, call_observers: list[Callable[[str, str], None]]) -> None:
-        """Count the calls of a client that offers a `call_observers` list."""
+    def watch_peers(self, observers: list[CallObserver]) -> None:
+        """Count every call to a peer (registry, SQS, SNS) by peer, endpoint and outcome."""
         calls = self.peer_calls
 
-        def observe(endpoint: str, result: str) -> None:
-            calls.labels(peer, endpoint, result).inc()
+        def observe(peer: str, endpoint: str, outcome: Outcome) -> None:
+            calls.labels(peer, endpoint, outcome.value).inc()
 
-        call_observers.append(observe)
+        observers.append(observe)
 
     def watch_background(self, background: Background) -> None:
-        """Count the SQS and SNS clients' calls and read the SNS queue depth, for those on."""
-        if background.sqs is not None:
-            self.watch_peer("sqs", background.sqs.call_observers)
+        """Read the SNS queue depth, when SNS is on."""
         if background.sns is not None:
-            self.watch_peer("sns", background.sns.call_observers)
             self.queue_depth = background.sns.depth  # read at each scrape: must be cheap
 
     # --- HTTP request timing -----------------------------------------------------------------
@@ -288,28 +286,24 @@ class _StateCollector(Collector):
             "Final-state events waiting to be published to SNS (0 when SNS is off).",
         )
         if with_values:
-            for status, count in service.table.counts().items():
+            for status, count in service.counts().items():
                 by_status.add_metric([status], count)
-            healthy.add_metric([], 1 if service.store.healthy else 0)
+            healthy.add_metric([], 1 if service.store_health()[0] else 0)
             queue_depth = self._metrics.queue_depth
             depth.add_metric([], queue_depth() if queue_depth is not None else 0)
         return [by_status, healthy, depth]
 
 
 def init_app(app: Flask, service: Scheduler) -> Metrics:
-    """Create the app's metrics, hook them to the service, store and registry, time every
-    request, and serve them at GET /metrics."""
-    from .api import metrics as metrics_api
-
+    """Create the app's metrics, hook them to the service's events and commits, and time
+    every request (`api/metrics.py` serves them)."""
     metrics = Metrics(service)
     service.listeners.append(metrics.listener)
-    service.store.commit_observers.append(metrics.observe_commit)
-    metrics.watch_peer("registry", service.placement.registry.call_observers)
+    service.watch_commits(metrics.observe_commit)
     # First of all before-request hooks: a request the auth check refuses is timed too.
     app.before_request_funcs.setdefault(None, []).insert(0, metrics.request_started)
     app.after_request(metrics.request_finished)
     app.extensions[_EXTENSION] = metrics
-    app.register_blueprint(metrics_api.bp)
     return metrics
 
 

@@ -1,10 +1,11 @@
 """The registry client: which compute nodes exist, which are healthy, where an instance lives.
 
-One `requests.Session` with connect and read timeouts, so a hung registry costs a request a few
-seconds and a clear 503, never a hung thread. The node list is cached for
+Every call has a total deadline (`peers.Peer`), so a hung or trickling registry costs a
+request a few seconds and a clear 503, never a hung thread. The node list is cached for
 `REGISTRY_CACHE_SECS`, and concurrent callers share one fetch rather than each sending their
-own (a slow registry is not then hit by every waiting request). Every failure is a
-`PlacementError` carrying one of the spec's texts.
+own (a slow registry is not then hit by every waiting request); they wait for it no longer
+than the fetch's own deadline. Every failure is a `PlacementError` carrying one of the spec's
+texts. A node with an empty id is ignored: no agent could ever poll for its jobs.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ import time
 from typing import Any
 from urllib.parse import quote
 
-import requests
-from requests.adapters import HTTPAdapter
-
-from .config import REGISTRY_CONNECT_TIMEOUT_SECS, REGISTRY_READ_TIMEOUT_SECS, Settings
+from .config import REGISTRY_DEADLINE_SECS, Settings
 from .errors import PlacementError
+from .peers import CallFailed, CallObserver, Outcome, Peer
 
 log = logging.getLogger(__name__)
 
@@ -49,23 +48,22 @@ class Nodes:
 class Registry:
     """Client of the registry's `/nodes` and `/instances/{id}`."""
 
-    def __init__(self, settings: Settings) -> None:
-        self._base = settings.registry_url
+    def __init__(self, settings: Settings, observers: list[CallObserver] | None = None) -> None:
+        headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else None
+        self._peer = Peer(
+            "registry", settings.registry_url, REGISTRY_DEADLINE_SECS, observers, headers
+        )
         self._cache_secs = settings.registry_cache_secs
-        self._session = requests.Session()
-        self._session.trust_env = False  # no proxy or .netrc lookups on a hot path
-        self._session.mount("http://", HTTPAdapter(pool_maxsize=32))
-        self._session.mount("https://", HTTPAdapter(pool_maxsize=32))
-        if settings.api_key:
-            self._session.headers["Authorization"] = f"Bearer {settings.api_key}"
-        self._timeout = (REGISTRY_CONNECT_TIMEOUT_SECS, REGISTRY_READ_TIMEOUT_SECS)
         self._lock = threading.Lock()
         self._fetched = threading.Condition(self._lock)
         self._cached: Nodes | None = None
         self._in_flight = False
         self._flight_result: Nodes | PlacementError | None = None
         self._flight_number = 0
-        self.call_observers: list[Any] = []  # callables (endpoint, result) for metrics
+
+    @property
+    def url(self) -> str:
+        return self._peer.base_url
 
     def nodes(self) -> Nodes:
         """The compute nodes, from the cache when it is fresh enough."""
@@ -75,8 +73,13 @@ class Registry:
                 return cached
             if self._in_flight:
                 flight = self._flight_number
+                # The fetch is bounded by its deadline; the wait is too, whatever happens.
+                until = time.monotonic() + REGISTRY_DEADLINE_SECS + 0.5
                 while self._flight_number == flight:
-                    self._fetched.wait()
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        raise PlacementError(REACH_FAILED)
+                    self._fetched.wait(left)
                 return _unwrap(self._flight_result)
             self._in_flight = True
         result: Nodes | PlacementError
@@ -97,53 +100,37 @@ class Registry:
             self._fetched.notify_all()
         return _unwrap(result)
 
+    def cached_nodes(self) -> Nodes | None:
+        """The last node list fetched, however old; never calls the registry."""
+        with self._lock:
+            return self._cached
+
     def instance(self, instance_id: str) -> dict[str, Any]:
         """The registry's record of an instance; PlacementError when it has none."""
         path = f"/instances/{quote(instance_id, safe='')}"
-        data = self._get(path, "instances", missing_ok=True)
-        if data is None:
+        status, data = self._get(path, "instances", accept=(200, 404))
+        if status == 404:
             raise PlacementError(INSTANCE_NOT_FOUND)
         if not isinstance(data, dict):
             raise PlacementError(DECODE_FAILED)
         return data
 
     def _fetch_nodes(self) -> Nodes:
-        data = self._get("/nodes?role=compute", "nodes")
+        _, data = self._get("/nodes?role=compute", "nodes")
         if not isinstance(data, dict):
             raise PlacementError(DECODE_FAILED)
         status = {}
         for node_id, node in data.items():
-            if isinstance(node, dict):
+            if node_id and isinstance(node, dict):
                 status[node_id] = str(node.get("status", ""))
         return Nodes.of(status)
 
-    def _get(self, path: str, endpoint: str, missing_ok: bool = False) -> Any:
-        url = self._base + path
+    def _get(self, path: str, endpoint: str, accept: tuple[int, ...] = (200,)) -> tuple[int, Any]:
         try:
-            response = self._session.get(url, timeout=self._timeout)
-        except requests.RequestException as exc:
-            self._observe(endpoint, "unreachable")
-            log.warning("registry %s: %s", url, exc)
-            raise PlacementError(REACH_FAILED) from None
-        if missing_ok and response.status_code == 404:
-            self._observe(endpoint, "ok")
-            return None
-        if response.status_code != 200:
-            self._observe(endpoint, "error")
-            log.warning("registry %s answered %d: %.200s", url, response.status_code, response.text)
-            raise PlacementError(REACH_FAILED)
-        try:
-            data = response.json()
-        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
-            self._observe(endpoint, "garbage")
-            log.warning("registry %s answered non-JSON: %.200r", url, response.content)
-            raise PlacementError(DECODE_FAILED) from None
-        self._observe(endpoint, "ok")
-        return data
-
-    def _observe(self, endpoint: str, result: str) -> None:
-        for observe in self.call_observers:
-            observe(endpoint, result)
+            return self._peer.call_json("GET", path, endpoint, accept=accept)
+        except CallFailed as exc:
+            text = DECODE_FAILED if exc.outcome == Outcome.GARBAGE else REACH_FAILED
+            raise PlacementError(text) from None
 
 
 def _unwrap(result: Nodes | PlacementError | None) -> Nodes:

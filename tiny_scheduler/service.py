@@ -11,21 +11,38 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from enum import Enum
 
 from . import errors, jobs
 from .config import Settings
 from .jobs import Job
 from .placement import Placement
-from .store import Store
+from .registry import Nodes
+from .storage import Writer
+from .storage.writer import CommitObserver
 from .table import JobTable
 from .validation import JobQuery, JobRequest, JobUpdate
 
 log = logging.getLogger(__name__)
 
-Listener = Callable[[str, "Job | None", str], None]
-"""Called after a committed change as listener(event, job, detail). Events: `submitted`
-(detail: the source, http or sqs), `started`, `finished` (a final status), `retried`, `moved`,
-`polled` (job None, detail the node)."""
+
+class Event(str, Enum):
+    """What a committed change did, as told to listeners."""
+
+    __str__ = str.__str__
+
+    SUBMITTED = "submitted"  # detail: the source (http, sqs)
+    STARTED = "started"
+    FINISHED = "finished"  # a final status
+    RETRIED = "retried"
+    MOVED = "moved"
+    POLLED = "polled"  # job None, detail: the node
+
+
+Listener = Callable[[Event, "Job | None", str], None]
+"""Called after a committed change as listener(event, job, detail)."""
+
+_REQUEST_FIELDS = tuple(field.name for field in dataclasses.fields(JobRequest))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,56 +52,80 @@ class Page:
 
 
 class Scheduler:
-    """The service: every change to a job goes through here."""
+    """The service: the one way in to the jobs. Every change and every read of the table, the
+    store and the registry goes through here; its collaborators are private."""
 
     def __init__(
-        self, settings: Settings, store: Store, table: JobTable, placement: Placement
+        self, settings: Settings, store: Writer, table: JobTable, placement: Placement
     ) -> None:
         self.settings = settings
-        self.store = store
-        self.table = table
-        self.placement = placement
+        self._store = store
+        self._table = table
+        self._placement = placement
         self.listeners: list[Listener] = []
 
     # --- reads ----------------------------------------------------------------------------
 
     def get(self, job_id: str) -> Job:
-        job = self.table.get(self._seq(job_id))
+        job = self._table.get(self._seq(job_id))
         if job is None:
             raise errors.NotFound(errors.JOB_NOT_FOUND)
         return job
 
     def list_jobs(self, query: JobQuery) -> Page:
-        """Oldest first. The agent poll is capped at the node's free slots."""
-        if query.is_agent_poll:
-            assert query.node_id is not None
-            found = self.table.poll(
-                query.node_id,
-                self.settings.max_jobs_per_node,
-                query.limit,
-                query.after,
-                query.job_type,
-            )
-            self._emit("polled", None, query.node_id)
-            return Page(found, None)
-        found, more = self.table.query(
+        """Jobs matching the query, oldest first (the agent's own query is `poll`)."""
+        found, more = self._table.query(
             query.node_id, query.status, query.job_type, query.after, query.limit
         )
         return Page(found, found[-1].seq if more and found else None)
 
+    def poll(self, node_id: str) -> list[Job]:
+        """The agent poll: the node's oldest pending jobs, at most as many as its free slots."""
+        found = self._table.poll(node_id, self.settings.max_jobs_per_node)
+        self._emit(Event.POLLED, None, node_id)
+        return found
+
+    def counts(self) -> dict[str, int]:
+        """Number of jobs in each status."""
+        return self._table.counts()
+
+    def running(self) -> list[Job]:
+        """Every running job (O(running), not O(history))."""
+        return self._table.running()
+
+    def busy_nodes(self) -> set[str]:
+        """Nodes that have pending or running jobs."""
+        return self._table.busy_nodes()
+
+    def jobs_on(self, node_id: str) -> tuple[list[Job], list[Job]]:
+        """The node's pending and running jobs, oldest first."""
+        return self._table.on_node(node_id)
+
+    def node_health(self) -> Nodes:
+        """The registry's compute nodes and their health; PlacementError when unreachable."""
+        return self._placement.registry.nodes()
+
+    def store_health(self) -> tuple[bool, str | None]:
+        """Whether the store's last write succeeded, and the error when it did not."""
+        return self._store.healthy, self._store.last_error
+
+    def watch_commits(self, observer: CommitObserver) -> None:
+        """Have `observer` told the duration and size of every group commit."""
+        self._store.commit_observers.append(observer)
+
     def schedule(self) -> str:
         """The node the next submission would go to (advances the round-robin, as it did)."""
-        return self.placement.place()
+        return self._placement.place()
 
     def health(self) -> dict[str, object]:
-        healthy = self.store.healthy or self.store.probe()
+        healthy = self._store.healthy or self._store.probe()
         body: dict[str, object] = {
             "service": "scheduler",
             "status": "healthy" if healthy else "unhealthy",
-            "jobs": self.table.counts(),
+            "jobs": self._table.counts(),
         }
         if not healthy:
-            body["error"] = f"job store cannot be written: {self.store.last_error}"
+            body["error"] = f"job store cannot be written: {self._store.last_error}"
         return body
 
     # --- changes ----------------------------------------------------------------------------
@@ -94,32 +135,26 @@ class Scheduler:
     ) -> tuple[Job, bool]:
         """Create a pending job, durable before this returns. With a dedupe key that already
         created a job, return that job instead; the bool says whether a job was created."""
-        with self.table.deduplicating(dedupe_key) as existing:
+        with self._table.deduplicating(dedupe_key) as existing:
             if existing is not None:
                 return existing, False
-            node_id = self.placement.place(request.instance_id)
+            node_id = self._placement.place(request.instance_id)
             job = Job(
-                seq=self.table.new_seq(),
+                seq=self._table.new_seq(),
                 node_id=node_id,
-                command=request.command,
                 created_at=jobs.now_us(),
-                instance_id=request.instance_id,
-                deploy_url=request.deploy_url,
-                job_type=request.job_type,
-                port=request.port,
-                env_vars=request.env_vars,
-                timeout_secs=request.timeout_secs,
                 dedupe_key=dedupe_key,
+                **{name: getattr(request, name) for name in _REQUEST_FIELDS},
             )
             self._commit(job)
         log.info("job %s created on node %s (from %s)", job.job_id, node_id, source)
-        self._emit("submitted", job, source)
+        self._emit(Event.SUBMITTED, job, source)
         return job, True
 
     def update(self, job_id: str, update: JobUpdate) -> Job:
         """Apply an agent's report: the claim (running), or the end of an attempt."""
         seq = self._seq(job_id)
-        with self.table.changing(seq) as job:
+        with self._table.changing(seq) as job:
             now = jobs.now_us()
             try:
                 if update.status == jobs.RUNNING:
@@ -134,7 +169,7 @@ class Scheduler:
 
     def cancel(self, job_id: str) -> Job:
         seq = self._seq(job_id)
-        with self.table.changing(seq) as job:
+        with self._table.changing(seq) as job:
             try:
                 new = jobs.cancel(job, jobs.now_us())
             except jobs.TransitionError as exc:
@@ -146,7 +181,7 @@ class Scheduler:
     def fail_running(self, seq: int, stderr: str, retry: bool) -> Job | None:
         """Fail a running job from the scheduler's side (timeout, lost node); None when the
         job is no longer running by the time it is looked at."""
-        with self.table.changing(seq) as job:
+        with self._table.changing(seq) as job:
             if job.status != jobs.RUNNING:
                 return None
             now = jobs.now_us()
@@ -160,24 +195,24 @@ class Scheduler:
     def move_pending(self, seq: int) -> Job | None:
         """Place a pending job again (its node is gone); None when it is no longer pending
         or no other node can take it."""
-        with self.table.changing(seq) as job:
+        with self._table.changing(seq) as job:
             if job.status != jobs.PENDING or job.instance_id:
                 return None
-            node_id = self.placement.place(avoid=job.node_id)
+            node_id = self._placement.place(avoid=job.node_id)
             if node_id == job.node_id:
                 return None
             new = job.evolve(node_id=node_id)
             self._commit(new)
         log.info("job %s moved from node %s to %s", job.job_id, job.node_id, node_id)
-        self._emit("moved", new)
+        self._emit(Event.MOVED, new)
         return new
 
     def expire(self, cutoff: int, limit: int = 10000) -> int:
         """Delete up to `limit` jobs that finished before `cutoff`; returns how many."""
-        seqs = self.table.finished_before(cutoff, limit)
+        seqs = self._table.finished_before(cutoff, limit)
         if seqs:
-            self.store.delete(seqs)
-            self.table.remove(seqs)
+            self._store.delete(seqs)
+            self._table.remove(seqs)
             log.info("retention removed %d finished jobs", len(seqs))
         return len(seqs)
 
@@ -205,7 +240,7 @@ class Scheduler:
         if not jobs.should_retry(failed, self.settings.max_job_retries):
             return failed
         try:
-            node_id = self.placement.place(failed.instance_id, avoid=failed.node_id)
+            node_id = self._placement.place(failed.instance_id, avoid=failed.node_id)
         except errors.PlacementError as exc:
             # The agent never repeats its final report, so a registry hiccup must not turn
             # it into an error: keep the node; the lost-node scan moves the job if need be.
@@ -214,14 +249,14 @@ class Scheduler:
         return jobs.retry(failed, node_id)
 
     def _commit(self, job: Job) -> None:
-        self.store.save(job)
-        self.table.put(job)
+        self._store.save(job)
+        self._table.put(job)
 
     def _announce(self, new: Job) -> None:
         """Log and tell listeners what a committed change did."""
         if new.status == jobs.RUNNING:
             log.info("job %s claimed by node %s", new.job_id, new.node_id)
-            self._emit("started", new)
+            self._emit(Event.STARTED, new)
         elif new.status == jobs.PENDING:
             last = new.attempts[-1]
             log.info(
@@ -232,7 +267,7 @@ class Scheduler:
                 new.retry_count,
                 new.node_id,
             )
-            self._emit("retried", new)
+            self._emit(Event.RETRIED, new)
         else:
             log.info(
                 "job %s %s on node %s (exit %s)",
@@ -241,9 +276,9 @@ class Scheduler:
                 new.node_id,
                 new.exit_code,
             )
-            self._emit("finished", new)
+            self._emit(Event.FINISHED, new)
 
-    def _emit(self, event: str, job: Job | None, detail: str = "") -> None:
+    def _emit(self, event: Event, job: Job | None, detail: str = "") -> None:
         for listener in self.listeners:
             try:
                 listener(event, job, detail)

@@ -71,27 +71,13 @@ class JobTable:
         with self._lock:
             return {status: self._counts[status] for status in jobs.STATUSES}
 
-    def free_slots(self, node_id: str, max_running: int) -> int:
-        """How many more `run` jobs the node may start."""
+    def poll(self, node_id: str, max_running: int) -> list[Job]:
+        """The node's oldest pending jobs, at most as many as it has free slots."""
         with self._lock:
-            return max(0, max_running - self._slots_used[node_id])
-
-    def poll(
-        self,
-        node_id: str,
-        max_running: int,
-        limit: int,
-        after: int = 0,
-        job_type: str | None = None,
-    ) -> list[Job]:
-        """The node's oldest pending jobs, at most as many as it has free slots (the agent's
-        query; `after` and `job_type` narrow it further for callers that add them)."""
-        with self._lock:
-            free = min(max_running - self._slots_used[node_id], limit)
+            free = max_running - self._slots_used[node_id]
             if free <= 0:
                 return []
-            pending = self._stream(self._pending, node_id, after, job_type)
-            return list(itertools.islice(pending, free))
+            return list(itertools.islice(self._stream(self._pending, node_id, 0, None), free))
 
     def query(
         self,

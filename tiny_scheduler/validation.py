@@ -54,15 +54,18 @@ class JobQuery:
     after: int = 0
     limit: int = DEFAULT_PAGE
 
-    @property
-    def is_agent_poll(self) -> bool:
-        return is_agent_poll(self.node_id, self.status)
+
+_POLL_PARAMETERS = frozenset({"node_id", "status"})
 
 
-def is_agent_poll(node_id: str | None, status: str | None) -> bool:
-    """Whether a listing is the agent's poll (`node_id=N&status=pending`): the query that is
-    capped at the node's free slots and, while AUTH_AGENT_EXEMPT is on, needs no key."""
-    return bool(node_id) and status == jobs.PENDING
+def agent_poll_node(args: Mapping[str, str]) -> str | None:
+    """The node of the agent's poll, exactly as the agent sends it (`node_id=N&status=pending`
+    and no other parameter), or None for any other query. Only that query is capped at the
+    node's free slots and, while AUTH_AGENT_EXEMPT is on, needs no key: with `after`, `limit`
+    or anything else it is an ordinary listing."""
+    if args.keys() != _POLL_PARAMETERS or args.get("status") != jobs.PENDING:
+        return None
+    return args.get("node_id") or None
 
 
 def parse_query(args: Mapping[str, str]) -> JobQuery:
@@ -159,7 +162,9 @@ def parse_update(body: bytes) -> JobUpdate:
         raise errors.BadRequest(errors.DECODE_UPDATE)
     if status not in jobs.UPDATE_STATUSES:
         raise errors.BadRequest(errors.INVALID_STATUS)
-    return JobUpdate(status=status, exit_code=exit_code, stdout=stdout or "", stderr=stderr or "")
+    return JobUpdate(
+        status=jobs.Status(status), exit_code=exit_code, stdout=stdout or "", stderr=stderr or ""
+    )
 
 
 def _is_int(value: Any) -> bool:

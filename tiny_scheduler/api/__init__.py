@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from flask import Flask
 
-from . import auth, health, jobs, openapi, replies, schedule
+from . import auth, health, jobs, metrics, openapi, replies, schedule
 
 
 def init_app(app: Flask) -> None:
@@ -20,3 +20,4 @@ def init_app(app: Flask) -> None:
     app.register_blueprint(schedule.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openapi.bp)
+    app.register_blueprint(metrics.bp)

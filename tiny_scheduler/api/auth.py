@@ -66,6 +66,4 @@ def _exempt(agent_exempt: bool) -> bool:
         return False
     if endpoint == "jobs.update_job":
         return True
-    return endpoint == "jobs.list_jobs" and validation.is_agent_poll(
-        request.args.get("node_id"), request.args.get("status")
-    )
+    return endpoint == "jobs.list_jobs" and validation.agent_poll_node(request.args) is not None

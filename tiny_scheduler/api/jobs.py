@@ -26,7 +26,10 @@ def submit_job() -> Response:
 
 @bp.get("/jobs")
 def list_jobs() -> Response:
-    """Jobs oldest first, filtered; with node_id and status=pending, the agent poll."""
+    """Jobs oldest first, filtered; with exactly node_id and status=pending, the agent poll."""
+    node_id = validation.agent_poll_node(request.args)
+    if node_id is not None:
+        return json_reply([job.to_wire() for job in scheduler().poll(node_id)])
     query = validation.parse_query(request.args)
     page = scheduler().list_jobs(query)
     headers = None

@@ -11,6 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from ..peers import CallObserver
 from ..service import Scheduler
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class Loop:
 class Background:
     """The scheduler's loops and the SNS publisher, started and stopped together."""
 
-    def __init__(self, service: Scheduler) -> None:
+    def __init__(self, service: Scheduler, observers: list[CallObserver] | None = None) -> None:
         from .scan import Scan
         from .sns import SnsPublisher
         from .sqs import SqsIngest
@@ -65,12 +66,12 @@ class Background:
         self.loops = [Loop("scan", settings.timeout_scan_interval_secs, self.scan.tick)]
         self.sqs: SqsIngest | None = None
         if settings.sqs_url:
-            self.sqs = SqsIngest(service)
+            self.sqs = SqsIngest(service, observers)
             self.loops.append(Loop("sqs", settings.sqs_poll_interval_secs, self.sqs.tick))
         self.sns: SnsPublisher | None = None
         if settings.sns_url:
             # Listening starts now, so events of requests served before start() are kept too.
-            self.sns = SnsPublisher(settings)
+            self.sns = SnsPublisher(settings, observers)
             service.listeners.append(self.sns.listener)
         self._started = False
 

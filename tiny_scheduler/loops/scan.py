@@ -47,7 +47,7 @@ class Scan:
         """Fail every running job past its deadline; returns how many."""
         now = jobs.now_us()
         expired = 0
-        for job in self.service.table.running():
+        for job in self.service.running():
             deadline = jobs.run_deadline(job, self.settings.job_timeout_secs)
             if deadline is None or now < deadline:
                 continue
@@ -57,12 +57,12 @@ class Scan:
         return expired
 
     def handle_lost_nodes(self) -> None:
-        busy = self.service.table.busy_nodes()
+        busy = self.service.busy_nodes()
         if not busy:
             self._down_since.clear()
             return
         try:
-            nodes = self.service.placement.registry.nodes()
+            nodes = self.service.node_health()
         except errors.PlacementError as exc:
             log.warning("lost-node scan skipped: %s", exc.message)
             return
@@ -74,7 +74,7 @@ class Scan:
         can_move = bool(nodes.healthy)
         for node in sorted(down):
             since = self._down_since.setdefault(node, now)
-            pending, running = self.service.table.on_node(node)
+            pending, running = self.service.jobs_on(node)
             for job in pending if can_move else ():
                 _guarded(self.service.move_pending, job)  # it leaves pinned jobs where they are
             if now - since > self.settings.node_lost_secs:

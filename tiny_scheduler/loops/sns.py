@@ -16,13 +16,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from urllib.parse import quote
 
 import orjson
-import requests
 
-from ..config import Settings
+from ..config import SNS_DEADLINE_SECS, Settings
 from ..jobs import Job
+from ..peers import CallFailed, CallObserver, Peer
+from ..service import Event
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +35,6 @@ ATTEMPTS = 4
 
 BACKOFF_SECS = 0.5
 """Wait after the first failed try; doubles after each further one."""
-
-TIMEOUT_SECS = (1.0, 3.0)
-"""Connect and read timeouts of one publish."""
 
 DRAIN_SECS = 3.0
 """On shutdown, how long queued events may still be sent."""
@@ -53,25 +51,23 @@ def event_message(job: Job) -> str:
 class SnsPublisher:
     """A bounded queue of final-state events and the one thread that publishes them."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, observers: list[CallObserver] | None = None) -> None:
         assert settings.sns_url is not None
-        self.url = f"{settings.sns_url}/topics/{settings.sns_topic}/publish"
+        self.path = f"/topics/{quote(settings.sns_topic, safe='')}/publish"
         self.dropped = 0
-        self.call_observers: list[Callable[[str, str], None]] = []
+        self._peer = Peer("sns", settings.sns_url, SNS_DEADLINE_SECS, observers)
         self._queue: queue.Queue[str] = queue.Queue(QUEUE_SIZE)
         self._stop = threading.Event()
         self._drain_until = float("inf")
-        self._session = requests.Session()
-        self._session.trust_env = False
         self._thread: threading.Thread | None = None
 
     def depth(self) -> int:
         """Events waiting to be published."""
         return self._queue.qsize()
 
-    def listener(self, event: str, job: Job | None, detail: str) -> None:
+    def listener(self, event: Event, job: Job | None, detail: str) -> None:
         """A service listener: queue the final states."""
-        if event != "finished" or job is None:
+        if event != Event.FINISHED or job is None:
             return
         try:
             self._queue.put_nowait(event_message(job))
@@ -87,7 +83,7 @@ class SnsPublisher:
         self._drain_until = time.monotonic() + DRAIN_SECS
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(DRAIN_SECS + TIMEOUT_SECS[0] + TIMEOUT_SECS[1] + 1)
+            self._thread.join(DRAIN_SECS + SNS_DEADLINE_SECS + 1)
         if self.depth():
             log.warning("SNS: %d events not published at shutdown", self.depth())
 
@@ -121,21 +117,9 @@ class SnsPublisher:
 
     def publish(self, message: str) -> bool:
         """One try; True when SNS took the message."""
+        body = orjson.dumps({"message": message})
         try:
-            response = self._session.post(
-                self.url, data=orjson.dumps({"message": message}), timeout=TIMEOUT_SECS
-            )
-        except requests.RequestException as exc:
-            self._observe("unreachable")
-            log.warning("SNS publish to %s failed: %s", self.url, exc)
-            return False
-        if response.status_code // 100 != 2:
-            self._observe("error")
-            log.warning("SNS publish answered %d: %.200s", response.status_code, response.text)
-            return False
-        self._observe("ok")
+            self._peer.call("POST", self.path, "publish", body, accept=range(200, 300))
+        except CallFailed:
+            return False  # logged and counted by the peer call
         return True
-
-    def _observe(self, result: str) -> None:
-        for observe in self.call_observers:
-            observe("publish", result)

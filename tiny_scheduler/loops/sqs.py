@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+from enum import Enum
 from typing import Any
-
-import requests
+from urllib.parse import quote
 
 from .. import errors, validation
+from ..config import SQS_DEADLINE_SECS
+from ..logs import printable
+from ..peers import CallFailed, CallObserver, Peer
 from ..service import Scheduler
 
 log = logging.getLogger(__name__)
@@ -31,21 +33,28 @@ log = logging.getLogger(__name__)
 BATCH_LIMIT = 500
 """Messages taken in one tick at most, so one tick never runs unbounded."""
 
-TIMEOUT_SECS = (1.0, 5.0)
-"""Connect and read timeouts of one SQS call."""
+
+class Handled(str, Enum):
+    """What became of one message."""
+
+    __str__ = str.__str__
+
+    CREATED = "created"  # a job was created, the message deleted
+    DUPLICATE = "duplicate"  # it had created its job before; deleted
+    INVALID = "invalid"  # not a valid job request; logged and deleted
+    KEPT = "kept"  # no node could take it: left for redelivery
+    STOP = "stop"  # the store cannot write: left, and the tick ends
 
 
 class SqsIngest:
     """The SQS client and what one tick does with the queue's messages."""
 
-    def __init__(self, service: Scheduler) -> None:
+    def __init__(self, service: Scheduler, observers: list[CallObserver] | None = None) -> None:
         settings = service.settings
         assert settings.sqs_url is not None
         self.service = service
-        self.queue_url = f"{settings.sqs_url}/queues/{settings.sqs_queue}/messages"
-        self.call_observers: list[Callable[[str, str], None]] = []
-        self._session = requests.Session()
-        self._session.trust_env = False
+        self.queue_path = f"/queues/{quote(settings.sqs_queue, safe='')}/messages"
+        self._peer = Peer("sqs", settings.sqs_url, SQS_DEADLINE_SECS, observers)
 
     def tick(self) -> int:
         """Ingest what the queue holds; returns how many jobs were created."""
@@ -55,18 +64,18 @@ class SqsIngest:
             if message is None:
                 break
             outcome = self.handle(message)
-            if outcome == "created":
+            if outcome == Handled.CREATED:
                 created += 1
-            elif outcome == "stop":
+            elif outcome == Handled.STOP:
                 break
         return created
 
-    def handle(self, message: dict[str, Any]) -> str:
-        """Deal with one message: created, duplicate, invalid, kept or stop."""
+    def handle(self, message: dict[str, Any]) -> Handled:
+        """Deal with one message."""
         message_id, body = message.get("id"), message.get("body")
         if not isinstance(message_id, str) or not message_id or not _encodable(message_id):
-            log.error("SQS message without a usable id ignored: %.500r", message)
-            return "invalid"
+            log.error("SQS message without a usable id ignored: %s", printable(repr(message)[:500]))
+            return Handled.INVALID
         try:
             if not isinstance(body, str):
                 raise errors.BadRequest(errors.DECODE_JOB)
@@ -75,68 +84,57 @@ class SqsIngest:
             raw = body.encode("utf-8", "surrogatepass")
             request = validation.parse_job_request(raw)
         except errors.BadRequest as exc:
-            log.warning("SQS message %s rejected (%s), deleting it: %.2000r", message_id, exc, body)
+            log.warning(
+                "SQS message %s rejected (%s), deleting it: %s",
+                printable(message_id),
+                exc,
+                printable(repr(body)[:2000]),
+            )
             self.delete(message_id)
-            return "invalid"
+            return Handled.INVALID
         digest = hashlib.sha256(raw).hexdigest()[:16]
         try:
             job, created = self.service.submit(request, f"sqs:{message_id}:{digest}", "sqs")
         except errors.PlacementError as exc:
-            log.warning("SQS message %s kept for later: %s", message_id, exc.message)
-            return "kept"
+            log.warning("SQS message %s kept for later: %s", printable(message_id), exc.message)
+            return Handled.KEPT
         except errors.StoreError as exc:
-            log.error("SQS message %s kept, store unavailable: %s", message_id, exc.message)
-            return "stop"
+            log.error(
+                "SQS message %s kept, store unavailable: %s", printable(message_id), exc.message
+            )
+            return Handled.STOP
         if created:
-            log.info("SQS message %s ingested as %s", message_id, job.job_id)
+            log.info("SQS message %s ingested as %s", printable(message_id), job.job_id)
         else:
-            log.info("SQS message %s delivered again; %s already exists", message_id, job.job_id)
+            log.info(
+                "SQS message %s delivered again; %s already exists",
+                printable(message_id),
+                job.job_id,
+            )
         self.delete(message_id)
-        return "created" if created else "duplicate"
+        return Handled.CREATED if created else Handled.DUPLICATE
 
     def receive(self) -> dict[str, Any] | None:
         """One message, or None when the queue is empty or cannot be read."""
         try:
-            response = self._session.get(self.queue_url, timeout=TIMEOUT_SECS)
-        except requests.RequestException as exc:
-            self._observe("receive", "unreachable")
-            log.warning("SQS receive from %s failed: %s", self.queue_url, exc)
-            return None
-        if response.status_code != 200:
-            self._observe("receive", "error")
-            log.warning("SQS receive answered %d: %.200s", response.status_code, response.text)
-            return None
-        try:
-            data = response.json()
-        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
-            self._observe("receive", "garbage")
-            log.warning("SQS receive answered non-JSON: %.200r", response.content)
-            return None
-        self._observe("receive", "ok")
+            _, data = self._peer.call_json("GET", self.queue_path, "receive")
+        except CallFailed:
+            return None  # logged and counted by the peer call
         if data is not None and not isinstance(data, dict):
-            log.warning("SQS receive answered neither a message nor null: %.200r", data)
+            log.warning(
+                "SQS receive answered neither a message nor null: %s", printable(repr(data)[:200])
+            )
             return None
         return data
 
     def delete(self, message_id: str) -> bool:
         """Delete a handled message; a failure only means SQS delivers it again."""
-        url = f"{self.queue_url}/{requests.utils.quote(message_id, safe='')}"
+        path = f"{self.queue_path}/{quote(message_id, safe='')}"
         try:
-            response = self._session.delete(url, timeout=TIMEOUT_SECS)
-        except requests.RequestException as exc:
-            self._observe("delete", "unreachable")
-            log.warning("SQS delete of %s failed: %s", message_id, exc)
+            self._peer.call("DELETE", path, "delete", accept=range(200, 300))
+        except CallFailed:
             return False
-        if response.status_code // 100 != 2:
-            self._observe("delete", "error")
-            log.warning("SQS delete of %s answered %d", message_id, response.status_code)
-            return False
-        self._observe("delete", "ok")
         return True
-
-    def _observe(self, call: str, result: str) -> None:
-        for observe in self.call_observers:
-            observe(call, result)
 
 
 def _encodable(text: str) -> bool:

@@ -118,11 +118,11 @@ class Overview:
 
 def overview(service: Scheduler, failures: RecentFailures) -> Overview:
     """Counts by status, every node with its health and jobs, and the recent failures."""
-    counts = service.table.counts()
+    counts = service.counts()
     health, registry_error = _node_health(service)
     rows = []
-    for node_id in sorted(set(health) | service.table.busy_nodes()):
-        pending, running = service.table.on_node(node_id)
+    for node_id in sorted(set(health) | service.busy_nodes()):
+        pending, running = service.jobs_on(node_id)
         rows.append(
             NodeRow(
                 node_id=node_id,
@@ -137,7 +137,7 @@ def overview(service: Scheduler, failures: RecentFailures) -> Overview:
         now=jobs.now_us(),
         counts=counts,
         total=sum(counts.values()),
-        store_error=None if service.store.healthy else service.store.last_error,
+        store_error=service.store_health()[1],
         registry_error=registry_error,
         nodes=rows,
         failures=failures.newest(),
@@ -147,7 +147,7 @@ def overview(service: Scheduler, failures: RecentFailures) -> Overview:
 def _node_health(service: Scheduler) -> tuple[dict[str, str], str | None]:
     """Each node the registry lists with its status, or no nodes and the registry's error."""
     try:
-        return dict(service.placement.registry.nodes().status), None
+        return dict(service.node_health().status), None
     except errors.PlacementError as exc:
         return {}, exc.message
 
@@ -190,11 +190,8 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
         error = exc.message
         wanted["after"] = ""
         query = validation.parse_query({**wanted, "limit": str(limit)})
-    # Straight from the table, not through service.list_jobs: there a node plus
-    # status=pending is the agent's poll, capped to the node's free slots and counted as one.
-    found, more = service.table.query(
-        query.node_id, query.status, query.job_type, query.after, query.limit
-    )
+    page = service.list_jobs(query)
+    found = page.jobs
     health, _ = _node_health(service)
     return JobList(
         now=jobs.now_us(),
@@ -204,9 +201,9 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
         job_type=wanted["job_type"],
         limit=limit,
         after=wanted["after"],
-        next_after=found[-1].job_id if more and found else None,
+        next_after=jobs.job_id_of(page.next_after) if page.next_after else None,
         error=error,
-        nodes=sorted(set(health) | service.table.busy_nodes()),
+        nodes=sorted(set(health) | service.busy_nodes()),
     )
 
 

@@ -1,0 +1,64 @@
+"""The storage contract: what a backend must do to keep jobs durable, and nothing more.
+
+A backend (`sqlite.py`, and any other) is a `JobStore`: it loads every job at start-up and
+writes batches of changes, each batch in one transaction that either commits durably or
+raises. It is called from one thread at a time (the writer, `writer.py`, or the start-up
+code), so it needs no locking of its own. Group commit, health tracking and the waiting of
+request threads live above it, written once in `writer.py`; the behavioural tests every
+backend must pass are in `tests/test_storage_contract.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Protocol
+
+from ..jobs import Job
+
+
+class StoreOpenError(RuntimeError):
+    """The database cannot be used: corrupt, not ours, from a newer scheduler, unreachable."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Loaded:
+    """What a store holds at start-up."""
+
+    jobs: list[Job]  # in id order
+    last_seq: int  # the highest id ever handed out, also of jobs since deleted
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Batch:
+    """The changes of one transaction."""
+
+    upserts: Sequence[Job] = ()  # insert, or replace the stored version with the same seq
+    deletes: Sequence[int] = ()  # seqs to remove; the id high-water mark stays
+    probe: bool = False  # also write a fresh value somewhere, to prove the store can write
+
+
+class JobStore(Protocol):
+    """A durable home for jobs. Every method may raise; `is_fault` tells which errors mean
+    the store itself cannot write (as opposed to one change it could not take)."""
+
+    location: str
+    """Where the data lives, for messages (a path, or a URL without its password)."""
+
+    def load(self) -> Loaded:
+        """Every stored job and the id high-water mark."""
+        ...
+
+    def write(self, batch: Batch) -> None:
+        """Apply the batch in one transaction, durable when this returns; all or nothing.
+        Raises the first *upsert* it cannot store (e.g. a duplicate dedupe key) as an error
+        for which `is_fault` is False."""
+        ...
+
+    def is_fault(self, error: BaseException) -> bool:
+        """Whether `error` (raised by `write`) says the store cannot write at all."""
+        ...
+
+    def close(self) -> None:
+        """Release the database; no call follows."""
+        ...

@@ -1,0 +1,68 @@
+"""Jobs as database rows, derived from the one declaration of a job's fields (`jobs.Job`).
+
+The column list is the dataclass's field list; values that SQL has no type for (the
+environment, the earlier attempts) are stored as JSON text, enums as their plain values. Rows
+are read back by selecting the columns *by name* in the declaration's order, so a column added
+anywhere in a table (by a migration) can never shift another. Shared by every backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from enum import Enum
+from sys import intern
+from typing import Any
+
+import orjson
+
+from ..jobs import Attempt, Job, JobType, Status
+
+COLUMNS = tuple(field.name for field in dataclasses.fields(Job))
+"""Column names of the jobs table, in the declaration's order."""
+
+_JSON = frozenset({"env_vars", "attempts"})
+_ATTEMPT_FIELDS = tuple(field.name for field in dataclasses.fields(Attempt))
+
+
+def to_row(job: Job) -> tuple[object, ...]:
+    """The job's column values in `COLUMNS` order."""
+    return tuple(_encode(name, getattr(job, name)) for name in COLUMNS)
+
+
+def from_row(row: Sequence[Any]) -> Job:
+    """A job from a row whose values come in `COLUMNS` order (select them by name)."""
+    job = Job(*row)
+    # Interned: a million jobs share a handful of node ids, types and statuses, and each row
+    # would otherwise bring its own copy of them into memory.
+    job.node_id = intern(job.node_id)
+    job.instance_id = intern(job.instance_id)
+    job.job_type = JobType(job.job_type)
+    job.status = Status(job.status)
+    if job.env_vars is not None:
+        job.env_vars = orjson.loads(job.env_vars)
+    if job.attempts is not None:
+        job.attempts = tuple(_attempt(item) for item in orjson.loads(job.attempts))
+    else:
+        job.attempts = ()
+    return job
+
+
+def _encode(name: str, value: Any) -> object:
+    if name in _JSON:
+        if not value:
+            return None
+        if name == "attempts":
+            value = [dataclasses.asdict(attempt) for attempt in value]
+        return orjson.dumps(value).decode()
+    if isinstance(value, Enum):
+        return value.value
+    return value
+
+
+def _attempt(item: Any) -> Attempt:
+    # Attempts are stored by name; files written before that hold them as lists in the
+    # declaration's order, which is how they are read.
+    if isinstance(item, dict):
+        return Attempt(**{name: item.get(name) for name in _ATTEMPT_FIELDS})
+    return Attempt(*item)

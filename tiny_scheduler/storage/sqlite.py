@@ -1,0 +1,198 @@
+"""The SQLite backend (the embedded default): one file, WAL, `synchronous=FULL`.
+
+Owns the schema, its migrations and the file's checks at start-up: a file this scheduler must
+not touch (another program's database, a newer scheduler's, a corrupt one) is refused and left
+exactly as it was. Writes come from the one writer thread (`writer.py`), a batch per
+transaction, one statement per kind of change.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import sqlite3
+import time
+
+from . import rows
+from .base import Batch, Loaded, StoreOpenError
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+_SCHEMA_V1 = """
+CREATE TABLE schema_version (version INTEGER NOT NULL);
+CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE jobs (
+    seq          INTEGER PRIMARY KEY,  -- N of job-N
+    node_id      TEXT NOT NULL,
+    command      TEXT NOT NULL,
+    created_at   INTEGER NOT NULL,     -- microseconds since the epoch, UTC
+    instance_id  TEXT NOT NULL,
+    deploy_url   TEXT NOT NULL,
+    job_type     TEXT NOT NULL,
+    port         INTEGER NOT NULL,
+    env_vars     TEXT,                 -- JSON object, NULL when empty
+    timeout_secs INTEGER NOT NULL,
+    status       TEXT NOT NULL,
+    retry_count  INTEGER NOT NULL,
+    exit_code    INTEGER,
+    stdout       TEXT NOT NULL,
+    stderr       TEXT NOT NULL,
+    running_at   INTEGER,
+    finished_at  INTEGER,
+    attempts     TEXT,                 -- JSON array of earlier attempts, NULL when none
+    dedupe_key   TEXT UNIQUE           -- Idempotency-Key or SQS message that created the job
+);
+"""
+
+MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1}
+"""Each entry upgrades a file from version N-1 to N. A new schema version appends one."""
+
+_SELECT = f"SELECT {', '.join(rows.COLUMNS)} FROM jobs ORDER BY seq"
+_UPSERT = "INSERT INTO jobs ({cols}) VALUES ({marks}) ON CONFLICT(seq) DO UPDATE SET {sets}".format(
+    cols=", ".join(rows.COLUMNS),
+    marks=", ".join("?" for _ in rows.COLUMNS),
+    sets=", ".join(f"{c} = excluded.{c}" for c in rows.COLUMNS if c != "seq"),
+)
+_HIGH_WATER = (
+    "INSERT INTO meta (key, value) VALUES ('last_seq', ?) "
+    "ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)"
+)
+_PROBE = (
+    "INSERT INTO meta (key, value) VALUES ('probe', ?) "
+    "ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+)
+
+
+class SqliteStore:
+    """A `JobStore` in one SQLite file."""
+
+    def __init__(self, path: str) -> None:
+        self.location = path
+        self._conn = _open(path)
+
+    def load(self) -> Loaded:
+        # Building a million objects would trigger the cycle collector hundreds of times over
+        # objects that cannot form cycles; pause it for the load.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            loaded = [rows.from_row(row) for row in self._conn.execute(_SELECT)]
+        finally:
+            if collecting:
+                gc.enable()
+        found = self._conn.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
+        # The load filled SQLite's page cache with pages the writer will rarely touch again.
+        self._conn.execute("PRAGMA shrink_memory")
+        last_seq = max(found[0] if found else 0, loaded[-1].seq if loaded else 0)
+        return Loaded(loaded, last_seq)
+
+    def write(self, batch: Batch) -> None:
+        # One statement per kind of change: the writer gives up the GIL at every statement
+        # and must win it back from the request threads, so fewer statements mean a shorter
+        # commit under load.
+        upserts = [rows.to_row(job) for job in batch.upserts]
+        high = max((job.seq for job in batch.upserts), default=0)
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            if upserts:
+                conn.executemany(_UPSERT, upserts)
+            if batch.deletes:
+                conn.executemany("DELETE FROM jobs WHERE seq = ?", [(s,) for s in batch.deletes])
+            if high:
+                conn.execute(_HIGH_WATER, (high,))
+            if batch.probe:
+                # A fresh value each time: SQLite skips writing a row that does not change.
+                conn.execute(_PROBE, (time.time_ns(),))
+            conn.execute("COMMIT")
+        except Exception:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    log.exception("rollback failed")
+            raise
+
+    def is_fault(self, error: BaseException) -> bool:
+        # A value SQLite cannot bind (text that is not valid Unicode) raises something else,
+        # and says nothing about the disk.
+        return isinstance(error, sqlite3.Error)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def check(path: str) -> None:
+    """Open (creating or migrating) the database once and close it; StoreOpenError when it
+    cannot be used. The daemon calls this before starting its worker, so a corrupt file or
+    one from a newer scheduler stops start-up with one clear line."""
+    conn = _open(path)
+    try:
+        row = conn.execute("PRAGMA quick_check").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise StoreOpenError(f"job database {path!r} is corrupt: {exc}") from exc
+    finally:
+        conn.close()
+    if row is None or row[0] != "ok":
+        raise StoreOpenError(f"job database {path!r} is corrupt: {row[0] if row else 'no answer'}")
+
+
+def _open(path: str) -> sqlite3.Connection:
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    except sqlite3.DatabaseError as exc:
+        raise StoreOpenError(f"cannot open job database {path!r}: {exc}") from exc
+    try:
+        # Look before writing anything: switching to WAL is written into the file's header,
+        # and a file we refuse (another program's database, a newer scheduler's) must be left
+        # exactly as it was.
+        version = _version(conn, path)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        _migrate(conn, path, version)
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise StoreOpenError(f"cannot open job database {path!r}: {exc}") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _version(conn: sqlite3.Connection, path: str) -> int:
+    """The file's schema version (0 for a file without tables); StoreOpenError for a file
+    this scheduler must not touch."""
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if "schema_version" in tables:
+        row = conn.execute("SELECT version FROM schema_version").fetchone()
+        version = row[0] if row else 0
+    elif tables:
+        raise StoreOpenError(f"{path!r} is a SQLite file but not a tiny-scheduler database")
+    else:
+        version = 0
+    if version > SCHEMA_VERSION:
+        raise StoreOpenError(
+            f"job database {path!r} has schema version {version}, newer than the {SCHEMA_VERSION} "
+            "this tiny-scheduler understands; run a newer tiny-scheduler"
+        )
+    return version
+
+
+def _migrate(conn: sqlite3.Connection, path: str, version: int) -> None:
+    if version == SCHEMA_VERSION:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for step in range(version + 1, SCHEMA_VERSION + 1):
+            log.info("migrating job database %s to schema version %d", path, step)
+            for statement in MIGRATIONS[step].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        conn.execute("DELETE FROM schema_version")
+        conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
