@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import SchedulerFactory
-from helpers import Agent, Api, expect_error, expect_json
+from conftest import SchedulerFactory, log_tail
+from helpers import Agent, Api, expect_error, expect_json, set_nodes
 
 from tiny_scheduler.dev.daemon import free_port
 from tiny_scheduler.dev.registry import FakeRegistry
@@ -107,3 +107,22 @@ def test_a_registry_that_is_down(scheduler_factory: SchedulerFactory, node: str)
     finally:
         api.close()
         agent.close()
+
+
+def test_node_ids_cannot_forge_log_lines_and_empty_ones_are_ignored(
+    scheduler_factory: SchedulerFactory, registry: FakeRegistry
+) -> None:
+    """A node id is the registry's word: a newline in it is escaped in the log, and a node
+    with an empty id (no agent could poll for it) gets no jobs."""
+    forged = "node-x\n[2030-01-01 00:00:00 +0000] [1] [INFO] job job-999 done"
+    set_nodes(registry, healthy=[forged, ""])
+    proc = scheduler_factory()
+    api = Api(proc.url)
+    try:
+        jobs = [api.submit() for _ in range(3)]
+    finally:
+        api.close()
+    assert {job["node_id"] for job in jobs} == {forged}
+    log = log_tail(proc, 100_000)
+    assert "job-999" not in "\n".join(line for line in log.splitlines() if "node-x" not in line)
+    assert "node-x\\n[2030-01-01" in log

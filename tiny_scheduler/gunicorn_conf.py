@@ -14,6 +14,7 @@ import sys
 
 from tiny_scheduler import storage
 from tiny_scheduler.config import ConfigError, Settings
+from tiny_scheduler.logs import EscapeControlCharacters
 
 try:
     _settings = Settings.from_env()
@@ -54,6 +55,10 @@ def on_starting(server) -> None:
     logging.logThreads = False
     logging.logMultiprocessing = False
     ours = logging.getLogger("tiny_scheduler")
+    for handler in server.log.error_log.handlers:
+        # Node ids, message ids and peers' answers come from outside: no value may forge
+        # a line of the log.
+        handler.addFilter(EscapeControlCharacters())
     ours.handlers[:] = server.log.error_log.handlers
     ours.setLevel(server.log.error_log.level)
     ours.propagate = False

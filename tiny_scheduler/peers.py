@@ -24,8 +24,6 @@ from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
 
-from .logs import printable
-
 log = logging.getLogger(__name__)
 
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
@@ -148,7 +146,7 @@ class Peer:
             conn.close()
 
     def _failed(self, endpoint: str, outcome: Outcome, detail: str) -> None:
-        log.warning("%s %s (%s)", self.name, printable(detail), outcome)
+        log.warning("%s %s (%s)", self.name, detail, outcome)
         self._tell(endpoint, outcome)
 
     def _tell(self, endpoint: str, outcome: Outcome) -> None:

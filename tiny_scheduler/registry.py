@@ -100,6 +100,14 @@ class Registry:
             self._fetched.notify_all()
         return _unwrap(result)
 
+    def last_outcome(self) -> str | None:
+        """The last node-list fetch's failure text, "" when it succeeded, None before any."""
+        with self._lock:
+            result = self._flight_result
+        if result is None:
+            return None
+        return result.message if isinstance(result, PlacementError) else ""
+
     def cached_nodes(self) -> Nodes | None:
         """The last node list fetched, however old; never calls the registry."""
         with self._lock:

@@ -126,6 +126,13 @@ class Scheduler:
         }
         if not healthy:
             body["error"] = f"job store cannot be written: {self._store.last_error}"
+        # The registry's state as last seen (never a call from here: a health check must not
+        # wait on a peer). It does not make the scheduler unhealthy: agents still poll and
+        # report while it is away.
+        registry = self._placement.registry.last_outcome()
+        body["registry"] = "unknown" if registry is None else "unreachable" if registry else "ok"
+        if registry:
+            body["registry_error"] = registry
         return body
 
     # --- changes ----------------------------------------------------------------------------

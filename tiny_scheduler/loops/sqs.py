@@ -24,7 +24,6 @@ from urllib.parse import quote
 
 from .. import errors, validation
 from ..config import SQS_DEADLINE_SECS
-from ..logs import printable
 from ..peers import CallFailed, CallObserver, Peer
 from ..service import Scheduler
 
@@ -74,7 +73,7 @@ class SqsIngest:
         """Deal with one message."""
         message_id, body = message.get("id"), message.get("body")
         if not isinstance(message_id, str) or not message_id or not _encodable(message_id):
-            log.error("SQS message without a usable id ignored: %s", printable(repr(message)[:500]))
+            log.error("SQS message without a usable id ignored: %s", repr(message)[:500])
             return Handled.INVALID
         try:
             if not isinstance(body, str):
@@ -86,9 +85,9 @@ class SqsIngest:
         except errors.BadRequest as exc:
             log.warning(
                 "SQS message %s rejected (%s), deleting it: %s",
-                printable(message_id),
+                message_id,
                 exc,
-                printable(repr(body)[:2000]),
+                repr(body)[:2000],
             )
             self.delete(message_id)
             return Handled.INVALID
@@ -96,19 +95,17 @@ class SqsIngest:
         try:
             job, created = self.service.submit(request, f"sqs:{message_id}:{digest}", "sqs")
         except errors.PlacementError as exc:
-            log.warning("SQS message %s kept for later: %s", printable(message_id), exc.message)
+            log.warning("SQS message %s kept for later: %s", message_id, exc.message)
             return Handled.KEPT
         except errors.StoreError as exc:
-            log.error(
-                "SQS message %s kept, store unavailable: %s", printable(message_id), exc.message
-            )
+            log.error("SQS message %s kept, store unavailable: %s", message_id, exc.message)
             return Handled.STOP
         if created:
-            log.info("SQS message %s ingested as %s", printable(message_id), job.job_id)
+            log.info("SQS message %s ingested as %s", message_id, job.job_id)
         else:
             log.info(
                 "SQS message %s delivered again; %s already exists",
-                printable(message_id),
+                message_id,
                 job.job_id,
             )
         self.delete(message_id)
@@ -121,9 +118,7 @@ class SqsIngest:
         except CallFailed:
             return None  # logged and counted by the peer call
         if data is not None and not isinstance(data, dict):
-            log.warning(
-                "SQS receive answered neither a message nor null: %s", printable(repr(data)[:200])
-            )
+            log.warning("SQS receive answered neither a message nor null: %s", repr(data)[:200])
             return None
         return data
 

@@ -1,0 +1,133 @@
+"""Peers that trickle their answers a byte at a time cost each call its deadline, nothing
+more: submissions get a 503 in seconds, the health check and the poll are not held up, the
+loops go on, and all recovers as soon as the peer answers properly again."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import orjson
+import pytest
+from conftest import SchedulerFactory
+from helpers import Agent, Api, expect_error, wait_for
+
+LIVENESS_SECS = 10.0
+"""Generous bound for "answered at all" (the deadlines are 3-5 s; this is not a timing test)."""
+
+
+class TricklingPeer:
+    """A loopback HTTP server. While `trickling`, it sends its answer one byte every 0.2 s
+    (status line and headers included), announcing far more body than it will ever send;
+    otherwise it answers each path from `answers` at once."""
+
+    def __init__(self) -> None:
+        self.trickling = True
+        self.answers: dict[str, list[bytes]] = {}  # path prefix -> answers, the last repeats
+        self.calls = 0
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sock.close()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                request = conn.recv(65536).decode("latin-1")
+                self.calls += 1
+                if self.trickling:
+                    reply = b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n" + b" " * 100
+                    for byte in reply:
+                        if self._stop.is_set():
+                            return
+                        conn.sendall(bytes([byte]))
+                        time.sleep(0.2)  # the fault under test: a peer sending slowly
+                    return
+                path = request.split(" ", 2)[1]
+                body = self._body_for(path)
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                    + body
+                )
+            except OSError:
+                return
+
+    def _body_for(self, path: str) -> bytes:
+        for prefix, queue in self.answers.items():
+            if path.startswith(prefix):
+                return queue.pop(0) if len(queue) > 1 else queue[0]
+        return b"null"
+
+
+@pytest.fixture
+def peer() -> Iterator[TricklingPeer]:
+    server = TricklingPeer()
+    yield server
+    server.close()
+
+
+NODES = orjson.dumps({"node-t": {"id": "node-t", "status": "healthy", "role": "compute"}})
+
+
+def test_a_trickling_registry_costs_a_submission_its_deadline_and_nothing_more(
+    scheduler_factory: SchedulerFactory, peer: TricklingPeer
+) -> None:
+    api = Api(scheduler_factory(registry_url=peer.url).url)
+    agent = Agent(api.base_url, "node-t")
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            started = time.monotonic()
+            answers = [pool.submit(api.post, "/jobs", {"command": "x"}) for _ in range(8)]
+            # While eight submissions wait on the registry, the health check and the poll
+            # do not.
+            assert api.get("/health", timeout=LIVENESS_SECS).status_code == 200
+            assert agent.poll() == []
+            for answer in answers:
+                expect_error(answer.result(LIVENESS_SECS), 503, "failed to reach registry")
+            elapsed = time.monotonic() - started
+        health = api.get("/health").json()
+        assert (health["status"], health["registry"]) == ("healthy", "unreachable")
+        assert health["registry_error"] == "failed to reach registry"
+        print(f"8 submissions against a trickling registry answered 503 within {elapsed:.1f}s")
+
+        peer.trickling = False
+        peer.answers["/nodes"] = [NODES]
+        job = api.submit()  # recovers at once: no thread was left waiting on the old calls
+        assert job["node_id"] == "node-t"
+        assert api.get("/health").json()["registry"] == "ok"
+    finally:
+        agent.close()
+        api.close()
+
+
+def test_a_trickling_sqs_does_not_stop_the_loop(
+    scheduler_factory: SchedulerFactory, peer: TricklingPeer
+) -> None:
+    env = {"SQS_URL": peer.url, "SQS_POLL_INTERVAL_SECS": "0.2"}
+    api = Api(scheduler_factory(env=env).url)
+    try:
+        wait_for(lambda: peer.calls >= 1, message="the SQS loop's first receive")
+        assert api.get("/health", timeout=LIVENESS_SECS).status_code == 200
+        message = orjson.dumps({"id": "msg-1", "body": '{"command":"echo from sqs"}'})
+        peer.answers["/queues/jobs/messages"] = [message, b"null"]
+        peer.trickling = False
+        jobs = wait_for(lambda: api.jobs(), timeout=3 * LIVENESS_SECS, message="the SQS job")
+        assert [job["command"] for job in jobs] == ["echo from sqs"]
+    finally:
+        api.close()
