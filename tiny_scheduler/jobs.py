@@ -158,17 +158,9 @@ class Job:
         optional fields left out.
 
         The real agent rejects a whole poll reply if one field is `null`, so no value here is
-        ever None.
+        ever None. (The body is generated from the declaration below: see `_compile_to_wire`.)
         """
-        out: dict[str, Any] = {}
-        for name, key, wire, default, encode in _WIRE_FIELDS:
-            value = getattr(self, name)
-            if wire == DETAIL and not with_attempts:
-                continue
-            if wire != ALWAYS and _empty(value, default):
-                continue
-            out[key] = encode(value) if encode is not None else value
-        return out
+        raise NotImplementedError  # replaced at import time
 
 
 # --- the state machine -------------------------------------------------------------------
@@ -310,6 +302,48 @@ def cap_output(text: str, max_bytes: int) -> str:
 # --- the wire shape, derived from the declaration ----------------------------------------
 
 
+def _compile_to_wire() -> Callable[..., dict[str, Any]]:
+    """`Job.to_wire`, written out from the field declaration once, at import.
+
+    A loop over the fields would do the same, at twice the cost per job; every poll and
+    listing pays it for every job, so the loop is unrolled the way `dataclasses` writes its
+    own methods. The rule per field: ALWAYS fields are always set; OPTIONAL ones are left
+    out when empty (None, empty text or container, a number equal to its default — so an
+    exit code of 0, whose default is None, is shown); DETAIL ones only `with_attempts`.
+    """
+    scope: dict[str, Any] = {}
+    lines = ["def to_wire(self, with_attempts=False):", "    out = {}"]
+    for field in dataclasses.fields(Job):
+        wire = field.metadata["wire"]
+        if wire == HIDDEN:
+            continue
+        key = field.metadata.get("wire_name", field.name)
+        encode = _wire_encoder(field)
+        value = f"self.{field.name}"
+        if encode is not None:
+            scope[f"_encode_{field.name}"] = encode
+        encoded = f"_encode_{field.name}({value})" if encode is not None else value
+        if wire == ALWAYS:
+            lines.append(f"    out[{key!r}] = {encoded}")
+            continue
+        if field.default is None and field.type == "int | None":
+            test = f"{value} is not None"
+        elif isinstance(field.default, int) and field.default is not None:
+            test = f"{value} != {field.default!r}"
+        else:
+            test = value
+        if wire == DETAIL:
+            test = f"with_attempts and {test}"
+        lines.append(f"    if {test}:")
+        lines.append(f"        out[{key!r}] = {encoded}")
+    lines.append("    return out")
+    exec("\n".join(lines), scope)  # the source is built above from the declaration only
+    to_wire = scope["to_wire"]
+    to_wire.__doc__ = Job.to_wire.__doc__
+    to_wire.__qualname__ = "Job.to_wire"
+    return to_wire
+
+
 def _empty(value: Any, default: Any) -> bool:
     """None, empty text or containers, and a number equal to its default are left out (an
     exit code of 0 is shown: its default is None)."""
@@ -341,3 +375,5 @@ _WIRE_FIELDS = tuple(
 )
 WIRE_ORDER = tuple(key for _, key, *_rest in _WIRE_FIELDS)
 """The JSON object's keys in the spec's order (attempts last, only in GET /jobs/{id})."""
+
+Job.to_wire = _compile_to_wire()  # type: ignore[method-assign]
