@@ -27,7 +27,7 @@ from .procs import RegistryProcess
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-SCENARIOS = ("submit", "history", "cycle")
+SCENARIOS = ("submit", "history", "cycle", "floor")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             "submit": scenarios.submissions,
             "history": scenarios.history_and_restart,
             "cycle": scenarios.cycle,
+            "floor": scenarios.floor,
         }
         for name in SCENARIOS:
             if name in args.only:

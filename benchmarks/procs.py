@@ -4,6 +4,7 @@
   answering the scheduler's `/nodes` calls never compete for a GIL with the load generator;
 - `Server`: one gunicorn-run scheduler (`SchedulerProcess`) started with its start-up timed to
   the first healthy `/health`, and the pid and resident memory of its worker;
+- `FloorProcess`: the floor app (`floor_app.py`) under the daemon's gunicorn settings;
 - `CpuMeter`: CPU used by named processes and by the whole machine over a window, in cores.
 """
 
@@ -13,6 +14,7 @@ import http.client
 import multiprocessing
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -63,8 +65,16 @@ def _serve_registry(nodes: list[str], sender: Any) -> None:
 class Server:
     """One scheduler daemon on `db_path`, configured like production except where `env` says."""
 
-    def __init__(self, db_path: Path, registry_url: str, log_path: Path, env: dict[str, str]):
-        self.process = SchedulerProcess(
+    def __init__(
+        self,
+        db_path: Path,
+        registry_url: str,
+        log_path: Path,
+        env: dict[str, str],
+        floor: bool = False,
+    ):
+        kind = FloorProcess if floor else SchedulerProcess
+        self.process = kind(
             str(db_path),
             env={"REGISTRY_URL": registry_url, **env},
             log_path=str(log_path),
@@ -119,6 +129,16 @@ class Server:
 
     def stop(self) -> None:
         self.process.stop()
+
+
+class FloorProcess(SchedulerProcess):
+    """The floor app under gunicorn with the daemon's settings (`floor_conf.py`)."""
+
+    argv = (sys.executable, "-m", "gunicorn", "-c", "python:benchmarks.floor_conf")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.extra_env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
 
 
 def rss_bytes(pid: int) -> int:

@@ -23,6 +23,7 @@ TARGET_POLL_GROWTH = 1.5  # 1M p50 within this factor of the 10k p50
 TARGET_CYCLE_RATE = 400
 TARGET_RESTART_S = {100_000: 1.0, 1_000_000: 8.0}
 TARGET_BYTES_PER_JOB = 600
+TARGET_FLOOR_RATIO = 1.3  # issue 16: server CPU per request at most this times the floor's
 
 
 @dataclasses.dataclass
@@ -157,6 +158,8 @@ def rows(results: dict[str, Any]) -> list[Row]:
         )
         out.append(Row("", "submit -> done p50 / p99 ms", _ms(m)))
 
+    out += _floor_rows(results, sizes)
+
     restarts = sorted(int(key.split("_")[1]) for key in results if key.startswith("restart_"))
     for size in restarts:
         m = results[f"restart_{size}"]["median"]
@@ -185,6 +188,70 @@ def rows(results: dict[str, Any]) -> list[Row]:
                 _num(GO_BYTES_PER_JOB) if size == 100_000 else "",
                 f"<= {TARGET_BYTES_PER_JOB}" if big else "",
                 m["bytes_per_job"] <= TARGET_BYTES_PER_JOB if big else None,
+            )
+        )
+    return out
+
+
+def _us_per_request(median: dict[str, Any]) -> float:
+    """Server CPU per request (or per completed job, for the cycle), in microseconds."""
+    rate = median.get("rate") or 0
+    return (median.get("cpu") or {}).get("server", 0) / rate * 1e6 if rate else float("nan")
+
+
+def _floor_rows(results: dict[str, Any], sizes: list[int]) -> list[Row]:
+    """The floor app's CPU per request, and ours as a ratio of it (same run, same machine)."""
+    floor = {
+        s: results[f"floor_{s}"]["median"]
+        for s in ("get", "post", "patch")
+        if f"floor_{s}" in results
+    }
+    if len(floor) < 3:
+        return []
+    us = {shape: _us_per_request(m) for shape, m in floor.items()}
+    out = [
+        Row(
+            "floor: trivial Flask app, 8 clients",
+            "CPU us per GET / POST / PATCH",
+            f"{us['get']:.0f} / {us['post']:.0f} / {us['patch']:.0f}",
+            cpu=_cpu(floor["get"]),
+        )
+    ]
+
+    def ratio_row(case: str, figure: str, ours: float, base: float) -> Row:
+        ratio = ours / base if base else float("nan")
+        return Row(
+            case,
+            figure,
+            f"{ours:.0f} us; {ratio:.2f}x",
+            target=f"<= {TARGET_FLOOR_RATIO}x",
+            met=ratio <= TARGET_FLOOR_RATIO,
+        )
+
+    if "submit_8" in results:
+        ours = _us_per_request(results["submit_8"]["median"])
+        out.append(
+            ratio_row("submit, 8 clients", "CPU per request; x floor POST", ours, us["post"])
+        )
+    if sizes and f"poll_{sizes[-1]}_8" in results:
+        ours = _us_per_request(results[f"poll_{sizes[-1]}_8"]["median"])
+        name = f"poll, {_size(sizes[-1])} jobs, 8 clients"
+        out.append(ratio_row(name, "CPU per request; x floor GET", ours, us["get"]))
+    cycle = results.get("cycle")
+    if cycle and cycle["median"].get("per_job"):
+        per_job = cycle["median"]["per_job"]
+        floor_job = (
+            per_job["poll"] * us["get"]
+            + per_job["submit"] * us["post"]
+            + per_job["patch"] * us["patch"]
+        )
+        requests = sum(per_job.values())
+        out.append(
+            ratio_row(
+                "cycle",
+                f"CPU per job ({requests:.1f} requests); x floor",
+                _us_per_request(cycle["median"]),
+                floor_job,
             )
         )
     return out

@@ -7,6 +7,8 @@
    `GET /jobs?node_id=N&status=pending` from 1 and 8 clients. An empty database is the memory
    baseline.
 3. `cycle`: 50 simulated agents (poll, PATCH running, PATCH done) while 4 clients submit.
+5. `floor`: the same load against a trivial Flask app under the same gunicorn settings
+   (`floor_app.py`), one call shape at a time: what the stack costs by itself.
 
 A scenario's record is {case: {"runs": [...], "median": {...}}}: every run kept for the JSON,
 the median of each figure over the runs for the table.
@@ -71,11 +73,11 @@ class Bench:
         self.nodes = registry.nodes
         self._profiled: set[str] = set()
 
-    def server(self, name: str, db: Path, fresh: bool = True) -> Server:
+    def server(self, name: str, db: Path, fresh: bool = True, floor: bool = False) -> Server:
         if fresh:
             history.remove_database(db)
         log = self.options.workdir / f"server-{name}.log"
-        return Server(db, self.registry.url, log, self.options.server_env)
+        return Server(db, self.registry.url, log, self.options.server_env, floor)
 
     def load(
         self,
@@ -295,6 +297,11 @@ def cycle(bench: Bench) -> dict[str, Any]:
             done_at = {k: v for w in agents for k, v in w["done_at"].items()}
             completed = sum(1 for t in done_at.values() if window.t0 <= t < window.t1)
             latencies = [done_at[job] - sent for job, sent in sent_at.items() if job in done_at]
+            requests = {
+                "submit": sum(len(w["latencies"]) for w in submitters),
+                "poll": sum(len(w["polls"]["latencies"]) for w in agents),
+                "patch": sum(len(w["patches"]["latencies"]) for w in agents),
+            }
             figures = latency_figures([latencies])
             runs.append(
                 {
@@ -307,6 +314,8 @@ def cycle(bench: Bench) -> dict[str, Any]:
                     "poll": latency_figures(w["polls"]["latencies"] for w in agents),
                     "patch": latency_figures(w["patches"]["latencies"] for w in agents),
                     "empty_polls": sum(w["empty"] for w in agents),
+                    # requests sent inside the window, per completed job, by shape
+                    "per_job": {k: round(n / max(completed, 1), 3) for k, n in requests.items()},
                     "errors": merge_errors(
                         [w["errors"] for w in submitters]
                         + [w["polls"]["errors"] for w in agents]
@@ -319,3 +328,41 @@ def cycle(bench: Bench) -> dict[str, Any]:
     finally:
         server.stop()
     return {"cycle": _case(runs)}
+
+
+# --- 5. the floor: the same stack with a trivial app ---------------------------------------------
+
+FLOOR_SHAPES = {
+    "get": (sessions.poll_worker, "poll"),
+    "post": (sessions.submit_worker, "submit"),
+    "patch": (sessions.patch_worker, "patch"),
+}
+"""The floor app's call shapes: the load generator session that drives each, and the
+scheduler's call it stands for."""
+
+
+def floor(bench: Bench) -> dict[str, Any]:
+    """Each hot call shape from 8 clients against the floor app; CPU µs per request."""
+    out: dict[str, Any] = {}
+    server = bench.server("floor", bench.options.workdir / "floor.db", floor=True).start()
+    try:
+        for shape, (builder, _) in FLOOR_SHAPES.items():
+            runs = []
+            for _ in range(bench.options.runs):
+                window = bench.window()
+                extra: tuple[Any, ...] = (bench.nodes,) if shape == "get" else ()
+                workers = [(builder, (n, *extra)) for n in split(8, CONNS_PER_PROCESS)]
+                result = bench.load(server, workers, window, f"floor-{shape}")
+                count = sum(len(w["latencies"]) for w in result.workers)
+                runs.append(
+                    {
+                        "rate": round(count / window.seconds, 1),
+                        **latency_figures(w["latencies"] for w in result.workers),
+                        "errors": merge_errors(w["errors"] for w in result.workers),
+                        "cpu": result.cpu,
+                    }
+                )
+            out[f"floor_{shape}"] = _case(runs)
+    finally:
+        server.stop()
+    return out

@@ -73,6 +73,19 @@ def poll_worker(window: Window, clients: int, nodes: list[str]) -> tuple[list[Se
     return [poller(i * 7) for i in range(clients)], collect
 
 
+def patch_worker(window: Window, clients: int) -> tuple[list[Session], Collect]:
+    """`clients` sessions sending the agent's claim back to back (the floor's PATCH shape)."""
+    recorder = Recorder(window)
+    patch = request("PATCH", "/jobs/job-1", RUNNING_BODY, JSON)
+
+    def patcher() -> Session:
+        while time.monotonic_ns() < window.t1:
+            reply = yield patch
+            recorder.add(reply)
+
+    return [patcher() for _ in range(clients)], recorder.result
+
+
 def cycle_submit_worker(
     window: Window, clients: int, slot: int, submitted: Any, done: Any, backlog: int
 ) -> tuple[list[Session], Collect]:

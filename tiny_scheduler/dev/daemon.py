@@ -30,6 +30,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 class SchedulerProcess:
     """One gunicorn-run scheduler; `start()` returns once it answers /health."""
 
+    argv: tuple[str, ...] = SERVE_ARGV
+    """The command line it runs: the daemon's own."""
+
     def __init__(
         self,
         db_path: str,
@@ -53,7 +56,7 @@ class SchedulerProcess:
         if self.log_path:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
-            SERVE_ARGV,
+            self.argv,
             env=env,
             stdout=self._log or subprocess.DEVNULL,
             stderr=subprocess.STDOUT if self._log else subprocess.DEVNULL,

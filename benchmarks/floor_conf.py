@@ -1,0 +1,14 @@
+"""gunicorn settings of the floor app: the daemon's own (worker class, threads, keep-alive,
+logging), serving `floor_app` instead of the scheduler, with no background loops to start."""
+
+from tiny_scheduler.gunicorn_conf import *  # noqa: F403
+
+wsgi_app = "benchmarks.floor_app:app"
+
+
+def post_worker_init(worker) -> None:
+    """The scheduler starts its loops here; the floor has none."""
+
+
+def worker_exit(server, worker) -> None:
+    """Nothing to stop or commit."""
