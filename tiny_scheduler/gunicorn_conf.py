@@ -2,7 +2,9 @@
 these, and `tiny-scheduler serve` points gunicorn here).
 
 Settings and the database are checked here, in the master, so a bad variable or an unusable
-database file stops start-up with one clear line instead of a worker traceback.
+database file stops start-up with one clear line instead of a worker traceback: first what
+`preflight` can tell without creating anything (the listen address, the database's place),
+then the store opens the file.
 """
 
 from __future__ import annotations
@@ -13,15 +15,16 @@ import os
 import queue
 import sys
 
-from tiny_scheduler import store
+from tiny_scheduler import preflight, store
 from tiny_scheduler.config import ConfigError, Settings
 
 try:
     _settings = Settings.from_env()
+    preflight.check(_settings)
     store.check(_settings.db_path)
 except ConfigError as _exc:
     sys.exit(f"tiny-scheduler: configuration error: {_exc}")
-except store.StoreOpenError as _exc:
+except (preflight.PreflightError, store.StoreOpenError) as _exc:
     sys.exit(f"tiny-scheduler: {_exc}")
 
 wsgi_app = "tiny_scheduler:create_app()"
