@@ -1,4 +1,5 @@
-"""Start-up, as an operator sees it in the daemon's output: the one-line errors that stop it
+"""Start-up, as an operator sees it in the daemon's output: the banner saying how it is set up
+(and the warning when anyone on the network could use it), and the one-line errors that stop it
 before it creates anything: a listen address that does not parse, and each way the database's
 place can be unusable.
 
@@ -11,18 +12,22 @@ file permissions (setpriv), or in a mount namespace of its own where its folder 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from conftest import BASE_ENV
+from conftest import BASE_ENV, SchedulerFactory, stop_scheduler
+from helpers import wait_for
 
+from tiny_scheduler import banner
 from tiny_scheduler.cli import SERVE_ARGV
-from tiny_scheduler.config import ConfigError
-from tiny_scheduler.dev.daemon import free_port
-from tiny_scheduler.preflight import parse_bind
+from tiny_scheduler.config import ConfigError, Settings
+from tiny_scheduler.dev.daemon import SchedulerProcess, free_port
+from tiny_scheduler.dev.registry import FakeRegistry
+from tiny_scheduler.preflight import ListenAddress, parse_bind
 
 EXIT_SECS = 30.0
 """Seconds a daemon that must refuse to start may take to exit (the machine is shared)."""
@@ -206,3 +211,82 @@ def test_a_read_only_file_system(tmp_path: Path) -> None:
         f"{folder / 'jobs.db'} is on a read-only file system"
     )
     assert list(folder.iterdir()) == []
+
+
+# --- the banner ---------------------------------------------------------------------------------
+
+
+def log_text(proc: SchedulerProcess) -> str:
+    assert proc.log_path is not None
+    return Path(proc.log_path).read_text()
+
+
+def test_the_banner_says_how_the_daemon_is_set_up(
+    scheduler_factory: SchedulerFactory, registry: FakeRegistry, tmp_path: Path
+) -> None:
+    proc = scheduler_factory(
+        env={"TINYAWS_API_KEY": "k3y", "SNS_URL": "http://127.0.0.1:9", "SNS_TOPIC": "events"}
+    )
+    text = wait_for(lambda: "SNS events" in log_text(proc) and log_text(proc))
+    block = (
+        rf"\[INFO\] tiny-scheduler {re.escape(banner.version())} starting\n"
+        rf"  listening on   http://127\.0\.0\.1:{proc.port} \(loopback only\)\n"
+        rf"  database       {re.escape(str(tmp_path / 'scheduler.db'))} \(SQLite\)\n"
+        rf"  registry       {re.escape(registry.url)}\n"
+        r"  auth           on \(bearer key; the agent's poll and PATCH exempt\)\n"
+        r"  timeout scan   every 3600 s\n"
+        r"  SQS ingestion  off\n"
+        r"  SNS events     on \(http://127\.0\.0\.1:9, topic events\)\n"
+    )
+    assert re.search(block, text), text
+    assert text.count(" starting\n") == 1
+    assert "[WARNING]" not in text
+    assert banner.version() != "unknown"
+
+
+def test_listening_beyond_loopback_with_auth_off_warns(
+    registry: FakeRegistry, tmp_path: Path
+) -> None:
+    port = free_port("0.0.0.0")
+    proc = SchedulerProcess(
+        str(tmp_path / "scheduler.db"),
+        env={**BASE_ENV, "REGISTRY_URL": registry.url, "SCHEDULER_BIND": f"0.0.0.0:{port}"},
+        port=port,
+        log_path=str(tmp_path / "scheduler.log"),
+    )
+    try:
+        proc.start()
+        text = wait_for(lambda: "[WARNING]" in log_text(proc) and log_text(proc))
+    finally:
+        stop_scheduler(proc)
+    assert f"  listening on   http://0.0.0.0:{port} (every interface)\n" in text
+    assert "  auth           off (TINYAWS_API_KEY is unset: no request needs a key)\n" in text
+    [warning] = [line for line in text.splitlines() if "[WARNING]" in line]
+    assert warning.endswith(
+        f"[WARNING] listening on 0.0.0.0:{port} with auth off: anyone who can reach this port "
+        "can run shell commands on every node. Set TINYAWS_API_KEY, or listen on loopback only "
+        f"(SCHEDULER_BIND=127.0.0.1:{port})"
+    )
+
+
+@pytest.mark.parametrize(
+    ("bind", "key", "warned"),
+    [
+        ("0.0.0.0:9001", None, True),
+        ("192.168.1.5:9001", None, True),
+        ("0.0.0.0:9001", "k3y", False),
+        ("127.0.0.1:9001", None, False),
+        ("unix:/run/ts.sock", None, False),
+    ],
+)
+def test_who_gets_the_warning(bind: str, key: str | None, warned: bool) -> None:
+    address: ListenAddress = parse_bind(bind)
+    warning = banner.exposure_warning(Settings(bind=bind, api_key=key), address)
+    assert (warning is not None) is warned
+
+
+def test_a_database_password_stays_out_of_the_banner() -> None:
+    settings = Settings(db_path="postgresql://sched:hunter2@db.internal:5432/jobs")
+    text = "\n".join(banner.lines(settings, parse_bind("127.0.0.1:9001")))
+    assert "hunter2" not in text
+    assert "  database       postgresql://sched:***@db.internal:5432/jobs\n" in text + "\n"
