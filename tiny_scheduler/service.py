@@ -16,6 +16,7 @@ from . import errors, jobs
 from .config import Settings
 from .jobs import Job
 from .placement import Placement
+from .registry import Nodes
 from .store import Store
 from .table import JobTable
 from .validation import JobQuery, JobRequest, JobUpdate
@@ -86,6 +87,32 @@ class Scheduler:
         if not healthy:
             body["error"] = f"job store cannot be written: {self.store.last_error}"
         return body
+
+    # --- the read API (issue 11) that the dashboard uses: thin delegations for now -----------
+
+    def counts(self) -> dict[str, int]:
+        return self.table.counts()
+
+    def jobs_on(self, node_id: str) -> tuple[list[Job], list[Job]]:
+        return self.table.on_node(node_id)
+
+    def busy_nodes(self) -> set[str]:
+        return self.table.busy_nodes()
+
+    def node_health(self) -> Nodes:
+        return self.placement.registry.nodes()
+
+    def store_health(self) -> tuple[bool, str | None]:
+        return self.store.healthy, self.store.last_error
+
+    def recent_jobs(self, since_us: int) -> list[Job]:
+        """Every job not finished before `since_us`, oldest first. Walks all of history: the
+        table has no read from its newest end yet (the dashboard spaces out its calls)."""
+        return [
+            j
+            for j in self.table.query(None, None, None, 0, len(self.table))[0]
+            if not j.is_final or (j.finished_at or 0) >= since_us
+        ]
 
     # --- changes ----------------------------------------------------------------------------
 
