@@ -7,10 +7,10 @@ PYTHON  ?= python3
 .DEFAULT_GOAL := help
 .PHONY: help install run demo test lint bench soak clean
 
-help: ## list the targets
+help: ## list these targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-install: $(STAMP) ## create .venv with the package and its test tools (quick when nothing changed)
+install: $(STAMP) ## set up .venv/ with the scheduler and its test tools (quick when nothing changed)
 
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -18,22 +18,22 @@ $(STAMP): setup.cfg setup.py
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-run: install ## run the scheduler daemon on :9001 (configure with the README's variables)
+run: install ## start the scheduler on :9001 (set the README's variables to configure it)
 	$(VENV)/bin/gunicorn -c gunicorn.conf.py
 
 demo: install ## see it work: a dev cluster runs a handful of jobs live, then stops (<30 s)
 	$(PY) -m tiny_scheduler.dev.demo
 
-test: install ## run the test suite
+test: install ## run the tests (browser and PostgreSQL tests are skipped, with a note, without those)
 	$(VENV)/bin/pytest
 
-soak: install ## the long crash-and-restart soak (tests marked slow; make test skips them)
+soak: install ## run the long crash-and-restart tests, which make test leaves out (minutes)
 	$(VENV)/bin/pytest -m slow
 
-bench: install ## benchmark of issue 7: table + benchmarks/results/latest.json (<10 min; BENCH_ARGS=--quick)
+bench: install ## measure throughput and latency against the Go original (<10 min; BENCH_ARGS=--quick)
 	$(PY) -m benchmarks $(BENCH_ARGS)
 
-lint: install ## ruff: style and common bugs
+lint: install ## check style and common bugs (ruff)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 

@@ -10,6 +10,11 @@
   their own), each stopped when the test ends.
 - `api`: a client of the module's scheduler.
 - `node`: a fresh node id, made the registry's only healthy node for the test.
+- `postgres_url`: a PostgreSQL server's URL (`TEST_POSTGRES_URL`, else the local default);
+  `postgres_database`: makes fresh databases on it (`.create()`), dropped when the test ends.
+
+Tests that need something the machine may lack (a browser, PostgreSQL) call `unavailable()`:
+one skip line saying how to get it, or a failure where `.ci/run` says it must be there.
 
 Every scheduler gets a log file; when a test fails, the tail of each running scheduler's log
 is added to its report.
@@ -18,8 +23,14 @@ is added to its report.
 from __future__ import annotations
 
 import itertools
+import os
+import socket
+import sys
+import urllib.parse
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -92,6 +103,7 @@ def log_tail(proc: SchedulerProcess, size: int = 4000) -> str:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
+    fold_unavailable(report)
     if report.failed:
         for proc in _live:
             report.sections.append((f"scheduler log {proc.url}", log_tail(proc)))
@@ -181,3 +193,119 @@ def scheduler_factory(tmp_path: Path, registry: FakeRegistry) -> Iterator[Schedu
     yield start
     for proc in started:
         stop_scheduler(proc)
+
+
+# --- what the machine may lack: a browser, PostgreSQL ------------------------------------------
+
+
+_unavailable: dict[str, tuple[str, int]] = {}  # skip message -> where unavailable() was called
+
+
+def unavailable(reason: str, required_by: str) -> NoReturn:
+    """Skip the test because `reason` (which says how to get the thing); or fail it when the
+    variable `required_by` is 1 (`.ci/run` sets it: there a missing tool is a broken CI)."""
+    if os.environ.get(required_by, "").strip() == "1":
+        pytest.fail(f"{reason} [{required_by}=1: required]", pytrace=False)
+    message = f"{reason} [{required_by}=1 makes this a failure]"
+    caller = sys._getframe(1)
+    _unavailable[message] = (caller.f_code.co_filename, caller.f_lineno)
+    pytest.skip(message)
+
+
+def fold_unavailable(report: pytest.TestReport) -> None:
+    """Give every test skipped for the same missing tool the location of the check that found
+    it missing, so `-ra` folds them into one summary line with their count (pytest would give
+    each test its own line)."""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        message = report.longrepr[2]
+        where = _unavailable.get(message.removeprefix("Skipped: "))
+        if where is not None:
+            report.longrepr = (*where, message)
+
+
+POSTGRES_DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+"""The server the PostgreSQL tests use when `TEST_POSTGRES_URL` is unset (the spec's)."""
+
+POSTGRES_PROBE_SECS = 1.0
+"""Seconds the TCP probe waits for the server to accept a connection."""
+
+
+def postgres_address(url: str) -> tuple[str, int]:
+    """Host (or socket directory) and port a libpq URL connects to."""
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qs(parts.query)
+    host = query.get("host", [parts.hostname or "localhost"])[0]
+    return host, int(query.get("port", [parts.port or 5432])[0])
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """A PostgreSQL server that accepts connections: `TEST_POSTGRES_URL`, else the spec's
+    default. Only probed (a TCP connect), so no driver is needed to find out."""
+    url = os.environ.get("TEST_POSTGRES_URL", "").strip() or POSTGRES_DEFAULT_URL
+    try:
+        host, port = postgres_address(url)
+    except ValueError as exc:
+        pytest.fail(f"TEST_POSTGRES_URL does not parse ({exc}): {url}", pytrace=False)
+    family = socket.AF_UNIX if host.startswith("/") else socket.AF_INET
+    target: str | tuple[str, int] = (
+        f"{host}/.s.PGSQL.{port}" if family == socket.AF_UNIX else (host, port)
+    )
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.settimeout(POSTGRES_PROBE_SECS)
+            probe.connect(target)
+    except OSError as exc:
+        unavailable(
+            f"no PostgreSQL answers at {host}:{port} ({exc.strerror or exc}): start one there "
+            "or set TEST_POSTGRES_URL to run the PostgreSQL tests",
+            "TEST_REQUIRE_POSTGRES",
+        )
+    return url
+
+
+class PostgresDatabases:
+    """Fresh databases on one PostgreSQL server, each dropped by `drop()` or at `close()`."""
+
+    def __init__(self, server_url: str) -> None:
+        self.server_url = server_url
+        self._names: list[str] = []
+
+    def create(self) -> str:
+        """The URL of a new, empty database of a name no other test run uses."""
+        name = f"ts_test_{uuid.uuid4().hex[:16]}"
+        self._admin(f'CREATE DATABASE "{name}"')
+        self._names.append(name)
+        return database_url(self.server_url, name)
+
+    def drop(self, url: str) -> None:
+        """Drop a database `create()` made, with whatever connections are still open to it."""
+        name = urllib.parse.urlsplit(url).path.lstrip("/")
+        self._names.remove(name)
+        self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def close(self) -> None:
+        for name in list(self._names):
+            self.drop(database_url(self.server_url, name))
+
+    def _admin(self, statement: str) -> None:
+        import psycopg  # only the PostgreSQL tests pay for the driver's import
+
+        # CREATE and DROP DATABASE cannot run inside a transaction block.
+        with psycopg.connect(self.server_url, autocommit=True) as admin:
+            admin.execute(statement)
+
+
+@pytest.fixture
+def postgres_database(postgres_url: str) -> Iterator[PostgresDatabases]:
+    """Makes fresh databases on the test server (`.create()` gives a URL); every one still
+    there is dropped when the test ends."""
+    databases = PostgresDatabases(postgres_url)
+    yield databases
+    databases.close()
+
+
+def database_url(server_url: str, name: str) -> str:
+    """`server_url` pointing at the database `name` instead (query options kept)."""
+    parts = urllib.parse.urlsplit(server_url)
+    return urllib.parse.urlunsplit(parts._replace(path=f"/{name}"))

@@ -295,3 +295,11 @@ def test_sns_queue_depth_reads_the_publisher(tmp_path, registry: FakeRegistry) -
         assert value(samples, "tiny_scheduler_sns_queue_depth") == 1
     finally:
         app.extensions["tiny_scheduler.store"].close()
+
+
+def test_no_created_series(scheduler: SchedulerProcess, keyed_api: Api) -> None:
+    keyed_api.submit(command="true")
+    names = {name for name, _ in scrape(scheduler.url)}
+    assert "tiny_scheduler_jobs_submitted_total" in names
+    assert "tiny_scheduler_http_request_duration_seconds_count" in names
+    assert sorted(name for name in names if name.endswith("_created")) == []

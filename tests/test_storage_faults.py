@@ -389,7 +389,11 @@ def test_a_database_on_a_read_only_file_system_stops_start_up(
     make_database(db_path, tmp_path, registry, jobs=1)
     run("mount", "-o", "remount,ro", str(small_disk))
     output = refused_start(db_path, tmp_path, registry)
-    assert f"tiny-scheduler: cannot open job database '{db_path}'" in output, output
+    # Found by the preflight check, before SQLite is asked (which would only say it cannot).
+    assert (
+        f"tiny-scheduler: SCHEDULER_DB: the directory {small_disk} for the database {db_path} "
+        "is on a read-only file system"
+    ) in output, output
 
 
 # --- older files are brought up to date ------------------------------------------------------

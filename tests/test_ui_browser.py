@@ -1,26 +1,31 @@
 """The dashboard in a real browser: Debian's headless Chromium, driven through Selenium and its
 chromedriver, against a real scheduler under gunicorn with jobs run by agents.
 
-Checked: every page loads without a console error, the overview's counts and nodes, the
-filters and paging of the jobs list, a job's outputs, attempts and hidden environment values,
-cancelling (and the refusal when the job started meanwhile), and the page refreshing itself.
-One screenshot per page goes to test-artifacts/ (`docs/dashboard.png` is a copy of the
-overview's, refreshed by hand when the dashboard changes).
+Checked: every page loads without a console error, the overview's counts, chart and nodes,
+the nodes page's slots and jobs, the filters and paging of the jobs list, a job's outputs,
+attempts and hidden environment values, cancelling (and the refusal when the job started
+meanwhile), and the page refreshing itself; and every page at a phone's 400 px and a desktop's
+1400 px: nothing wider than the screen, the header's links and Pause button on screen and
+clickable. Screenshots go to test-artifacts/ (`docs/dashboard.png` is a copy of the overview's
+at 1400 px, refreshed by hand when the dashboard changes).
 
-Without chromium and chromedriver these tests fail, loudly: `.ci/run` installs them.
+Without chromium and chromedriver on PATH the browser tests are skipped with one line saying
+how to get them (`TEST_REQUIRE_BROWSER=1` makes that a failure: `.ci/run` installs them and sets
+it). The checks that need no browser run either way.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
+from conftest import unavailable
 from helpers import Agent, Api, wait_for
 from selenium import webdriver
 from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
@@ -32,11 +37,17 @@ from selenium.webdriver.support.ui import Select
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
+BROWSER_PROGRAMS = ("chromium", "chromedriver")
+"""Debian's headless browser and its WebDriver server, looked up on PATH."""
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 SECRET = "s3cr3t-token-value"
 EXACT_TIME = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC$")
+VIEWPORT_HEIGHT = 900
+"""CSS pixels of screen height while a width is emulated."""
+
+WIDTHS = (400, 1400)
+"""A phone's and a desktop's screen width, in CSS pixels."""
+
 BROWSER_ARGS = (
     "--headless",
     "--no-sandbox",
@@ -53,26 +64,37 @@ BROWSER_ARGS = (
 # --- the browser -------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="session")
+def chromium() -> tuple[str, str]:
+    """The paths of chromium and chromedriver. Session-wide, so that without them the tests
+    are skipped before any scheduler starts for them."""
+    found = {name: shutil.which(name) for name in BROWSER_PROGRAMS}
+    missing = [name for name, path in found.items() if path is None]
+    if missing:
+        unavailable(
+            f"{' and '.join(missing)} not found: to run the dashboard's browser tests, "
+            "apt-get install chromium chromium-driver",
+            "TEST_REQUIRE_BROWSER",
+        )
+    return found["chromium"] or "", found["chromedriver"] or ""
+
+
 @pytest.fixture(scope="module")
 def browser(
-    scheduler: SchedulerProcess, tmp_path_factory: pytest.TempPathFactory
+    chromium: tuple[str, str],
+    scheduler: SchedulerProcess,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[WebDriver]:
     """One headless Chromium for the module (closed before the scheduler stops)."""
-    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
-    if missing:
-        pytest.fail(
-            f"{' and '.join(missing)} not found: the dashboard tests need Debian's chromium and "
-            "chromium-driver (apt-get install chromium chromium-driver; .ci/run does it)",
-            pytrace=False,
-        )
+    binary, driver_path = chromium
     options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
+    options.binary_location = binary
     for arg in BROWSER_ARGS:
         options.add_argument(arg)
     options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium')}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     # An explicit driver path: Selenium Manager never runs, so nothing is downloaded.
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
     driver.set_page_load_timeout(20)
     yield driver
     driver.quit()
@@ -85,6 +107,7 @@ class Page:
     def __init__(self, driver: WebDriver, base_url: str) -> None:
         self.driver = driver
         self.base_url = base_url
+        self.width: int | None = None  # the emulated screen width, when one is set
 
     def open(self, path: str) -> None:
         self.driver.get(self.base_url + path)
@@ -135,6 +158,14 @@ class Page:
         """The whole page (the window grows to its height for the shot) as a test artifact."""
         ARTIFACTS.mkdir(exist_ok=True)
         path = ARTIFACTS / f"{name}.png"
+        if self.width is not None:
+            height = self.js("return document.documentElement.scrollHeight")
+            self._emulate(self.width, max(VIEWPORT_HEIGHT, height))
+            try:
+                assert self.driver.save_screenshot(str(path)), f"no screenshot for {name}"
+            finally:
+                self._emulate(self.width, VIEWPORT_HEIGHT)
+            return path
         size = self.driver.get_window_size()
         height = self.js("return document.documentElement.scrollHeight")
         self.driver.set_window_size(size["width"], max(size["height"], height + 200))
@@ -143,6 +174,42 @@ class Page:
         finally:
             self.driver.set_window_size(size["width"], size["height"])
         return path
+
+    def set_width(self, width: int | None) -> None:
+        """Show pages `width` CSS pixels wide, as a phone (below 600) or a desktop would;
+        None goes back to the window's own size."""
+        self.width = width
+        if width is None:
+            self.driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+        else:
+            self._emulate(width, VIEWPORT_HEIGHT)
+
+    def _emulate(self, width: int, height: int) -> None:
+        # The window cannot be made narrower than the browser's minimum; the viewport can.
+        metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": width < 600}
+        self.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+
+    def overflow(self) -> int:
+        """CSS pixels by which the page is wider than the screen (0 when it fits)."""
+        return self.js(
+            "return Math.max(0, document.documentElement.scrollWidth - window.innerWidth)"
+        )
+
+    def off_screen(self, css: str) -> list[str]:
+        """The elements matching `css` that are not wholly on screen, visible and the topmost
+        thing at their centre (what a tap there would hit)."""
+        return self.js(
+            """
+            return [...document.querySelectorAll(arguments[0])].filter(e => {
+              const r = e.getBoundingClientRect();
+              const shown = getComputedStyle(e).visibility === 'visible' && r.width && r.height;
+              const inside = r.left >= 0 && r.top >= 0 && r.right <= window.innerWidth;
+              const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+              return !(shown && inside && hit && (hit === e || e.contains(hit)));
+            }).map(e => e.id || e.innerText || e.outerHTML.slice(0, 80));
+            """,
+            css,
+        )
 
     def console_errors(self) -> list[dict[str, Any]]:
         return [entry for entry in self.driver.get_log("browser") if entry["level"] == "SEVERE"]
@@ -153,7 +220,11 @@ def page(browser: WebDriver, scheduler: SchedulerProcess) -> Iterator[Page]:
     """The browser, with the console checked for errors after each test."""
     browser.get_log("browser")  # what earlier tests left
     view = Page(browser, scheduler.url)
-    yield view
+    try:
+        yield view
+    finally:
+        if view.width is not None:
+            view.set_width(None)
     errors = view.console_errors()
     assert not errors, f"browser console errors: {errors}"
 
@@ -377,6 +448,145 @@ def test_page_refreshes_itself(page: Page, cluster: Jobs, api: Api) -> None:
     assert page.text("#stdout").strip() == "refreshed!"
     assert page.js("return window.stillTheSamePage") is True  # updated in place, not reloaded
     assert page.text("#refresh-state").startswith("auto-refresh every")
+
+
+def test_overview_chart_shows_the_last_hour(page: Page, cluster: Jobs, api: Api) -> None:
+    listed = api.jobs()
+    counts = api.get("/health").json()["jobs"]
+    # Everything here happened within the hour: every job was submitted in the window, every
+    # failed attempt (retried or final, cancels included) and every end falls inside it.
+    expected = {
+        "submitted": str(len(listed)),
+        "done": str(counts["done"]),
+        "failed": str(
+            sum(job["retry_count"] for job in listed)
+            + sum(job["status"] in ("failed", "cancelled") for job in listed)
+        ),
+        "now": str(counts["pending"]),
+    }
+
+    def shown() -> dict[str, str]:
+        page.open("/ui/")
+        return page.js(
+            "const rates = document.getElementById('chart-rates').dataset;"
+            "const queue = document.getElementById('chart-queue').dataset;"
+            "return {submitted: rates.submitted, done: rates.done, failed: rates.failed,"
+            " now: queue.now}"
+        )
+
+    # The chart may be a few seconds old (it is recomputed as often as its cost allows).
+    wait_for(lambda: shown() == expected, timeout=20, message=lambda: f"{shown()} == {expected}")
+    lines = page.js(
+        "return [...document.querySelectorAll('#chart-rates polyline')]"
+        ".map(p => p.getAttribute('points').split(' ').length)"
+    )
+    assert lines == [60, 60, 60]
+    assert page.js("return document.querySelectorAll('#chart-queue path').length") == 1
+    minutes = page.js(
+        "return [...document.querySelectorAll('#chart-rates rect.minute title')]"
+        ".map(t => t.textContent)"
+    )
+    assert len(minutes) == 60
+    assert re.fullmatch(
+        r"\d\d:\d\d UTC: \d+ submitted, \d+ done, \d+ failed, \d+ waiting", minutes[-1]
+    )
+    # Drawn on the server as plain shapes: nothing for the browser to fetch.
+    assert not page.js("return document.querySelector('svg image, svg use, svg foreignObject')")
+
+
+def test_nodes_page_shows_slots_load_and_jobs(page: Page, cluster: Jobs, api: Api) -> None:
+    page.open("/ui/nodes")
+    cards = page.js(
+        "return Object.fromEntries([...document.querySelectorAll('.node-card')]"
+        ".map(c => [c.dataset.node, {...c.dataset, health: c.querySelector('.badge').innerText}]))"
+    )
+    running = api.jobs(status="running")
+    pending = api.jobs(status="pending")
+    for node_id, card in cards.items():
+        on_node = [job for job in running if job["node_id"] == node_id]
+        assert card["slots"] == "1"  # MAX_JOBS_PER_NODE's default
+        assert card["running"] == str(len(on_node))
+        assert card["used"] == str(sum(job["job_type"] == "run" for job in on_node))
+        assert card["pending"] == str(sum(job["node_id"] == node_id for job in pending))
+    assert {node: card["health"] for node, card in cards.items()} == {
+        "node-a": "healthy",
+        "node-b": "healthy",
+        "node-c": "healthy",
+        "node-d": "unhealthy",
+    }
+    service_card = cards[cluster.service["node_id"]]
+    assert int(service_card["running"]) > int(service_card["used"])  # a service takes no slot
+    running_node = cluster.running["node_id"]
+    assert cluster.running["job_id"] in page.text(f".node-card[data-node='{running_node}']")
+    for job in cluster.pending:
+        assert job["job_id"] in page.text(f".node-card[data-node='{job['node_id']}']")
+    page.screenshot("ui-nodes")
+
+
+def test_job_page_says_running_since_only_while_it_runs(page: Page, cluster: Jobs) -> None:
+    page.open(f"/ui/jobs/{cluster.running['job_id']}")
+    labels = page.texts(".facts dt")
+    assert "Running since" in labels
+    assert "Finished" not in labels
+    page.open(f"/ui/jobs/{cluster.trained['job_id']}")
+    labels = page.texts(".facts dt")
+    assert "Running since" not in labels
+    assert {"Started", "Finished"} <= set(labels)
+    assert page.js("return document.querySelector('#job-started time') !== null")
+
+
+# --- every page on a phone and on a desktop ----------------------------------------------------
+
+HEADER_CONTROLS = "header.bar a, #refresh-toggle"
+"""What a person must be able to reach on every page: the header's links and Pause."""
+
+
+def page_path(name: str, cluster: Jobs) -> str:
+    paths = {
+        "overview": "/ui/",
+        "nodes": "/ui/nodes",
+        "jobs": "/ui/jobs",
+        "job": f"/ui/jobs/{cluster.tested['job_id']}",
+    }
+    return paths[name]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("name", ["overview", "nodes", "jobs", "job"])
+def test_every_page_fits_the_screen(page: Page, cluster: Jobs, name: str, width: int) -> None:
+    page.set_width(width)
+    page.open(page_path(name, cluster))
+    assert page.js("return window.innerWidth") == width
+    assert page.overflow() == 0, f"{name} is wider than {width} px"
+    assert page.off_screen(HEADER_CONTROLS) == []
+    assert page.text("#refresh-toggle") in ("Pause", "Resume")
+    if name == "overview":
+        assert page.js("return document.querySelectorAll('.chart svg').length") == 2
+    page.screenshot(f"ui-{name}-{width}")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_jobs_list_is_cards_on_a_phone_and_a_table_on_a_desktop(
+    page: Page, cluster: Jobs, width: int
+) -> None:
+    page.set_width(width)
+    page.open("/ui/jobs")
+    header = page.js("return getComputedStyle(document.querySelector('table.jobs thead')).display")
+    assert (header == "none") is (width < 600)
+    assert [row["job"] for row in page.rows()][:1] == [cluster.trained["job_id"]]
+
+
+def test_pause_works_on_a_phone(page: Page, cluster: Jobs) -> None:
+    page.set_width(400)
+    page.open("/ui/")
+    assert page.text("#refresh-toggle") == "Pause"
+    page.click("#refresh-toggle")
+    try:
+        assert page.text("#refresh-toggle") == "Resume"
+        assert page.text("#refresh-state") == "auto-refresh paused"
+    finally:
+        page.click("#refresh-toggle")  # the choice is remembered: don't leave it paused
+    assert page.text("#refresh-toggle") == "Pause"
 
 
 # --- without a browser: what the pages refuse --------------------------------------------------

@@ -2,7 +2,9 @@
 these, and `tiny-scheduler serve` points gunicorn here).
 
 Settings and the database are checked here, in the master, so a bad variable or an unusable
-database file stops start-up with one clear line instead of a worker traceback.
+database file stops start-up with one clear line instead of a worker traceback: first what
+`preflight` can tell without creating anything (the listen address, the database's place),
+then the store opens the file. Once gunicorn listens, the master logs the start-up banner.
 """
 
 from __future__ import annotations
@@ -12,16 +14,17 @@ import logging.handlers
 import queue
 import sys
 
-from tiny_scheduler import storage
+from tiny_scheduler import banner, preflight, storage
 from tiny_scheduler.config import ConfigError, Settings
 from tiny_scheduler.logs import EscapeControlCharacters
 
 try:
     _settings = Settings.from_env()
+    _address = preflight.check(_settings)
     storage.check(_settings.db_path)
 except ConfigError as _exc:
     sys.exit(f"tiny-scheduler: configuration error: {_exc}")
-except storage.StoreOpenError as _exc:
+except (preflight.PreflightError, storage.StoreOpenError) as _exc:
     sys.exit(f"tiny-scheduler: {_exc}")
 
 wsgi_app = "tiny_scheduler:create_app()"
@@ -62,6 +65,11 @@ def on_starting(server) -> None:
     ours.handlers[:] = server.log.error_log.handlers
     ours.setLevel(server.log.error_log.level)
     ours.propagate = False
+
+
+def when_ready(server) -> None:
+    """Listening now: say what this daemon is and how it is set up, once."""
+    banner.log_banner(_settings, _address)
 
 
 class _HandOff(logging.handlers.QueueHandler):

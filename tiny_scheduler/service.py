@@ -109,6 +109,11 @@ class Scheduler:
         """Whether the store's last write succeeded, and the error when it did not."""
         return self._store.healthy, self._store.last_error
 
+    def recent_jobs(self, since_us: int) -> list[Job]:
+        """Every job that is pending or running, or finished at or after `since_us`, oldest
+        first: what the dashboard's last-hour chart counts. O(recent jobs), not O(history)."""
+        return self._table.recent(since_us)
+
     def watch_commits(self, observer: CommitObserver) -> None:
         """Have `observer` told the duration and size of every group commit."""
         self._store.commit_observers.append(observer)

@@ -173,6 +173,26 @@ class JobTable:
             running = list(self._running.get(node_id, {}).values())
         return pending, running
 
+    def recent(self, since: int) -> list[Job]:
+        """Pending and running jobs, and jobs that finished at or after `since`, oldest
+        first. Reads the active indexes and the newest end of the finished order only."""
+        with self._lock:
+            found = [
+                job
+                for index in (self._pending, self._running)
+                for queue in index.values()
+                for job in queue.values()
+            ]
+            for seq in reversed(self._finished):
+                job = self._jobs.get(seq)
+                if job is None:
+                    continue
+                if (job.finished_at or job.created_at) < since:
+                    break
+                found.append(job)
+        found.sort(key=_seq_of)
+        return found
+
     def finished_before(self, cutoff: int, limit: int) -> list[int]:
         """Ids of up to `limit` jobs that finished before `cutoff`, oldest first."""
         found: list[int] = []

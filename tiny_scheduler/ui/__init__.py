@@ -1,9 +1,11 @@
 """The web dashboard under /ui/: server-rendered pages for the people who run the cluster.
 
-Pages: the overview (counts, nodes, recent failures), the jobs list (filters, paging) and one
-job (outputs, attempts, cancel). Jinja templates and one small script, no build step; the
-script refreshes the open page every few seconds and keeps relative times current. Without
-JavaScript every page still works (refresh by hand).
+Pages: the overview (counts, a chart of the last hour, nodes, recent failures), the nodes
+(slots, load, running and waiting jobs), the jobs list (filters, paging) and one job (outputs,
+attempts, cancel). Jinja templates, one stylesheet and one small script, no build step and
+nothing fetched from elsewhere (the chart is inline SVG drawn on the server); the script
+refreshes the open page every few seconds and keeps relative times current. Without
+JavaScript every page still works (refresh by hand). The layout holds from a phone's 400 px up.
 
 Views only pick the page's data from `pages` and render it. The UI reads through the service
 like the API does and changes nothing but through `service.cancel`. Authentication is the API's
@@ -40,6 +42,7 @@ bp = Blueprint(
 )
 
 _EXTENSION = "tiny_scheduler.ui.failures"
+_CHARTS = "tiny_scheduler.ui.activity"
 
 # The pages show commands, environments and outputs: never cached, never framed, and only
 # our own script and style run on them.
@@ -59,6 +62,7 @@ def init_app(app: Flask, service: Scheduler) -> None:
     failures = pages.RecentFailures()
     service.listeners.append(failures.listener)
     app.extensions[_EXTENSION] = failures
+    app.extensions[_CHARTS] = pages.ActivityCache()
     app.register_blueprint(bp)
 
 
@@ -94,9 +98,16 @@ def _secure(response: Response) -> Response:
 
 @bp.get("/")
 def overview() -> Response:
-    """Counts by status, each node with its health and jobs, recent failures."""
-    failures = current_app.extensions[_EXTENSION]
-    return _page("overview.html", view=pages.overview(scheduler(), failures))
+    """Counts by status, the last hour's chart, each node with its jobs, recent failures."""
+    extensions = current_app.extensions
+    view = pages.overview(scheduler(), extensions[_EXTENSION], extensions[_CHARTS])
+    return _page("overview.html", view=view)
+
+
+@bp.get("/nodes")
+def node_list() -> Response:
+    """Each node's health, slots, load, running and waiting jobs."""
+    return _page("nodes.html", view=pages.nodes(scheduler()))
 
 
 @bp.get("/jobs")

@@ -1,13 +1,15 @@
 """What each dashboard page shows, gathered from the service and shaped for its template.
 
 The views stay one line each: they call one function here and render its result. Everything
-is read from the job table (memory) and the registry client's cached node list: a dashboard
-left open never touches the database, and a registry that is down only takes the node health
-column away, never the page.
+is read through the service's read API (counts, jobs per node, node health, store health,
+listings, recent jobs), which serves it from memory and the registry client's cached node list:
+a dashboard left open never touches the database, and a registry that is down only takes the
+node health column away, never the page.
 
 Newest-first listings would need a reverse read of the job table; the jobs page therefore
 pages oldest first with `after=`, exactly like `GET /jobs`. The overview's recent failures come
-from a small ring fed by the service's events, so they cover the time since start-up.
+from a small ring fed by the service's events, so they cover the time since start-up; its chart
+of the last hour is computed from the jobs themselves (`activity`), so it survives a restart.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
+import time
 from collections.abc import Mapping
 
 from .. import errors, jobs, validation
 from ..jobs import Attempt, Job
 from ..service import Scheduler
+from . import activity
+from .activity import Activity
 
 REFRESH_SECS = 5
 """Seconds between two automatic refreshes of an open page."""
@@ -32,6 +37,13 @@ MAX_PAGE_SIZE = 200
 
 NODE_JOBS_SHOWN = 5
 """Running and pending jobs listed per node on the overview; the rest are a link away."""
+
+NODE_PENDING_SHOWN = 20
+"""Pending jobs listed per node on the Nodes page; the rest are a link away."""
+
+ACTIVITY_BUDGET = 0.05
+"""Share of one core the overview's chart may cost: after a computation that took t seconds,
+the next one waits t / budget seconds (a table of a million jobs takes ~0.5 s to walk)."""
 
 RECENT_FAILURES = 10
 """Failed attempts remembered for the overview."""
@@ -114,10 +126,12 @@ class Overview:
     registry_error: str | None
     nodes: list[NodeRow]
     failures: list[Failure]
+    chart: Chart
 
 
-def overview(service: Scheduler, failures: RecentFailures) -> Overview:
-    """Counts by status, every node with its health and jobs, and the recent failures."""
+def overview(service: Scheduler, failures: RecentFailures, charts: ActivityCache) -> Overview:
+    """Counts by status, the last hour's chart, every node with its health and jobs, and the
+    recent failures."""
     counts = service.counts()
     health, registry_error = _node_health(service)
     rows = []
@@ -133,14 +147,17 @@ def overview(service: Scheduler, failures: RecentFailures) -> Overview:
                 pending_more=max(0, len(pending) - NODE_JOBS_SHOWN),
             )
         )
+    healthy, store_error = service.store_health()
+    now = jobs.now_us()
     return Overview(
-        now=jobs.now_us(),
+        now=now,
         counts=counts,
         total=sum(counts.values()),
-        store_error=service.store_health()[1],
+        store_error=None if healthy else store_error,
         registry_error=registry_error,
         nodes=rows,
         failures=failures.newest(),
+        chart=Chart.of(charts.get(service, now)),
     )
 
 
@@ -150,6 +167,157 @@ def _node_health(service: Scheduler) -> tuple[dict[str, str], str | None]:
         return dict(service.node_health().status), None
     except errors.PlacementError as exc:
         return {}, exc.message
+
+
+# --- the overview's chart ---------------------------------------------------------------------
+
+
+class ActivityCache:
+    """The last hour's activity, computed again only once its cost is paid off: walking the
+    jobs grows with history, and every open dashboard asks every few seconds."""
+
+    def __init__(self, budget: float = ACTIVITY_BUDGET) -> None:
+        self._budget = budget
+        self._lock = threading.Lock()
+        self._last: Activity | None = None
+        self._fresh_until = 0.0
+
+    def get(self, service: Scheduler, now_us: int) -> Activity:
+        with self._lock:  # one computation at a time; the others wait and take its result
+            started = time.monotonic()
+            if self._last is None or started >= self._fresh_until:
+                found = service.recent_jobs(activity.window_start(now_us))
+                self._last = activity.activity(found, now_us)
+                cost = time.monotonic() - started
+                self._fresh_until = started + cost / self._budget
+            return self._last
+
+
+CHART_WIDTH = 600
+"""Width of the charts' drawing space (SVG user units; the SVG stretches to its box)."""
+
+CHART_HEIGHT = 100
+"""Height of the charts' drawing space; the top tenth stays empty above the highest point."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChartMinute:
+    x: float
+    label: str  # the tooltip: the minute and its numbers
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Chart:
+    """The activity as SVG geometry: one polyline per rate, a filled area for the queue."""
+
+    data: Activity
+    submitted: str  # polyline points
+    done: str
+    failed: str
+    waiting: str  # path of the filled area
+    minutes: list[ChartMinute]
+    slot: float  # width of one minute
+    first_minute: str  # HH:MM of the oldest minute, UTC
+    last_minute: str
+    width: int = CHART_WIDTH
+    height: int = CHART_HEIGHT
+
+    @classmethod
+    def of(cls, data: Activity) -> Chart:
+        slot = CHART_WIDTH / data.buckets
+
+        def points(values: list[int], scale: int) -> list[tuple[float, float]]:
+            top = CHART_HEIGHT * 0.9
+            return [
+                (round((i + 0.5) * slot, 1), round(CHART_HEIGHT - value / scale * top, 1))
+                for i, value in enumerate(values)
+            ]
+
+        def line(values: list[int]) -> str:
+            return " ".join(f"{x},{y}" for x, y in points(values, data.busiest))
+
+        area = points(data.waiting, data.deepest)
+        waiting = " ".join(
+            [f"M{area[0][0]},{CHART_HEIGHT}"]
+            + [f"L{x},{y}" for x, y in area]
+            + [f"L{area[-1][0]},{CHART_HEIGHT} Z"]
+        )
+        minutes = [
+            ChartMinute(
+                x=round(i * slot, 1),
+                label=(
+                    f"{_clock(data.bucket_start(i))} UTC: {data.submitted[i]} submitted, "
+                    f"{data.done[i]} done, {data.failed[i]} failed, {data.waiting[i]} waiting"
+                ),
+            )
+            for i in range(data.buckets)
+        ]
+        return cls(
+            data=data,
+            submitted=line(data.submitted),
+            done=line(data.done),
+            failed=line(data.failed),
+            waiting=waiting,
+            minutes=minutes,
+            slot=slot,
+            first_minute=_clock(data.start_us),
+            last_minute=_clock(data.bucket_start(data.buckets - 1)),
+        )
+
+
+def _clock(us: int) -> str:
+    return time.strftime("%H:%M", time.gmtime(us // 1_000_000))
+
+
+# --- the nodes page ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeDetail:
+    node_id: str
+    health: str
+    slots: int  # run jobs the node may run at once
+    slots_used: int  # running run jobs (a running service takes no slot)
+    running: list[Job]  # every running job, services too
+    pending: list[Job]  # the oldest waiting ones
+    pending_count: int
+
+    @property
+    def load(self) -> float:
+        """Waiting and running run jobs per slot: 1.0 is a node exactly full."""
+        return (self.pending_count + self.slots_used) / self.slots
+
+    @property
+    def pending_more(self) -> int:
+        return self.pending_count - len(self.pending)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodesView:
+    now: int
+    registry_error: str | None
+    nodes: list[NodeDetail]
+
+
+def nodes(service: Scheduler) -> NodesView:
+    """Every node the registry lists or that has jobs: its health, slots and jobs."""
+    health, registry_error = _node_health(service)
+    slots = service.settings.max_jobs_per_node
+    details = []
+    for node_id in sorted(set(health) | service.busy_nodes()):
+        pending, running = service.jobs_on(node_id)
+        details.append(
+            NodeDetail(
+                node_id=node_id,
+                health=health.get(node_id, UNKNOWN if registry_error else GONE),
+                slots=slots,
+                slots_used=sum(job.takes_slot for job in running),
+                running=running,
+                pending=pending[:NODE_PENDING_SHOWN],
+                pending_count=len(pending),
+            )
+        )
+    return NodesView(now=jobs.now_us(), registry_error=registry_error, nodes=details)
 
 
 # --- the jobs list ----------------------------------------------------------------------------
@@ -191,11 +359,10 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
         wanted["after"] = ""
         query = validation.parse_query({**wanted, "limit": str(limit)})
     page = service.list_jobs(query)
-    found = page.jobs
     health, _ = _node_health(service)
     return JobList(
         now=jobs.now_us(),
-        jobs=found,
+        jobs=page.jobs,
         node_id=wanted["node_id"],
         status=wanted["status"],
         job_type=wanted["job_type"],

@@ -1,0 +1,102 @@
+"""What the daemon says once when it starts: which version listens where, on which database,
+asking which registry, with auth on or off and which loops running; and a warning when it
+listens beyond loopback with auth off (anyone who reaches the port can run shell commands on
+every node).
+
+Only words from settings: the gunicorn master logs them (`gunicorn_conf.when_ready`) once its
+socket listens, before the worker loads the jobs.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import urllib.parse
+
+from .config import Settings
+from .preflight import ListenAddress
+
+log = logging.getLogger(__name__)
+
+EVERY_INTERFACE = ("", "0.0.0.0", "::")
+"""Hosts that listen on every interface of the machine."""
+
+
+def version() -> str:
+    """The installed package's version ("unknown" when run from files nobody installed)."""
+    try:
+        return importlib.metadata.version("tiny-scheduler")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def lines(settings: Settings, address: ListenAddress) -> list[str]:
+    """The banner: a title line, then one aligned `name  value` line per fact."""
+    facts = [
+        ("listening on", _listening(address)),
+        ("database", _database(settings.db_path)),
+        ("registry", settings.registry_url),
+        ("auth", _auth(settings)),
+        ("timeout scan", f"every {settings.timeout_scan_interval_secs:g} s"),
+        ("SQS ingestion", _peer(settings.sqs_url, "queue", settings.sqs_queue)),
+        ("SNS events", _peer(settings.sns_url, "topic", settings.sns_topic)),
+    ]
+    width = max(len(name) for name, _ in facts)
+    return [f"tiny-scheduler {version()} starting"] + [
+        f"  {name:<{width}}  {value}" for name, value in facts
+    ]
+
+
+def exposure_warning(settings: Settings, address: ListenAddress) -> str | None:
+    """The warning for a daemon that other machines can reach with no key asked; else None."""
+    if settings.api_key is not None or not address.beyond_loopback:
+        return None
+    return (
+        f"listening on {address} with auth off: anyone who can reach this port can run shell "
+        "commands on every node. Set TINYAWS_API_KEY, or listen on loopback only "
+        f"(SCHEDULER_BIND=127.0.0.1:{address.port})"
+    )
+
+
+def log_banner(settings: Settings, address: ListenAddress) -> None:
+    """Log the banner as one INFO record, then the warning if there is one."""
+    log.info("%s", "\n".join(lines(settings, address)))
+    warning = exposure_warning(settings, address)
+    if warning is not None:
+        log.warning("%s", warning)
+
+
+def _listening(address: ListenAddress) -> str:
+    if address.host is None:
+        return str(address)  # a Unix socket, or one gunicorn inherited
+    if not address.beyond_loopback:
+        where = "loopback only"
+    elif address.host in EVERY_INTERFACE:
+        where = "every interface"
+    else:
+        where = "reachable from other machines"
+    return f"http://{address} ({where})"
+
+
+def _database(path: str) -> str:
+    if "://" not in path:
+        return f"{os.path.abspath(path)} (SQLite)"
+    parts = urllib.parse.urlsplit(path)
+    if parts.password is None:
+        return path
+    user, _, host = parts.netloc.rpartition("@")
+    hidden = f"{user.partition(':')[0]}:***@{host}"  # never a password in the log
+    return urllib.parse.urlunsplit(parts._replace(netloc=hidden))
+
+
+def _auth(settings: Settings) -> str:
+    if settings.api_key is None:
+        return "off (TINYAWS_API_KEY is unset: no request needs a key)"
+    if settings.auth_agent_exempt:
+        return "on (bearer key; the agent's poll and PATCH exempt)"
+    return "on (bearer key on every call, the agent's too)"
+
+
+def _peer(url: str | None, what: str, name: str) -> str:
+    return f"on ({url}, {what} {name})" if url else "off"
