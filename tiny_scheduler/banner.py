@@ -15,6 +15,7 @@ import os
 import urllib.parse
 
 from .config import Settings
+from .logs import printable
 from .preflight import ListenAddress
 
 log = logging.getLogger(__name__)
@@ -60,8 +61,12 @@ def exposure_warning(settings: Settings, address: ListenAddress) -> str | None:
 
 
 def log_banner(settings: Settings, address: ListenAddress) -> None:
-    """Log the banner as one INFO record, then the warning if there is one."""
-    log.info("%s", "\n".join(lines(settings, address)))
+    """Log the banner as one INFO record, then the warning if there is one.
+
+    The block is the record's message, not an argument, because the log's filter escapes
+    newlines in arguments; each line's values are escaped here instead."""
+    block = "\n".join(printable(line) for line in lines(settings, address))
+    log.info(block)  # no arguments: logging leaves the message as it is
     warning = exposure_warning(settings, address)
     if warning is not None:
         log.warning("%s", warning)
