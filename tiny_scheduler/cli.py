@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 import click
 import requests
 
+from .daemon_command import SERVE_ARGV
 from .jobs import (
     DONE,
     FAILED,
@@ -53,10 +54,6 @@ gives up."""
 
 MAX_PAGE = 10000
 """The largest page the API serves."""
-
-SERVE_ARGV = (sys.executable, "-m", "gunicorn", "-c", "python:tiny_scheduler.gunicorn_conf")
-"""How the daemon runs: gunicorn with the package's config, every setting from the environment.
-`serve` runs it, and so does `dev.daemon.SchedulerProcess`, exactly as an operator would."""
 
 COMMAND_WIDTH = 48
 """Characters of a job's command shown in a table row."""
