@@ -29,6 +29,10 @@ class Request:
     query: dict[str, str]
     body: bytes
     headers: Any
+    # What the server's `routes` make of it: the endpoint (None: no rule takes it), and the
+    # rule's arguments. Matched once, when the request arrives.
+    endpoint: str | None = None
+    args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def json(self) -> Any:
         try:
@@ -101,22 +105,22 @@ class PeerServer:
         """Let requests stuck in the `hang` fault finish (with a 500)."""
         self._release.set()
 
-    def route(self, request: Request) -> tuple[str, dict[str, Any]] | None:
-        """The endpoint and arguments of the rule that takes the request; None when no rule
-        takes its path, or not with its method."""
+    def route(self, request: Request) -> None:
+        """Set the request's endpoint and arguments from the rule that takes it; the endpoint
+        stays None when no rule takes its path, or not with its method."""
         try:
-            return self.routes.bind("peer").match(request.path, request.method)
+            request.endpoint, request.args = self.routes.bind("peer").match(
+                request.path, request.method
+            )
         except HTTPException:
-            return None
+            request.endpoint, request.args = None, {}
 
     def handle(self, request: Request) -> Reply:
         """Call the endpoint of the request's rule; 404 `not found` when there is none, which
         is what the real peers answer for any path or method they do not serve."""
-        found = self.route(request)
-        if found is None:
+        if request.endpoint is None:
             return Reply.text(404, "not found")
-        endpoint, args = found
-        return getattr(self, endpoint)(request, **args)
+        return getattr(self, request.endpoint)(request, **request.args)
 
     def exempt_from_faults(self, request: Request) -> bool:
         """Requests that answer normally whatever the fault (a health check, say)."""
@@ -168,6 +172,7 @@ def _handler_for(server: PeerServer) -> type[BaseHTTPRequestHandler]:
                 body=self.rfile.read(length) if length else b"",
                 headers=self.headers,
             )
+            server.route(request)
             reply = server._serve(request)
             if reply is None:
                 return

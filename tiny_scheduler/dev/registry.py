@@ -126,15 +126,13 @@ class FakeRegistry(PeerServer):
     )
 
     def exempt_from_faults(self, request: Request) -> bool:
-        return self._endpoint(request) in _OPEN_ENDPOINTS
+        return request.endpoint in _OPEN_ENDPOINTS
 
     def handle(self, request: Request) -> Reply:
-        found = self.route(request)
-        endpoint = found[0] if found else None
         authorized = request.headers.get("Authorization") == f"Bearer {self.key}"
         # The key is checked before the route, as the real registry does: without the key,
         # an unknown path is a 401 too.
-        if self.key and endpoint not in _OPEN_ENDPOINTS and not authorized:
+        if self.key and request.endpoint not in _OPEN_ENDPOINTS and not authorized:
             return Reply.text(401, "unauthorized")
         return super().handle(request)
 
@@ -167,10 +165,6 @@ class FakeRegistry(PeerServer):
         body = _object(request)
         self.services.append(body)
         return Reply.json(201, body)
-
-    def _endpoint(self, request: Request) -> str | None:
-        found = self.route(request)
-        return found[0] if found else None
 
 
 _OPEN_ENDPOINTS = ("on_health", "on_node_call")
