@@ -23,8 +23,8 @@ from conftest import BASE_ENV, SchedulerFactory, stop_scheduler
 from helpers import wait_for
 
 from tiny_scheduler import banner
-from tiny_scheduler.cli import SERVE_ARGV
 from tiny_scheduler.config import ConfigError, Settings
+from tiny_scheduler.daemon_command import SERVE_ARGV
 from tiny_scheduler.dev.daemon import SchedulerProcess, free_port
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.preflight import ListenAddress, parse_bind

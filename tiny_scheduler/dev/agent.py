@@ -41,6 +41,7 @@ from typing import Any
 
 import requests
 
+from ..client import session
 from .agent_protocol import RUNNING_UPDATE, PolledJob, parse_poll_reply, report_update
 
 log = logging.getLogger("tiny_scheduler.dev.agent")
@@ -89,12 +90,8 @@ class Agent:
         self._parent = os.getppid() if exit_with_parent else None
         # The scheduler is called without auth, like the real agent; the registry's /services
         # needs the key when the registry has one.
-        self._scheduler = requests.Session()
-        self._scheduler.trust_env = False
-        self._registry = requests.Session()
-        self._registry.trust_env = False
-        if registry_key:
-            self._registry.headers["Authorization"] = f"Bearer {registry_key}"
+        self._scheduler = session(self.scheduler_url)
+        self._registry = session(self.registry_url, registry_key)
         self._stop = threading.Event()
         self._children_lock = threading.Lock()
         self._children: dict[int, str] = {}  # process group id -> job id

@@ -323,13 +323,6 @@ class DevCluster:
                 found.append(f"agent {agent.node_id} exited with {code}; see {agent.log_path}")
         return found
 
-    def pids(self) -> list[int]:
-        """Process ids of the scheduler's master and of every agent."""
-        found = [agent.proc.pid for agent in self.agents.values()]
-        if self.scheduler is not None and self.scheduler.proc is not None:
-            found.append(self.scheduler.proc.pid)
-        return found
-
 
 def _port_free(port: int, host: str = "127.0.0.1") -> bool:
     with contextlib.closing(socket.socket()) as sock:

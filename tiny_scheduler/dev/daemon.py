@@ -1,8 +1,9 @@
 """Start and stop a real scheduler daemon (gunicorn) as a child process.
 
 The dev cluster, the tests and the benchmark all run the scheduler this way, exactly as an
-operator would: `tiny-scheduler serve`'s command line (`cli.SERVE_ARGV`), configured only
-through environment variables, on a loopback port, waited for until `/health` answers.
+operator would: `tiny-scheduler serve`'s command line (`daemon_command.SERVE_ARGV`),
+configured only through environment variables, on a loopback port, waited for until `/health`
+answers.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 
 import requests
 
-from ..cli import SERVE_ARGV
+from ..daemon_command import SERVE_ARGV
 
 
 def free_port(host: str = "127.0.0.1") -> int:

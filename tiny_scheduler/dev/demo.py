@@ -23,8 +23,9 @@ from typing import Any
 
 import requests
 
-from ..cli import Client, CliError, describe, format_table, job_state
-from ..jobs import FINAL_STATUSES, PENDING, SERVICE, TIMED_OUT_STDERR
+from ..client import Client, ClientError, job_state, settled
+from ..display import describe, format_table
+from ..jobs import FINAL_STATUSES, TIMED_OUT_STDERR
 from .cluster import ClusterConfig, ClusterError, DevCluster
 from .daemon import free_port
 
@@ -134,7 +135,7 @@ class Demo:
             job_type="service",
             port=port,
         )
-        self.follow(lambda: all(self._settled(s) for s in self.shown))
+        self.follow(lambda: all(settled(s.job) for s in self.shown))
         service.note = _probe_service(port)
         service.note_ok = service.note.startswith("HTTP 200")
         self.say(f"  service {service.job_id} on port {port}: {service.note}")
@@ -173,7 +174,7 @@ class Demo:
             command="sleep 30",
             timeout_secs=TIMEOUT_JOB_SECS,
         )
-        self.follow(lambda: all(self._settled(s) for s in self.shown))
+        self.follow(lambda: all(settled(s.job) for s in self.shown))
 
     # --- following jobs -----------------------------------------------------------------------
 
@@ -191,12 +192,6 @@ class Demo:
                 self.say(f"  (stopped waiting after {PHASE_TIMEOUT_SECS:.0f}s)")
                 return
             time.sleep(TRACK_INTERVAL_SECS)
-
-    def _settled(self, shown: Shown) -> bool:
-        status = shown.job.get("status")
-        if shown.job.get("job_type") == SERVICE:
-            return status != PENDING
-        return status in FINAL_STATUSES
 
     def _report_change(self, shown: Shown) -> None:
         job = shown.job
@@ -295,7 +290,7 @@ def main() -> int:
             demo = Demo(cluster)
             ok = demo.run()
             print("\nstopping the cluster…")
-    except (ClusterError, CliError) as exc:
+    except (ClusterError, ClientError) as exc:
         print(f"demo failed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,9 +1,10 @@
 """A small threaded HTTP server on loopback, the base of the stand-in peers.
 
-Each stand-in (registry, SQS, SNS) subclasses `PeerServer` and implements `handle()`; the base
-serves it with keep-alive, Nagle off (else every keep-alive reply waits 40 ms for a delayed
-ACK), and the failure modes the tests need: `fault` set to "slow" (answer after `slow_secs`),
-"hang" (answer nothing until released), "error" (500) or "garbage" (200 with non-JSON).
+Each stand-in (registry, SQS, SNS) subclasses `PeerServer` and declares its endpoints as
+werkzeug `Rule`s in `routes`; the base matches each request to one, and serves it with
+keep-alive, Nagle off (else every keep-alive reply waits 40 ms for a delayed ACK), and the
+failure modes the tests need: `fault` set to "slow" (answer after `slow_secs`), "hang" (answer
+nothing until released), "error" (500) or "garbage" (200 with non-JSON).
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from werkzeug.exceptions import HTTPException
+from werkzeug.routing import Map, PathConverter, Rule
 
 
 @dataclasses.dataclass
@@ -25,6 +29,10 @@ class Request:
     query: dict[str, str]
     body: bytes
     headers: Any
+    # What the server's `routes` make of it: the endpoint (None: no rule takes it), and the
+    # rule's arguments. Matched once, when the request arrives.
+    endpoint: str | None = None
+    args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def json(self) -> Any:
         try:
@@ -48,11 +56,26 @@ class Reply:
         return cls(status, (message + "\n").encode(), "text/plain; charset=utf-8")
 
 
-FAULTS = (None, "slow", "hang", "error", "garbage")
+class _Rest(PathConverter):
+    """`<rest:name>`: the rest of the path, whatever it holds (`a/b`, `/a`); werkzeug's
+    `path` will not start with a slash."""
+
+    regex = ".+"
+    part_isolating = False  # it spans slashes (werkzeug guesses from a `/` in the regex)
+
+
+def peer_routes(*rules: Rule) -> Map:
+    """A stand-in's URL map. Paths are matched as they come, `//` included, like the real
+    peers' routers do (werkzeug would otherwise merge slashes with a redirect)."""
+    return Map(list(rules), merge_slashes=False, converters={"rest": _Rest})
 
 
 class PeerServer:
     """Serve `handle()` on a loopback port from a background thread."""
+
+    routes: ClassVar[Map] = peer_routes()
+    """The stand-in's endpoints. Each rule's endpoint names the method that answers it, called
+    with the request and the rule's arguments."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.fault: str | None = None
@@ -82,8 +105,22 @@ class PeerServer:
         """Let requests stuck in the `hang` fault finish (with a 500)."""
         self._release.set()
 
+    def route(self, request: Request) -> None:
+        """Set the request's endpoint and arguments from the rule that takes it; the endpoint
+        stays None when no rule takes its path, or not with its method."""
+        try:
+            request.endpoint, request.args = self.routes.bind("peer").match(
+                request.path, request.method
+            )
+        except HTTPException:
+            request.endpoint, request.args = None, {}
+
     def handle(self, request: Request) -> Reply:
-        raise NotImplementedError
+        """Call the endpoint of the request's rule; 404 `not found` when there is none, which
+        is what the real peers answer for any path or method they do not serve."""
+        if request.endpoint is None:
+            return Reply.text(404, "not found")
+        return getattr(self, request.endpoint)(request, **request.args)
 
     def exempt_from_faults(self, request: Request) -> bool:
         """Requests that answer normally whatever the fault (a health check, say)."""
@@ -135,6 +172,7 @@ def _handler_for(server: PeerServer) -> type[BaseHTTPRequestHandler]:
                 body=self.rfile.read(length) if length else b"",
                 headers=self.headers,
             )
+            server.route(request)
             reply = server._serve(request)
             if reply is None:
                 return

@@ -18,7 +18,9 @@ import threading
 import time
 from typing import Any
 
-from .http import PeerServer, Reply, Request
+from werkzeug.routing import Rule
+
+from .http import PeerServer, Reply, Request, peer_routes
 
 HEALTHY = "healthy"
 UNHEALTHY = "unhealthy"
@@ -114,43 +116,65 @@ class FakeRegistry(PeerServer):
 
     # --- the protocol ------------------------------------------------------------------------
 
+    routes = peer_routes(
+        Rule("/health", endpoint="on_health"),
+        Rule("/nodes", methods=["GET"], endpoint="on_nodes"),
+        Rule("/nodes/register", methods=["POST"], endpoint="on_node_call"),
+        Rule("/nodes/heartbeat", methods=["POST"], endpoint="on_node_call"),
+        Rule("/instances/<rest:instance_id>", methods=["GET"], endpoint="on_instance"),
+        Rule("/services", methods=["POST"], endpoint="on_service"),
+    )
+
     def exempt_from_faults(self, request: Request) -> bool:
-        return request.path == "/health" or self._is_node_call(request)
+        return request.endpoint in _OPEN_ENDPOINTS
 
     def handle(self, request: Request) -> Reply:
-        path, method = request.path, request.method
-        if path == "/health":
-            return Reply.json(200, {"service": "registry", "status": "healthy"})
         authorized = request.headers.get("Authorization") == f"Bearer {self.key}"
-        if self.key and not self._is_node_call(request) and not authorized:
+        # The key is checked before the route, as the real registry does: without the key,
+        # an unknown path is a 401 too.
+        if self.key and request.endpoint not in _OPEN_ENDPOINTS and not authorized:
             return Reply.text(401, "unauthorized")
-        body = request.json()
-        body = body if isinstance(body, dict) else {}
-        if method == "GET" and path == "/nodes":
-            listing = self.nodes_listing()
-            role = request.query.get("role")
-            if role:
-                listing = {k: v for k, v in listing.items() if v["role"] == role}
-            return Reply.json(200, listing)
-        if method == "GET" and path.startswith("/instances/"):
-            instance = self.instances.get(path[len("/instances/") :])
-            if instance is None:
-                return Reply.text(404, "instance not found")
-            return Reply.json(200, instance)
-        if self._is_node_call(request):
-            node_id = body.get("id") or body.get("hostname")
-            if not isinstance(node_id, str) or not node_id:
-                return Reply.text(400, "id is required")
-            self.heartbeat(node_id, **body)
-            return Reply.json(200, self.nodes_listing().get(node_id, {}))
-        if method == "POST" and path == "/services":
-            self.services.append(body)
-            return Reply.json(201, body)
-        return Reply.text(404, "not found")
+        return super().handle(request)
 
-    @staticmethod
-    def _is_node_call(request: Request) -> bool:
-        return request.method == "POST" and request.path in ("/nodes/register", "/nodes/heartbeat")
+    def on_health(self, request: Request) -> Reply:
+        return Reply.json(200, {"service": "registry", "status": "healthy"})
+
+    def on_nodes(self, request: Request) -> Reply:
+        listing = self.nodes_listing()
+        role = request.query.get("role")
+        if role:
+            listing = {k: v for k, v in listing.items() if v["role"] == role}
+        return Reply.json(200, listing)
+
+    def on_instance(self, request: Request, instance_id: str) -> Reply:
+        instance = self.instances.get(instance_id)
+        if instance is None:
+            return Reply.text(404, "instance not found")
+        return Reply.json(200, instance)
+
+    def on_node_call(self, request: Request) -> Reply:
+        """A node's register or heartbeat (both open: nodes carry no key)."""
+        body = _object(request)
+        node_id = body.get("id") or body.get("hostname")
+        if not isinstance(node_id, str) or not node_id:
+            return Reply.text(400, "id is required")
+        self.heartbeat(node_id, **body)
+        return Reply.json(200, self.nodes_listing().get(node_id, {}))
+
+    def on_service(self, request: Request) -> Reply:
+        body = _object(request)
+        self.services.append(body)
+        return Reply.json(201, body)
+
+
+_OPEN_ENDPOINTS = ("on_health", "on_node_call")
+"""What answers without the key and whatever the fault: the health check, and the node calls
+(a node that cannot heartbeat would turn unhealthy, which is not the fault being tested)."""
+
+
+def _object(request: Request) -> dict[str, Any]:
+    body = request.json()
+    return body if isinstance(body, dict) else {}
 
 
 def _stamp(moment: float) -> str:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import threading
 
-from .http import PeerServer, Reply, Request
+from werkzeug.routing import Rule
+
+from .http import PeerServer, Reply, Request, peer_routes
 
 
 class FakeSns(PeerServer):
@@ -18,15 +20,17 @@ class FakeSns(PeerServer):
         with self._lock:
             return list(self._published.get(topic, []))
 
-    def handle(self, request: Request) -> Reply:
-        parts = request.path.strip("/").split("/")
-        if request.method != "POST" or len(parts) != 3 or parts[0] != "topics":
-            return Reply.text(404, "not found")
-        if parts[2] != "publish":
-            return Reply.text(404, "not found")
+    routes = peer_routes(
+        # Any topic name, even an empty one: topics need not be created first.
+        Rule(
+            "/topics/<string(minlength=0):topic>/publish", methods=["POST"], endpoint="on_publish"
+        ),
+    )
+
+    def on_publish(self, request: Request, topic: str) -> Reply:
         data = request.json()
         if not isinstance(data, dict) or not isinstance(data.get("message"), str):
             return Reply.text(400, "message is required")
         with self._lock:
-            self._published.setdefault(parts[1], []).append(data["message"])
+            self._published.setdefault(topic, []).append(data["message"])
         return Reply.json(200, {"delivered": 1})

@@ -17,7 +17,12 @@ import threading
 import time
 from typing import Any
 
-from .http import PeerServer, Reply, Request
+from werkzeug.routing import Rule
+
+from .http import PeerServer, Reply, Request, peer_routes
+
+_MESSAGES = "/queues/<string(minlength=0):queue>/messages"
+"""A queue's messages; any name, even an empty one, is a queue, as on the real service."""
 
 
 @dataclasses.dataclass
@@ -49,28 +54,30 @@ class FakeSqs(PeerServer):
         with self._lock:
             return list(self._queues.get(queue, []))
 
-    def handle(self, request: Request) -> Reply:
-        parts = request.path.strip("/").split("/")
-        if len(parts) < 3 or parts[0] != "queues" or parts[2] != "messages":
-            return Reply.text(404, "not found")
-        queue = parts[1]
-        if request.method == "POST" and len(parts) == 3:
-            data = request.json()
-            if not isinstance(data, dict) or "body" not in data:
-                return Reply.text(400, "body is required")
-            return Reply.json(201, {"id": self.send(queue, data["body"])})
-        if request.method == "GET" and len(parts) == 3:
-            return Reply.json(200, self._receive(queue))
-        if request.method == "DELETE" and len(parts) == 4:
-            with self._lock:
-                if self.fail_deletes > 0:
-                    self.fail_deletes -= 1
-                    return Reply.text(500, "internal error")
-                messages = self._queues.get(queue, [])
-                self._queues[queue] = [m for m in messages if m.id != parts[3]]
-                self.deleted.append(parts[3])
-            return Reply(204)
-        return Reply.text(404, "not found")
+    routes = peer_routes(
+        Rule(_MESSAGES, methods=["POST"], endpoint="on_send"),
+        Rule(_MESSAGES, methods=["GET"], endpoint="on_receive"),
+        Rule(_MESSAGES + "/<message_id>", methods=["DELETE"], endpoint="on_delete"),
+    )
+
+    def on_send(self, request: Request, queue: str) -> Reply:
+        data = request.json()
+        if not isinstance(data, dict) or "body" not in data:
+            return Reply.text(400, "body is required")
+        return Reply.json(201, {"id": self.send(queue, data["body"])})
+
+    def on_receive(self, request: Request, queue: str) -> Reply:
+        return Reply.json(200, self._receive(queue))
+
+    def on_delete(self, request: Request, queue: str, message_id: str) -> Reply:
+        with self._lock:
+            if self.fail_deletes > 0:
+                self.fail_deletes -= 1
+                return Reply.text(500, "internal error")
+            messages = self._queues.get(queue, [])
+            self._queues[queue] = [m for m in messages if m.id != message_id]
+            self.deleted.append(message_id)
+        return Reply(204)
 
     def _receive(self, queue: str) -> dict[str, Any] | None:
         now = time.monotonic()

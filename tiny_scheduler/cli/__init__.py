@@ -1,0 +1,73 @@
+"""The `tiny-scheduler` command line: run the daemon or a dev cluster, and talk to a scheduler.
+
+This module owns the command group `main` (the console script `tiny_scheduler.cli:main`): the
+options every command shares, `--version`, help when no command is given, and one rule for
+failures: a `client.ClientError` becomes one line on stderr and exit 1. The commands live in
+`job_commands` (submit, status, list, logs, cancel: clients of the HTTP API at SCHEDULER_URL,
+sending TINYAWS_API_KEY as the bearer token) and `dev_commands` (the local dev cluster and dev
+registry); what they print is in `output`. Tables for people, `--json` for scripts.
+
+Nothing outside this package imports it: it is the top of the import graph.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from ..client import DEFAULT_URL, ClientError
+from ..daemon_command import SERVE_ARGV
+from .dev_commands import dev
+from .job_commands import COMMANDS
+from .output import CliError
+
+__all__ = ["main"]
+
+
+class _Group(click.Group):
+    """The top-level group: a ClientError from any command is shown as `error: …`, exit 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ClientError as exc:
+            raise CliError(exc.message) from None
+
+
+@click.group(
+    cls=_Group,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.version_option(
+    package_name="tiny-scheduler", prog_name="tiny-scheduler", message="%(prog)s %(version)s"
+)
+@click.option(
+    "--url",
+    envvar="SCHEDULER_URL",
+    default=DEFAULT_URL,
+    show_default=True,
+    help="The scheduler's base URL (env SCHEDULER_URL); http:// when no scheme is given.",
+)
+@click.pass_context
+def main(ctx: click.Context, url: str) -> None:
+    """tiny-scheduler: the job scheduler of a small self-hosted cloud.
+
+    The client commands send TINYAWS_API_KEY, when set, as the bearer token.
+    """
+    ctx.obj = url
+    if ctx.invoked_subcommand is None:
+        # No command is a question, not a mistake: answer it with the help, exit 0.
+        click.echo(ctx.get_help())
+
+
+@main.command()
+def serve() -> None:
+    """Run the scheduler daemon (gunicorn, configured from the environment)."""
+    os.execv(SERVE_ARGV[0], SERVE_ARGV)
+
+
+for _command in (*COMMANDS, dev):
+    main.add_command(_command)

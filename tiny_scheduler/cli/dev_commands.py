@@ -1,0 +1,213 @@
+"""The dev commands of the command line: `dev` runs a local dev cluster until Ctrl-C, and
+`dev registry` a stand-alone dev registry that a real daemon can be pointed at.
+
+They start and stop the parts in `tiny_scheduler/dev/` and print where those listen; the
+parts themselves live there, not here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from .output import CliError
+
+REGISTRY_PORT = 9000
+"""Where `dev registry` listens by default: the port of REGISTRY_URL's default."""
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _run_until_interrupted(what: str, body: Callable[[], None], stop: Callable[[], None]) -> None:
+    """Run `body` until it ends or Ctrl-C or SIGTERM end it (the way these commands are meant
+    to end), then `stop()`. Signals are ignored while `stop()` runs: a second Ctrl-C cutting it
+    short would leave processes behind. Whatever `body` raised propagates after `stop()`."""
+    previous_int = signal.getsignal(signal.SIGINT)
+    previous_term = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        body()
+    except KeyboardInterrupt:
+        click.echo(f"\nstopping the {what}…", err=True)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            stop()
+        finally:
+            signal.signal(signal.SIGINT, previous_int)
+            signal.signal(signal.SIGTERM, previous_term)
+    click.echo("stopped.", err=True)
+
+
+@click.group(invoke_without_command=True)
+@click.option("--agents", type=click.IntRange(1, 64), default=3, show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=9001, show_default=True)
+@click.option("--registry-port", type=click.IntRange(0, 65535), default=0, help="0: any.")
+@click.option("--poll-secs", type=click.FloatRange(min=0.05), help="Agent poll period [3].")
+@click.option("--heartbeat-secs", type=click.FloatRange(min=0.05), help="[10]")
+@click.option("--unhealthy-after", type=click.FloatRange(min=0.1), help="Registry, secs [30].")
+@click.option("--scan-secs", type=click.FloatRange(min=0.01), help="TIMEOUT_SCAN_INTERVAL_SECS")
+@click.option("--node-lost-secs", type=click.FloatRange(min=0), help="NODE_LOST_SECS")
+@click.option("--quick", is_flag=True, help="Short intervals everywhere, as `make demo` uses.")
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False),
+    help="Keep the database, logs and scratch dirs here (default: a temp dir, removed).",
+)
+@click.pass_context
+def dev(
+    ctx: click.Context,
+    agents: int,
+    port: int,
+    registry_port: int,
+    poll_secs: float | None,
+    heartbeat_secs: float | None,
+    unhealthy_after: float | None,
+    scan_secs: float | None,
+    node_lost_secs: float | None,
+    quick: bool,
+    work_dir: str | None,
+) -> None:
+    """Run a local dev cluster until Ctrl-C: a registry, AGENTS dev agents and the scheduler,
+    all on loopback. Everything is stopped on the way out.
+
+    `dev registry` runs only a registry, for a daemon started by other means.
+    """
+    if ctx.invoked_subcommand is not None:
+        given = [
+            f"--{param.name.replace('_', '-')}"
+            for param in ctx.command.params
+            if param.name and ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE
+        ]
+        if given:
+            raise click.UsageError(
+                f"{', '.join(given)}: options of the dev cluster, not of"
+                f" `dev {ctx.invoked_subcommand}`; put them after `{ctx.invoked_subcommand}`"
+            )
+        return
+    # Imported here: the client commands should not pay for loading the dev cluster.
+    from ..dev.cluster import ClusterConfig, ClusterError, DevCluster
+
+    given_secs = {
+        "poll_secs": poll_secs,
+        "heartbeat_secs": heartbeat_secs,
+        "unhealthy_after": unhealthy_after,
+        "scan_interval_secs": scan_secs,
+        "node_lost_secs": node_lost_secs,
+    }
+    settings: dict[str, Any] = {
+        "agents": agents,
+        "scheduler_port": port,
+        "registry_port": registry_port,
+        "api_key": os.environ.get("TINYAWS_API_KEY") or None,
+        "work_dir": work_dir,
+        **{name: value for name, value in given_secs.items() if value is not None},
+    }
+    config = ClusterConfig.quick(**settings) if quick else ClusterConfig(**settings)
+    try:
+        cluster = DevCluster(config)
+    except OSError as exc:
+        raise CliError(f"cannot use {work_dir} as the work dir: {exc.strerror}") from None
+
+    def run() -> None:
+        click.echo("starting the dev cluster…", err=True)
+        cluster.start()
+        _print_cluster_banner(cluster)
+        while not (problems := cluster.problems()):
+            time.sleep(0.5)
+        for problem in problems:
+            click.echo(f"error: {problem}", err=True)
+        sys.exit(1)
+
+    try:
+        _run_until_interrupted("dev cluster", run, cluster.stop)
+    except ClusterError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _print_cluster_banner(cluster: Any) -> None:
+    config = cluster.config
+    click.echo(
+        f"scheduler  {cluster.scheduler_url}  (log {cluster.scheduler_log})\n"
+        f"registry   {cluster.registry_url}\n"
+        f"agents     {' '.join(cluster.node_ids)}  (poll every {config.poll_secs:g}s,"
+        f" logs in {cluster.work_dir})\n"
+        "\n"
+        f"export SCHEDULER_URL={cluster.scheduler_url}\n"
+        "tiny-scheduler submit --wait 'echo hello from $TINY_NODE_ID'\n"
+        "\n"
+        "Ctrl-C stops everything."
+    )
+
+
+def _parse_nodes(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> list[tuple[str, int]]:
+    """`node-a` or `node-b:4` (its cpu_count) -> [(id, cpus)]."""
+    nodes = []
+    for value in values:
+        node_id, _, cpus = value.rpartition(":") if ":" in value else (value, "", "1")
+        if not node_id or not cpus.isdigit() or int(cpus) < 1:
+            raise click.BadParameter(f"{value!r} is not ID or ID:CPUS (CPUS at least 1)")
+        nodes.append((node_id, int(cpus)))
+    return nodes
+
+
+@dev.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=REGISTRY_PORT,
+    show_default=True,
+    help="0: any free port. 9000 is where the scheduler looks by default.",
+)
+@click.option(
+    "--node",
+    "nodes",
+    multiple=True,
+    metavar="ID[:CPUS]",
+    callback=_parse_nodes,
+    help="A healthy compute node to list (CPUS: its cpu_count [1]); repeat.",
+)
+def registry(host: str, port: int, nodes: list[tuple[str, int]]) -> None:
+    """Run a stand-alone dev registry until Ctrl-C.
+
+    It lists each --node as a healthy compute node (no agent needs to heartbeat for it), and
+    nodes whose agents register and heartbeat, as the tiny-aws registry does. Point a real
+    daemon at it with REGISTRY_URL. When TINYAWS_API_KEY is set it wants that key, as the real
+    registry does, and the daemon sends the same one.
+    """
+    from ..dev.registry import FakeRegistry
+
+    try:
+        server = FakeRegistry(host=host, port=port, key=os.environ.get("TINYAWS_API_KEY") or None)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    for node_id, cpus in nodes:
+        server.set_node(node_id, cpu_count=cpus)
+    server.start()
+
+    def run() -> None:
+        listed = ", ".join(f"{n} ({c} cpu{'s' if c > 1 else ''})" for n, c in nodes)
+        click.echo(
+            f"registry  {server.url}\n"
+            f"nodes     {listed or 'none yet'}\n"
+            "\n"
+            f"REGISTRY_URL={server.url} tiny-scheduler serve\n"
+            "\n"
+            "Ctrl-C stops it."
+        )
+        while True:  # the server answers on its own thread; a signal ends this
+            time.sleep(3600)
+
+    _run_until_interrupted("registry", run, server.stop)

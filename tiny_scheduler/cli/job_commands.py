@@ -1,0 +1,355 @@
+"""The client commands of the command line: `submit`, `status`, `list`, `logs`, `cancel`.
+
+They talk to the scheduler at SCHEDULER_URL through `client.Client`, print with `output`, and
+end with a non-zero exit on any failure. `--wait` streams the job's changes on stderr, then
+prints the settled job and its output, and exits with the job's exit code.
+
+No rule of the scheduler is repeated here: what a command may do is the API's answer.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import click
+
+from ..client import (
+    DEFAULT_URL,
+    WAIT_INTERVAL_SECS,
+    Client,
+    ClientError,
+    base_url,
+    wait_for_job,
+)
+from ..display import describe
+from ..jobs import DONE, FAILED, JOB_ID_PREFIX, RUN, RUNNING, SERVICE, STATUSES
+from ..validation import MAX_PAGE
+from .output import CliError, echo_json, jobs_table, print_attempts, print_status, print_streams
+
+DEFAULT_LIMIT = 100
+"""Jobs `list` shows unless --limit says otherwise."""
+
+WATCH_SECS = 2.0
+"""Seconds between two redraws of `list --watch` when no period is given."""
+
+
+def client_from(ctx: click.Context) -> Client:
+    """The client of the scheduler the command line was pointed at (--url / SCHEDULER_URL)."""
+    given = ctx.find_root().obj or DEFAULT_URL
+    try:
+        url = base_url(given)
+    except ValueError as exc:
+        raise CliError(f"SCHEDULER_URL / --url: {exc}") from None
+    return Client(url, os.environ.get("TINYAWS_API_KEY") or None)
+
+
+def _job_id(text: str) -> str:
+    """Accept `7` as well as `job-7`."""
+    return f"{JOB_ID_PREFIX}{text}" if text.isdigit() else text
+
+
+_json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
+_interval_option = click.option(
+    "--interval",
+    type=click.FloatRange(min=0.05),
+    default=WAIT_INTERVAL_SECS,
+    show_default=True,
+    help="Seconds between looks at the job while waiting.",
+)
+_no_logs_option = click.option(
+    "--no-logs", is_flag=True, help="With --wait: do not print the job's stdout and stderr."
+)
+
+
+# --- submit and status --------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("command", nargs=-1)
+@click.option("--instance", "instance_id", help="Pin the job to this instance's node.")
+@click.option("--env", "env", multiple=True, metavar="K=V", help="Environment variable; repeat.")
+@click.option("--service", is_flag=True, help="A long-running service instead of a one-shot run.")
+@click.option("--port", type=click.IntRange(1, 65535), help="The service's port (with --service).")
+@click.option("--deploy-url", help="A zip in the object store whose start.sh the agent runs.")
+@click.option("--timeout", "timeout_secs", type=click.IntRange(min=1), help="Run timeout, seconds.")
+@click.option("--idempotency-key", help="Submitting again with the same key creates nothing.")
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Follow the job until it ends (a service: until it runs), print its output, exit"
+    " with its exit code.",
+)
+@_no_logs_option
+@click.option("-q", "--quiet", is_flag=True, help="Print only the job id.")
+@_interval_option
+@_json_option
+@click.pass_context
+def submit(
+    ctx: click.Context,
+    command: tuple[str, ...],
+    instance_id: str | None,
+    env: tuple[str, ...],
+    service: bool,
+    port: int | None,
+    deploy_url: str | None,
+    timeout_secs: int | None,
+    idempotency_key: str | None,
+    wait: bool,
+    no_logs: bool,
+    quiet: bool,
+    interval: float,
+    as_json: bool,
+) -> None:
+    """Submit a job running COMMAND with `sh -c`.
+
+    One argument is taken as a shell command as is (`submit 'echo $HOME'`); several are quoted
+    and joined. Put `--` before a command that has options of its own:
+    `submit --wait -- python3 -c 'print(1)'`.
+    """
+    if not command and not deploy_url:
+        raise click.UsageError("give a COMMAND or --deploy-url")
+    if port is not None and not service:
+        # The API would take it and ignore it; a port on a one-shot job is a mistake.
+        raise click.BadParameter("only a service has a port: add --service", param_hint="'--port'")
+    body: dict[str, Any] = {
+        "command": command[0] if len(command) == 1 else shlex.join(command),
+        "job_type": SERVICE if service else RUN,
+        "env_vars": _parse_env(env),
+    }
+    optional = {
+        "instance_id": instance_id,
+        "port": port,
+        "deploy_url": deploy_url,
+        "timeout_secs": timeout_secs,
+    }
+    body.update({name: value for name, value in optional.items() if value is not None})
+    client = client_from(ctx)
+    job = client.submit(body, idempotency_key)
+    if wait:
+        _wait_and_exit(client, job["job_id"], as_json, interval, logs=not no_logs)
+    if as_json:
+        echo_json(job)
+    elif quiet:
+        click.echo(job["job_id"])
+    else:
+        click.echo(f"{job['job_id']} {describe(job)}")
+
+
+def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{pair!r} is not K=V", param_hint="--env")
+        env[name] = value
+    return env
+
+
+@click.command()
+@click.argument("job_id")
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Follow the job until it ends (a service: until it runs), print its output, exit"
+    " with its exit code.",
+)
+@_no_logs_option
+@_interval_option
+@_json_option
+@click.pass_context
+def status(
+    ctx: click.Context, job_id: str, wait: bool, no_logs: bool, interval: float, as_json: bool
+) -> None:
+    """Show one job."""
+    client = client_from(ctx)
+    job_id = _job_id(job_id)
+    if wait:
+        _wait_and_exit(client, job_id, as_json, interval, logs=not no_logs)
+    job = client.job(job_id)
+    if as_json:
+        echo_json(job)
+    else:
+        print_status(job)
+
+
+def _wait_and_exit(
+    client: Client, job_id: str, as_json: bool, interval: float, logs: bool
+) -> NoReturn:
+    try:
+        job = wait_for_job(client, job_id, interval, lambda line: click.echo(line, err=True))
+    except KeyboardInterrupt:
+        click.echo(f"\nstopped waiting; {job_id} goes on without us", err=True)
+        sys.exit(130)
+    if as_json:
+        echo_json(job)  # it carries stdout and stderr already
+    else:
+        print_status(job)
+        # What `logs` would show of the latest attempt, so a failure needs no second command.
+        if logs:
+            print_streams(job)
+    sys.exit(exit_status(job))
+
+
+def exit_status(job: dict[str, Any]) -> int:
+    """The exit status `--wait` ends with: 0 for a job done or a service that runs, else the
+    job's exit code; 1 when it failed without a usable one (timed out, lost node,
+    cancelled: -1)."""
+    if job["status"] in (DONE, RUNNING):
+        return 0
+    code = job.get("exit_code")
+    if job["status"] == FAILED and isinstance(code, int) and 0 < code < 256:
+        return code
+    return 1
+
+
+# --- list ---------------------------------------------------------------------------------------
+
+
+@click.command(name="list")
+@click.option("--node", help="Only jobs on this node.")
+@click.option("--status", type=click.Choice(STATUSES), help="Only jobs in this status.")
+@click.option("--limit", type=click.IntRange(1, MAX_PAGE), default=DEFAULT_LIMIT, show_default=True)
+@click.option("--after", help="Only jobs created after this job id.")
+@click.option("--oldest", is_flag=True, help="Oldest first (FIFO), paged with --after.")
+@click.option(
+    "--watch",
+    type=click.FloatRange(min=0.1),
+    is_flag=False,
+    flag_value=WATCH_SECS,
+    default=None,
+    metavar="[SECS]",
+    help=f"Redraw every SECS seconds [{WATCH_SECS:g}] until Ctrl-C.",
+)
+@_json_option
+@click.pass_context
+def list_jobs(
+    ctx: click.Context,
+    node: str | None,
+    status: str | None,
+    limit: int,
+    after: str | None,
+    oldest: bool,
+    watch: float | None,
+    as_json: bool,
+) -> None:
+    """List jobs, newest first (--oldest: oldest first). Times are UTC."""
+    if watch is not None and as_json:
+        raise click.UsageError("--watch redraws a table for people; it does not go with --json")
+    client = client_from(ctx)
+    after = _job_id(after) if after else None
+
+    def select() -> tuple[list[dict[str, Any]], str]:
+        return _select(client, node, status, limit, after, oldest)
+
+    if watch is not None:
+        order = "oldest" if oldest else "newest"
+        _watch(watch, f"tiny-scheduler list ({order} first)", select)
+        return
+    jobs, hint = select()
+    if as_json:
+        echo_json(jobs)
+    elif not jobs:
+        click.echo("no jobs", err=True)
+    else:
+        click.echo(jobs_table(jobs))
+    if hint:
+        click.echo(hint, err=True)
+
+
+def _select(
+    client: Client,
+    node: str | None,
+    status: str | None,
+    limit: int,
+    after: str | None,
+    oldest: bool,
+) -> tuple[list[dict[str, Any]], str]:
+    """The jobs `list` shows, in its order, and a hint about those it leaves out ('' if none)."""
+    # Every request here carries `limit`, so a node's pending jobs are listed like any other
+    # filter: only the agent's exact query (node_id and status=pending alone) is its poll.
+    if oldest:
+        jobs, following = client.page(limit, after, node_id=node, status=status)
+        return jobs, _more_hint(following)
+    jobs, left_out = client.newest(limit, after, node_id=node, status=status)
+    return jobs, _older_hint(left_out)
+
+
+def _more_hint(following: str | None) -> str:
+    return f"more jobs follow: add --after {following}" if following else ""
+
+
+def _older_hint(left_out: bool) -> str:
+    if not left_out:
+        return ""
+    return "older jobs not shown: raise --limit, or list from the first with --oldest"
+
+
+def _watch(every: float, title: str, select: Callable[[], tuple[list[dict], str]]) -> None:
+    """Redraw the table every `every` seconds until Ctrl-C, which ends it with exit 0.
+
+    A failed call is shown in place of the table and tried again next time: a scheduler
+    restarting must not end the watch.
+    """
+    try:
+        while True:
+            try:
+                jobs, hint = select()
+                frame = (jobs_table(jobs) if jobs else "no jobs") + (f"\n{hint}" if hint else "")
+            except ClientError as exc:
+                frame = f"error: {exc.message}"
+            now = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S")
+            click.clear()
+            click.echo(f"{title}, every {every:g}s, at {now} UTC; Ctrl-C ends\n\n{frame}")
+            time.sleep(every)
+    except KeyboardInterrupt:
+        click.echo()
+
+
+# --- logs and cancel ----------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("job_id")
+@_json_option
+@click.pass_context
+def logs(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Show the output of every attempt of a job, the latest last."""
+    job = client_from(ctx).job(_job_id(job_id))
+    latest = {
+        name: job[name]
+        for name in (
+            *("node_id", "exit_code", "reason", "stdout", "stderr"),
+            *("running_at", "finished_at"),
+        )
+        if name in job
+    }
+    # An earlier attempt is one that failed and was retried; the API does not repeat that.
+    earlier = [{**attempt, "status": FAILED} for attempt in job.get("attempts", [])]
+    attempts = [*earlier, {**latest, "status": job["status"]}]
+    if as_json:
+        echo_json({"job_id": job["job_id"], "status": job["status"], "attempts": attempts})
+    else:
+        print_attempts(job, attempts)
+
+
+@click.command()
+@click.argument("job_id")
+@_json_option
+@click.pass_context
+def cancel(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Cancel a pending job."""
+    job = client_from(ctx).cancel(_job_id(job_id))
+    if as_json:
+        echo_json(job)
+    else:
+        click.echo(f"{job['job_id']} {describe(job)}")
+
+
+COMMANDS = (submit, status, list_jobs, logs, cancel)
+"""The job commands, in the order `--help` lists them."""

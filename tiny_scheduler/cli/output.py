@@ -1,0 +1,105 @@
+"""What the command line prints: one job's fields, the output of its attempts, the jobs table,
+JSON for scripts, and an error as one line on stderr.
+
+Presentation only: the words for a job's state come from `display.py` (shared with the demo),
+and nothing here calls the scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+import click
+
+from ..display import describe, format_table, one_line, short_time, status_text
+
+COMMAND_WIDTH = 48
+"""Characters of a job's command shown in a table row."""
+
+JOB_COLUMNS = ("JOB", "STATUS", "EXIT", "NODE", "TYPE", "RETRIES", "CREATED (UTC)", "COMMAND")
+"""The header of `list`; the API's times are UTC, and the table says so."""
+
+
+class CliError(click.ClickException):
+    """A failure shown as one line on stderr, exit status 1."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def print_status(job: dict[str, Any]) -> None:
+    """One job as aligned `name  value` lines, empty fields left out."""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in (job.get("env_vars") or {}).items())
+    attempts = len(job.get("attempts", []))
+    fields = [
+        ("job", job["job_id"]),
+        ("status", describe(job)),
+        ("type", job["job_type"] + (f" on port {job['port']}" if job.get("port") else "")),
+        ("node", job["node_id"]),
+        ("instance", job.get("instance_id", "")),
+        ("command", job["command"]),
+        ("deploy url", job.get("deploy_url", "")),
+        ("env", env),
+        ("timeout", f"{job['timeout_secs']}s" if job.get("timeout_secs") else ""),
+        ("retries", str(job["retry_count"])),
+        ("created", job["created_at"]),
+        ("running", job.get("running_at", "")),
+        ("finished", job.get("finished_at", "")),
+        ("attempts", f"{attempts} earlier (see: logs {job['job_id']})" if attempts else ""),
+    ]
+    rows = [(name, value) for name, value in fields if value]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        click.echo(f"{name.ljust(width)}  {value}")
+
+
+def print_streams(attempt: dict[str, Any]) -> bool:
+    """An attempt's stdout and stderr, each under a `--- name ---` line; whether it had any."""
+    shown = False
+    for stream in ("stdout", "stderr"):
+        text = attempt.get(stream, "")
+        if text:
+            click.echo(f"--- {stream} ---")
+            click.echo(text, nl=not text.endswith("\n"))
+            shown = True
+    return shown
+
+
+def print_attempts(job: dict[str, Any], attempts: list[dict[str, Any]]) -> None:
+    """Every attempt of a job, the latest last, each under a `===` line saying how it ended."""
+    total = len(attempts)
+    for number, attempt in enumerate(attempts, 1):
+        if number < total:
+            outcome = f"failed (exit {attempt.get('exit_code', '?')})"
+        else:
+            outcome = describe({**job, **attempt}) + " (latest)"
+        if number > 1:
+            click.echo()
+        click.echo(
+            f"=== {job['job_id']} attempt {number}/{total} on {attempt['node_id']}: {outcome}"
+        )
+        if not print_streams(attempt):
+            click.echo("(no output)")
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> str:
+    rows = [
+        (
+            job["job_id"],
+            status_text(job),
+            str(job["exit_code"]) if "exit_code" in job else "-",
+            job["node_id"],
+            job["job_type"],
+            str(job["retry_count"]),
+            short_time(job["created_at"]),
+            one_line(job["command"] or job.get("deploy_url", ""), COMMAND_WIDTH),
+        )
+        for job in jobs
+    ]
+    return format_table(JOB_COLUMNS, rows)

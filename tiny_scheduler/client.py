@@ -1,0 +1,339 @@
+"""The HTTP client of the scheduler's API (`api.md`), shared by the command line, the demo and
+the dev agent.
+
+`Client` calls one scheduler and turns every failure into a `ClientError` whose one-line
+message says what went wrong and where: the URL that could not be reached, the job that was
+not found; the scheduler's own error texts are kept verbatim. `Client.newest` lists the newest
+jobs although the API pages oldest first; `wait_for_job` follows a job until it has settled.
+
+This module owns the client side of the wire only: it prints nothing (`display.py` and the
+CLI do), and it repeats no rule of the scheduler.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit
+
+import requests
+
+from .display import describe
+from .errors import JOB_NOT_FOUND
+from .jobs import FINAL_STATUSES, JOB_ID_PREFIX, RUNNING, SERVICE
+from .validation import MAX_PAGE
+
+DEFAULT_URL = "http://127.0.0.1:9001"
+"""Where the scheduler listens unless SCHEDULER_URL says otherwise."""
+
+HTTP_TIMEOUT = (3.0, 15.0)
+"""(connect, read) seconds per request: a submission may wait on the registry and a commit."""
+
+WAIT_INTERVAL_SECS = 1.0
+"""Seconds between two looks at a job while waiting for it."""
+
+WAIT_UNREACHABLE_SECS = 30.0
+"""Seconds a wait keeps trying while the scheduler cannot be reached (a restart) before it
+gives up."""
+
+WAIT_REMIND_SECS = 15.0
+"""Seconds without any change after which a wait says again where the job stands, so that a
+long wait never looks like a hang."""
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+# Placement error texts of the wire contract (api.md, "Placement").
+_INSTANCE_NOT_FOUND = "instance not found"
+_REGISTRY_TEXTS = ("failed to reach registry", "failed to decode registry response")
+
+
+def base_url(text: str) -> str:
+    """A scheduler's base URL as people write it; `127.0.0.1:9201`, without a scheme, means
+    `http://127.0.0.1:9201`. Raises ValueError for anything that is not an http(s) URL."""
+    url = text.strip().rstrip("/")
+    if "://" not in url:
+        url = f"http://{url}"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{text!r} is not an http:// or https:// URL")
+    return url
+
+
+def session(url: str, key: str | None = None) -> requests.Session:
+    """A `requests` session for one tiny-aws service at `url`, sending `key` as the bearer
+    token when there is one."""
+    made = requests.Session()
+    # A proxy from the environment has no business relaying calls to this machine.
+    made.trust_env = urlsplit(url).hostname not in _LOOPBACK
+    if key:
+        made.headers["Authorization"] = f"Bearer {key}"
+    return made
+
+
+class ClientError(Exception):
+    """A call to the scheduler failed; `message` says what and where, in one line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ApiError(ClientError):
+    """The scheduler answered with an error status. `text` is its own message (verbatim, or
+    with the id it is about added); `context`, when given, says what the text leaves out."""
+
+    def __init__(self, status: int, text: str, context: str = "") -> None:
+        super().__init__(f"{text} ({context})" if context else text)
+        self.status = status
+        self.text = text
+        self.context = context
+
+    def about(self, text: str) -> ApiError:
+        """The same error with a text that names what it is about."""
+        return ApiError(self.status, text, self.context)
+
+
+class Unreachable(ClientError):
+    """No answer from the scheduler (down, wrong address, or too slow)."""
+
+
+class Client:
+    """A small client of one scheduler's HTTP API; every failure is a ClientError."""
+
+    def __init__(self, url: str, key: str | None = None) -> None:
+        self.base_url = url.rstrip("/")
+        self.key = key
+        self.session = session(self.base_url, key)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """One call; a reply that is not 2xx is an ApiError, no reply at all Unreachable."""
+        kwargs.setdefault("timeout", HTTP_TIMEOUT)
+        try:
+            response = self.session.request(method, self.base_url + path, **kwargs)
+        except requests.Timeout:
+            raise Unreachable(
+                f"the scheduler at {self.base_url} did not answer within {HTTP_TIMEOUT[1]:.0f}s"
+            ) from None
+        except requests.RequestException:
+            raise Unreachable(
+                f"cannot reach the scheduler at {self.base_url} (is it running? is SCHEDULER_URL"
+                " right?)"
+            ) from None
+        if response.ok:
+            return response
+        text = _error_text(response)
+        context = ""
+        if response.status_code == 401:
+            context = (
+                "the scheduler rejected the key in TINYAWS_API_KEY"
+                if self.key
+                else "set TINYAWS_API_KEY to the scheduler's key"
+            )
+        elif response.status_code >= 500 and _is_text(response):
+            # The scheduler's 503 texts (a registry it cannot reach, a store that cannot
+            # commit) say what failed but not where: name the scheduler that said it.
+            context = f"HTTP {response.status_code} from the scheduler at {self.base_url}"
+            if text in _REGISTRY_TEXTS:
+                context += "; check the registry at its REGISTRY_URL"
+        raise ApiError(response.status_code, text, context)
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.request(method, path, **kwargs)
+        try:
+            return response.json()
+        except ValueError:
+            raise ClientError(
+                f"{self.base_url}{path} answered {response.status_code} with something that is"
+                " not JSON (is SCHEDULER_URL a tiny-scheduler?)"
+            ) from None
+
+    def submit(self, body: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        try:
+            return self.json("POST", "/jobs", json=body, headers=headers)
+        except ApiError as exc:
+            # The placement text does not repeat the instance id (the others name it).
+            if exc.text == _INSTANCE_NOT_FOUND and body.get("instance_id"):
+                raise exc.about(f"instance {body['instance_id']} not found") from None
+            raise
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._job_call("GET", job_id, "")
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._job_call("POST", job_id, "/cancel")
+
+    def _job_call(self, method: str, job_id: str, suffix: str) -> dict[str, Any]:
+        try:
+            return self.json(method, f"/jobs/{quote(job_id, safe='')}{suffix}")
+        except ApiError as exc:
+            # The API's 404 text does not repeat the id; someone waiting on several jobs
+            # needs to know which one is meant.
+            if exc.status == 404 and exc.text == JOB_NOT_FOUND:
+                raise exc.about(f"job {job_id} not found") from None
+            raise
+
+    def page(
+        self, limit: int, after: str | None = None, **filters: str | None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of GET /jobs (oldest first) of at most `limit` jobs, and the `after` of the
+        next page when there is one."""
+        params = {name: value for name, value in filters.items() if value}
+        params["limit"] = str(limit)
+        if after:
+            params["after"] = after
+        response = self.request("GET", "/jobs", params=params)
+        try:
+            jobs = response.json()
+        except ValueError:
+            raise ClientError(
+                f"{response.url} answered with something that is not JSON"
+                " (is SCHEDULER_URL a tiny-scheduler?)"
+            ) from None
+        following = response.links.get("next", {}).get("url")
+        if not following:
+            return jobs, None
+        return jobs, parse_qs(urlsplit(following).query).get("after", [None])[0]
+
+    def newest(
+        self, limit: int, after: str | None = None, **filters: str | None
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """The newest `limit` jobs that match `filters` (and came after job `after`), newest
+        first, and whether older ones were left out.
+
+        The API lists oldest first and pages forward only. When everything fits in one page,
+        that page is the answer. Otherwise the newest matching id is found by asking for
+        one-job pages after chosen ids (galloping, then halving: O(log n) small calls), and
+        the jobs below it are read back in growing windows of ids, none larger than a page.
+        Ids only grow, so a window `(lower, upper]` holds at most `upper - lower` jobs.
+        """
+        first, following = self.page(limit, after, **filters)
+        if following is None:
+            return first[::-1], False
+        floor = _number(after) if after else 0
+        upper = self._last_number(_number(first[-1]["job_id"]), limit, filters)
+        found: list[dict[str, Any]] = []  # oldest first: every match in (upper, last]
+        width = limit
+        while len(found) < limit and upper > floor:
+            lower = max(upper - width, floor)
+            page, _ = self.page(upper - lower, _job_id(lower), **filters)
+            # The page may run past `upper` when the window has few matches: those jobs
+            # are already in `found`.
+            found = [job for job in page if _number(job["job_id"]) <= upper] + found
+            upper = lower
+            width = min(width * 2, MAX_PAGE)
+        # The first page had a next one: more than `limit` jobs match, so some are left out.
+        return found[-limit:][::-1], True
+
+    def _last_number(self, known: int, step: int, filters: dict[str, str | None]) -> int:
+        """The number of the newest matching job, given the number of one that matches."""
+        low, high = known, None
+        while high is None:  # gallop: double the step until nothing matches beyond
+            probe = low + step
+            beyond = self._first_after(probe, filters)
+            if beyond is None:
+                high = probe
+            else:
+                low, step = beyond, step * 2
+        while low < high:  # `low` matches, nothing beyond `high` does
+            middle = (low + high) // 2
+            beyond = self._first_after(middle, filters)
+            if beyond is None:
+                high = middle
+            else:
+                low = beyond
+        return low
+
+    def _first_after(self, number: int, filters: dict[str, str | None]) -> int | None:
+        page, _ = self.page(1, _job_id(number), **filters)
+        return _number(page[0]["job_id"]) if page else None
+
+
+def _number(job_id: str) -> int:
+    return int(job_id.removeprefix(JOB_ID_PREFIX))
+
+
+def _job_id(number: int) -> str | None:
+    """The `after` that starts a listing past job `number`; None starts at the beginning."""
+    return f"{JOB_ID_PREFIX}{number}" if number > 0 else None
+
+
+def _is_text(response: requests.Response) -> bool:
+    return response.headers.get("Content-Type", "").startswith("text/plain")
+
+
+def _error_text(response: requests.Response) -> str:
+    """The scheduler's error text as it sent it (text/plain plus a newline), or the status."""
+    text = response.text.strip()
+    if text and _is_text(response):
+        return text
+    return f"HTTP {response.status_code} from {response.url}"
+
+
+# --- waiting ----------------------------------------------------------------------------------
+
+
+def settled(job: dict[str, Any]) -> bool:
+    """Whether waiting for a job is over: it is final, or it is a service that has started
+    (a service runs until it is stopped; waiting for its end would never return)."""
+    if job["status"] in FINAL_STATUSES:
+        return True
+    return job["job_type"] == SERVICE and job["status"] == RUNNING
+
+
+def job_state(job: dict[str, Any]) -> tuple[str, str, int]:
+    """What a watcher reports a change of: the status, the node, the retry count."""
+    return (job["status"], job["node_id"], job["retry_count"])
+
+
+def wait_for_job(
+    client: Client,
+    job_id: str,
+    interval: float = WAIT_INTERVAL_SECS,
+    progress: Callable[[str], None] | None = None,
+    remind_secs: float = WAIT_REMIND_SECS,
+) -> dict[str, Any]:
+    """Look at the job every `interval` seconds until it has settled (see `settled`); return it.
+
+    `progress` gets a line, starting with the seconds since the wait began, whenever the job
+    changes (status, node, retry), and again every `remind_secs` while it does not. A
+    scheduler that cannot be reached is retried for WAIT_UNREACHABLE_SECS: a restart loses no
+    job.
+    """
+    started = time.monotonic()
+    last_said = started
+    seen: tuple[Any, ...] = ()
+    unreachable_since: float | None = None
+
+    def say(text: str) -> None:
+        nonlocal last_said
+        last_said = time.monotonic()
+        if progress:
+            progress(f"[{last_said - started:6.1f}s] {text}")
+
+    while True:
+        try:
+            job = client.job(job_id)
+            unreachable_since = None
+        except Unreachable as exc:
+            if not seen:
+                raise  # never reached: a wrong address, not a restart
+            now = time.monotonic()
+            if unreachable_since is None:
+                unreachable_since = now
+                say(f"{exc.message}; retrying")
+            elif now - unreachable_since > WAIT_UNREACHABLE_SECS:
+                raise
+            time.sleep(interval)
+            continue
+        state = job_state(job)
+        if state != seen:
+            seen = state
+            retry = f" (retry {job['retry_count']})" if job["retry_count"] else ""
+            say(f"{job_id} {describe(job)}{retry}")
+        elif time.monotonic() - last_said >= remind_secs:
+            say(f"{job_id} still {describe(job)}")
+        if settled(job):
+            return job
+        time.sleep(interval)

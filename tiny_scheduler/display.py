@@ -1,0 +1,61 @@
+"""Plain-text views of jobs for people: a job's state in a few words, aligned tables, short
+times. The command line and the demo both print with these.
+
+Pure functions of a job's wire shape (`api.md`): no I/O here, and no rule of the scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .jobs import DONE, FAILED, PENDING, RUNNING
+
+_PLAIN_EXIT = "exit"
+"""The `reason` of a job that failed by its own exit code: the code says it better."""
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Rows as left-aligned columns two spaces apart, under a header line."""
+    widths = [len(header) for header in headers]
+    for row in rows:
+        widths = [max(width, len(cell)) for width, cell in zip(widths, row, strict=True)]
+    lines = [headers, *rows]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
+
+
+def status_text(job: dict[str, Any]) -> str:
+    """The status, with the `reason` a failed job carries when it says more than an exit code:
+    `failed (cancelled)`, `failed (node lost)`, `done`."""
+    reason = job.get("reason")
+    if reason and reason != _PLAIN_EXIT:
+        return f"{job['status']} ({reason.replace('_', ' ')})"
+    return job["status"]
+
+
+def describe(job: dict[str, Any]) -> str:
+    """`failed (exit 3)`, `done (exit 0)`, `failed (timeout)`, `running on node-2`: a job's
+    state in a few words."""
+    status = job["status"]
+    if status in (PENDING, RUNNING):
+        return f"{status} on {job['node_id']}"
+    text = status_text(job)
+    if text == status and status in (DONE, FAILED) and "exit_code" in job:
+        return f"{status} (exit {job['exit_code']})"
+    return text
+
+
+def short_time(stamp: str | None) -> str:
+    """`2026-11-30T10:20:30.123456Z` -> `2026-11-30 10:20:30` (still UTC: say so nearby)."""
+    if not stamp:
+        return "-"
+    return stamp[:19].replace("T", " ")
+
+
+def one_line(text: str, width: int) -> str:
+    """`text` with its whitespace runs as single spaces, cut to `width` characters with `…`."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
