@@ -18,11 +18,13 @@ slow-marked soak at the end (`make soak`).
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import resource
 import selectors
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -188,6 +190,9 @@ class Crowd:
                 stalled.sock.close()
             self.live.clear()
         self.selector.close()
+
+    def stop_replacing(self) -> None:
+        self.replace = False
 
     def closed_by_server(self) -> list[Stalled]:
         with self.lock:
@@ -512,3 +517,86 @@ def spool_files(pid: int) -> list[str]:
             if target.endswith("(deleted)") and "wgunicorn" not in target:
                 found.append(target)
     return found
+
+
+# --- the soak: latency figures under the crowd ----------------------------------------------------
+
+SOAK_SECS = 40.0
+"""Seconds the crowd (replaced as the server closes it) stays while a normal client probes."""
+
+BASELINE_SECS = 10.0
+"""Seconds of probing with no crowd, for comparison."""
+
+PROBE_GAP_SECS = 0.025
+"""Pause between a normal client's requests (its pace, not a synchronization)."""
+
+
+def probe(port: int, node: str, seconds: float) -> dict[str, list[float]]:
+    """A normal client for `seconds`: /health and the agent's poll in turn on kept-alive
+    connections; the latency of each answer (s), every one of which must be a 200."""
+    paths = {"/health": "/health", "agent poll": f"/jobs?node_id={node}&status=pending"}
+    latencies: dict[str, list[float]] = {name: [] for name in paths}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=LIVENESS_SECS)
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for name, path in paths.items():
+                started = time.perf_counter()
+                conn.request("GET", path)
+                reply = conn.getresponse()
+                reply.read()
+                latencies[name].append(time.perf_counter() - started)
+                assert reply.status == 200, (name, reply.status)
+                time.sleep(PROBE_GAP_SECS)
+    finally:
+        conn.close()
+    return latencies
+
+
+def cpu_seconds(pid: int) -> float:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_soak_latency_of_a_normal_client_under_the_crowd(
+    scheduler: SchedulerProcess, api: Api, node: str
+) -> None:
+    """Prints the table the README's Reliability section quotes."""
+    api.submit(command="stays pending: the poll answers one job")
+    rows = [("none", probe(scheduler.port, node, BASELINE_SECS), 0.0)]
+    pid = worker_pid(scheduler)
+    crowd = Crowd(scheduler.port, CROWD, replace=True)
+    try:
+        crowd.start()
+        cpu_before = cpu_seconds(pid)
+        latencies = probe(scheduler.port, node, SOAK_SECS)
+        cpu = (cpu_seconds(pid) - cpu_before) / SOAK_SECS
+        assert crowd.open_count == crowd.total, "the crowd thinned out during the soak"
+        crowd.stop_replacing()
+        wait_for(lambda: crowd.open_count == 0, timeout=CLOSE_LIMIT_SECS + 5, message="closes")
+        closed = crowd.closed_by_server()
+    finally:
+        crowd.stop()
+    rows.append(
+        ("{idle} idle + {slowloris} slowloris + {bodies} bodies".format(**CROWD), latencies, cpu)
+    )
+    lifetimes = [s.lifetime for s in closed]
+
+    print(f"\nlatency of a normal client, one request every {PROBE_GAP_SECS * 1000:.0f} ms (ms)")
+    row = "{:<42} {:<11} {:>6} {:>6} {:>6} {:>6}"
+    print(row.format("stalled connections held", "request", "count", "p50", "p99", "max"))
+    for load, measured, _ in rows:
+        for name, values in measured.items():
+            cuts = statistics.quantiles(values, n=100)
+            figures = (f"{v * 1000:.1f}" for v in (cuts[49], cuts[98], max(values)))
+            print(row.format(load, name, len(values), *figures))
+    print(
+        f"stalled connections closed by the server: {len(lifetimes)}, after "
+        f"{min(lifetimes):.1f}-{max(lifetimes):.1f} s (limit {CLOSE_LIMIT_SECS:.0f} s); "
+        f"worker CPU under the crowd: {rows[1][2]:.2f} core"
+    )
+    assert max(lifetimes) <= CLOSE_LIMIT_SECS
+    assert not [s.answered for s in closed if s.answered]
