@@ -24,9 +24,9 @@ import errno
 import resource
 import selectors
 import socket
+import struct
 import tempfile
 import time
-from concurrent import futures
 from typing import IO, Any
 
 from gunicorn import http
@@ -59,9 +59,9 @@ MEMORY_BODY_BYTES = 64 * 1024
 """A body up to this many bytes waits for its thread in memory; a larger one goes to an
 unlinked temporary file as it arrives, so memory does not follow body sizes."""
 
-RESPONSE_WRITE_SECS = 60.0
-"""Seconds a request thread waits on a client that does not read its response before giving
-the connection up (per write call), so a stuck reader cannot keep a thread forever."""
+RESPONSE_WRITE_SECS = 60
+"""Seconds a request thread waits for room to write more of a response to a client that
+reads nothing before giving the connection up, so a stuck reader cannot keep a thread."""
 
 LINGER_SECS = 2.0
 """Seconds a closing connection is read and discarded after our FIN, so that request bytes
@@ -100,6 +100,11 @@ _HEAD_READ = 8192
 it reaches its own size verdicts (414, 431) the same way."""
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_SEND_TIMEOUT = struct.pack("@ll", RESPONSE_WRITE_SECS, 0)  # a struct timeval
+# Sockets stay blocking, as the request threads want them (gunicorn writes responses with
+# sendall); the loop reads them with MSG_DONTWAIT instead, so no request pays for switching
+# a socket's mode back and forth.
+_NOWAIT = socket.MSG_DONTWAIT
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
 
 _READING, _BUSY, _LINGERING, _CLOSED = "reading", "busy", "lingering", "closed"
@@ -367,10 +372,16 @@ class BufferingWorker(gthread.ThreadWorker):
             return
         for key, _ in events:
             data = key.data
-            if data.__class__ is _Conn:
-                self._on_readable(data)
-            else:
-                data(key.fileobj)
+            try:
+                if data.__class__ is _Conn:
+                    self._on_readable(data)
+                else:
+                    data(key.fileobj)
+            except Exception:
+                # One connection's surprise must not end the worker and every other one.
+                self.log.exception("Error in the connection loop")
+                if data.__class__ is _Conn:
+                    self._close(data)
 
     def _stop(self) -> None:
         """Stop gracefully: no new connections; idle ones close soon (a request already on
@@ -441,7 +452,10 @@ class BufferingWorker(gthread.ThreadWorker):
                     self.set_accept_enabled(False)
                     return
                 raise
-            sock.setblocking(False)
+            if sock.gettimeout() is not None:
+                sock.settimeout(None)  # a default timeout would make reads wait in the loop
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _SEND_TIMEOUT)
             self.nr_conns += 1
             conn = _Conn(sock, client, server, deadline)
             self._watch(conn)
@@ -471,14 +485,14 @@ class BufferingWorker(gthread.ThreadWorker):
         try:
             if conn.spool is not None and conn.chunks is None:
                 # A large body of known length: straight from the socket to its file.
-                n = sock.recv_into(self.recv_buf, min(conn.need, SPOOL_RECV_BYTES))
+                n = sock.recv_into(self.recv_buf, min(conn.need, SPOOL_RECV_BYTES), _NOWAIT)
                 if n:
                     self._spooled(conn, n)
                     return
                 data = b""
             else:
                 size = SPOOL_RECV_BYTES if conn.spool is not None else RECV_BYTES
-                data = sock.recv(size)
+                data = sock.recv(size, _NOWAIT)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -549,7 +563,7 @@ class BufferingWorker(gthread.ThreadWorker):
         if expects and conn.state == _READING:
             # On failure the client sends its body after a pause anyway (or it is gone).
             with contextlib.suppress(OSError):
-                conn.sock.send(_CONTINUE)
+                conn.sock.send(_CONTINUE, _NOWAIT)
 
     def _verdict_due(self, buf: bytes | bytearray, scanned: int) -> bool:
         """Whether gunicorn would refuse this unfinished head already: a bare LF, a request
@@ -646,20 +660,29 @@ class BufferingWorker(gthread.ThreadWorker):
                 req.body = Body(LengthReader(source, conn.length))
         self._unwatch(conn)
         conn.state = _BUSY
-        future = self.tpool.submit(self._serve, conn, req)
-        future.add_done_callback(lambda done: self.method_queue.defer(self._served, conn, done))
+        try:
+            self.tpool.submit(self._serve_and_return, conn, req)
+        except RuntimeError:  # the pool is shut down: the worker is exiting
+            self._close(conn)
+
+    def _serve_and_return(self, conn: _Conn, req: Request) -> None:
+        """In a thread: answer the request, then give the connection back to the loop."""
+        keep = False
+        try:
+            keep = self._serve(conn, req)
+        finally:
+            self.method_queue.defer(self._served, conn, keep)
 
     def _serve(self, conn: _Conn, req: Request) -> bool:
         """Answer one request (in a thread); whether the connection may serve another."""
         try:
-            conn.sock.settimeout(RESPONSE_WRITE_SECS)
             keep = self.handle_request(req, conn)
             return bool(keep) and not req.body.failed
         except http.errors.NoMoreData as exc:
             self.log.debug("Ignored premature client disconnection. %s", exc)
         except StopIteration as exc:
             self.log.debug("Closing connection. %s", exc)
-        except TimeoutError:
+        except (BlockingIOError, TimeoutError):  # SO_SNDTIMEO ran out
             self.log.debug("Client %s did not read its answer in time", conn.client)
         except OSError as exc:
             if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
@@ -673,20 +696,19 @@ class BufferingWorker(gthread.ThreadWorker):
                 conn.spool.close()
         return False
 
-    def _served(self, conn: _Conn, done: futures.Future[bool]) -> None:
+    def _served(self, conn: _Conn, keep: bool) -> None:
         """Back from the thread (in the loop): wait for the next request, or close."""
         try:
-            keep = not done.cancelled() and done.result()
-        except BaseException:
-            keep = False
+            self._after(conn, keep)
+        except Exception:
+            # Raised here it would also hold up the other callbacks queued with this one.
+            self.log.exception("Error in the connection loop")
+            self._close(conn)
+
+    def _after(self, conn: _Conn, keep: bool) -> None:
         conn.reset()
         if not keep or conn.close_after:
             self._linger(conn)
-            return
-        try:
-            conn.sock.setblocking(False)
-        except OSError:
-            self._close(conn)
             return
         now = time.monotonic()
         if conn.buf:
@@ -709,8 +731,8 @@ class BufferingWorker(gthread.ThreadWorker):
 
     def _refuse(self, conn: _Conn, exc: BaseException) -> None:
         """Send gunicorn's error page for a head it refused, then close."""
-        # The socket is non-blocking: a page that does not fit the send buffer is cut, which
-        # only happens to a client that is not reading anyway.
+        # gunicorn writes it without blocking: a page that does not fit the send buffer is
+        # cut, which only happens to a client that is not reading anyway.
         self.handle_error(None, conn.sock, conn.client, exc)
         self._linger(conn)
 
@@ -719,7 +741,6 @@ class BufferingWorker(gthread.ThreadWorker):
         still sends for a moment, then close (all in the loop, no thread waits on it)."""
         self._unwatch(conn)
         try:
-            conn.sock.setblocking(False)
             conn.sock.shutdown(socket.SHUT_WR)
         except OSError:
             self._close(conn)
@@ -734,7 +755,7 @@ class BufferingWorker(gthread.ThreadWorker):
 
     def _drain(self, conn: _Conn) -> None:
         try:
-            data = conn.sock.recv(RECV_BYTES)
+            data = conn.sock.recv(RECV_BYTES, _NOWAIT)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -744,6 +765,8 @@ class BufferingWorker(gthread.ThreadWorker):
             self._close(conn)
 
     def _close(self, conn: _Conn) -> None:
+        if conn.state == _CLOSED:
+            return
         self._unwatch(conn)
         conn.state = _CLOSED
         if conn.spool is not None:
