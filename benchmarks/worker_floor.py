@@ -14,7 +14,12 @@ for a measuring window, then reads the worker's CPU over that window. Three requ
   `GUNICORN_CMD_ARGS=--worker-class gthread`), on an empty database.
 
 Passes alternate between the two workers so that noise on the machine hits both alike; the
-table shows medians. This module is also the trivial app gunicorn loads (`app`).
+table shows medians. CPU time is all a shared VM offers (no hardware counters), and it moves
+with whatever else runs; `--syscalls` adds a figure that does not: the system calls the
+worker makes per request (strace -c on it while one client sends requests one at a time),
+with the futex calls (threads waiting for each other or the GIL) counted apart.
+
+This module is also the trivial app gunicorn loads (`app`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ import argparse
 import contextlib
 import http.client
 import os
+import re
+import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -164,6 +173,62 @@ def one_pass(
     }
 
 
+def count_syscalls(worker: str, shape: str, requests: int, threads: int) -> tuple[float, float]:
+    """(system calls, futex calls) per request of `worker` serving `shape` to one client."""
+    raw = SHAPES[shape]
+    with (
+        bare_gunicorn(WORKERS[worker], threads) as (port, pid),
+        tempfile.NamedTemporaryFile() as out,
+    ):
+        with socket_pair(port) as (sock, reader):
+            sock.sendall(raw)  # warm up before counting
+            read_status(reader)
+            tracer = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", out.name])
+            time.sleep(1.0)  # strace attaches to every thread; its first calls are not ours
+            for _ in range(requests):
+                sock.sendall(raw)
+                read_status(reader)
+            tracer.send_signal(signal.SIGINT)
+            tracer.wait(30)
+        summary = Path(out.name).read_text()
+    total = re.search(r"^\s*100\.00\s+\S+\s+\S+\s+(\d+)", summary, re.M)
+    futex = re.search(r"^\s*\S+\s+\S+\s+\S+\s+(\d+)\s+(?:\d+\s+)?futex$", summary, re.M)
+    if total is None:
+        raise RuntimeError(f"no strace summary: {summary[-500:]}")
+    futexes = int(futex.group(1)) if futex else 0
+    return int(total.group(1)) / requests, futexes / requests
+
+
+@contextlib.contextmanager
+def socket_pair(port: int) -> Iterator[tuple[Any, Any]]:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    with sock, sock.makefile("rb") as reader:
+        yield sock, reader
+
+
+def read_status(reader: Any) -> None:
+    """Read one reply (status line, headers, Content-Length body); it must be a 200."""
+    assert reader.readline().split()[1] == b"200"
+    length = 0
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    reader.read(length)
+
+
+def print_syscalls(args: argparse.Namespace) -> None:
+    if shutil.which("strace") is None:
+        raise SystemExit("--syscalls needs strace")
+    shapes = [shape for shape in args.only.split(",") if shape.startswith("wsgi")]
+    print(f"\nsystem calls per request of the worker, one client, {args.syscalls} requests")
+    row = "{:<16} {:<8} {:>9} {:>9}"
+    print(row.format("shape", "worker", "all", "futex"))
+    for shape in shapes:
+        for worker in WORKERS:
+            calls, futexes = count_syscalls(worker, shape, args.syscalls, args.threads)
+            print(row.format(shape, worker, f"{calls:.1f}", f"{futexes:.1f}"))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="passes of each (medians shown)")
@@ -172,8 +237,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--threads", type=int, default=32)
     parser.add_argument("--only", default=",".join(SHAPES), help="shapes, comma-separated")
+    parser.add_argument(
+        "--syscalls",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also count system calls over N requests (needs strace)",
+    )
     args = parser.parse_args(argv)
+    if args.syscalls:
+        print_syscalls(args)
+    if args.runs:
+        print_cpu(args)
 
+
+def print_cpu(args: argparse.Namespace) -> None:
     registry = FakeRegistry()
     registry.start()
     registry.set_node("node-a")
