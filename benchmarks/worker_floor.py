@@ -183,13 +183,18 @@ def count_syscalls(worker: str, shape: str, requests: int, threads: int) -> tupl
         with socket_pair(port) as (sock, reader):
             sock.sendall(raw)  # warm up before counting
             read_status(reader)
-            tracer = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", out.name])
-            time.sleep(1.0)  # strace attaches to every thread; its first calls are not ours
+            argv = ["strace", "-c", "-f", "-p", str(pid), "-o", out.name]
+            tracer = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+            assert tracer.stderr is not None
+            # Count from the moment it is attached to every thread, which it says first.
+            attached = tracer.stderr.readline()
+            if "attached" not in attached:
+                raise RuntimeError(f"strace: {attached}")
             for _ in range(requests):
                 sock.sendall(raw)
                 read_status(reader)
             tracer.send_signal(signal.SIGINT)
-            tracer.wait(30)
+            tracer.communicate(timeout=30)
         summary = Path(out.name).read_text()
     total = re.search(r"^\s*100\.00\s+\S+\s+\S+\s+(\d+)", summary, re.M)
     futex = re.search(r"^\s*\S+\s+\S+\s+\S+\s+(\d+)\s+(?:\d+\s+)?futex$", summary, re.M)
@@ -221,12 +226,14 @@ def print_syscalls(args: argparse.Namespace) -> None:
         raise SystemExit("--syscalls needs strace")
     shapes = [shape for shape in args.only.split(",") if shape.startswith("wsgi")]
     print(f"\nsystem calls per request of the worker, one client, {args.syscalls} requests")
-    row = "{:<16} {:<8} {:>9} {:>9}"
-    print(row.format("shape", "worker", "all", "futex"))
+    row = "{:<16} {:<8} {:>9} {:>9} {:>9}"
+    print(row.format("shape", "worker", "all", "futex", "others"))
     for shape in shapes:
         for worker in WORKERS:
             calls, futexes = count_syscalls(worker, shape, args.syscalls, args.threads)
-            print(row.format(shape, worker, f"{calls:.1f}", f"{futexes:.1f}"))
+            print(
+                row.format(shape, worker, *(f"{n:.1f}" for n in (calls, futexes, calls - futexes)))
+            )
 
 
 def main(argv: list[str] | None = None) -> None:
