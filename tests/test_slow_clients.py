@@ -184,7 +184,8 @@ class Crowd:
 
     def stop(self) -> None:
         self.stopping.set()
-        self.thread.join(30)
+        if self.thread.ident is not None:  # started
+            self.thread.join(30)
         with self.lock:
             for stalled in self.live.values():
                 stalled.sock.close()
@@ -214,13 +215,13 @@ class Crowd:
 
     def _closed(self, stalled: Stalled) -> None:
         stalled.closed = time.monotonic()
+        if self.replace and not self.stopping.is_set():
+            self._open(stalled.kind, self.opened)  # first, so the count never dips
         self.selector.unregister(stalled.sock)
-        stalled.sock.close()
         with self.lock:
             del self.live[stalled.sock]
             self.done.append(stalled)
-        if self.replace and not self.stopping.is_set():
-            self._open(stalled.kind, self.opened)
+        stalled.sock.close()
 
     def _run(self) -> None:
         try:
@@ -574,7 +575,7 @@ def test_soak_latency_of_a_normal_client_under_the_crowd(
         cpu_before = cpu_seconds(pid)
         latencies = probe(scheduler.port, node, SOAK_SECS)
         cpu = (cpu_seconds(pid) - cpu_before) / SOAK_SECS
-        assert crowd.open_count == crowd.total, "the crowd thinned out during the soak"
+        assert crowd.open_count >= crowd.total, "the crowd thinned out during the soak"
         crowd.stop_replacing()
         wait_for(lambda: crowd.open_count == 0, timeout=CLOSE_LIMIT_SECS + 5, message="closes")
         closed = crowd.closed_by_server()
