@@ -57,14 +57,16 @@ NEEDED_FILES = 2000
 @pytest.fixture(scope="module", autouse=True)
 def open_files_limit() -> None:
     """The crowd needs ~1,300 descriptors in this process, above the usual default soft limit
-    of 1024: raise it towards the hard limit for this test process (the daemon raises its own,
-    see test_the_daemon_raises_its_open_files_limit)."""
+    of 1024: raise it to the hard limit in this test process when it is lower than that (the
+    daemon raises its own: see test_the_daemon_raises_its_open_files_limit)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft >= NEEDED_FILES:
         return
     if hard != resource.RLIM_INFINITY and hard < NEEDED_FILES:
         pytest.skip(f"open files hard limit {hard} < {NEEDED_FILES} needed for the crowd")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (NEEDED_FILES, hard))
+    resource.setrlimit(
+        resource.RLIMIT_NOFILE, (NEEDED_FILES if hard == resource.RLIM_INFINITY else hard, hard)
+    )
 
 
 # --- reading raw replies ------------------------------------------------------------------------
