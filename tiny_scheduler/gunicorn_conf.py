@@ -40,8 +40,8 @@ threads = int(os.environ.get("SCHEDULER_THREADS") or 32)
 # Idle kept-alive connections cost the worker only a socket: keep them past the agents' and
 # the Go CLI's 90 s of reuse, so we never close one just as its next request is sent.
 keepalive = worker.KEEPALIVE_SECS
-# As many connections as the open-files limit allows (raised here to its hard limit; the
-# worker inherits it), up to worker.MAX_CONNECTIONS.
+# As many connections as the open-files limit allows (its soft limit is raised here up to the
+# hard limit, and the worker inherits it), up to worker.MAX_CONNECTIONS.
 worker_connections = worker.connection_limit()
 # A request waits for at most one registry call (a few seconds) and one commit.
 timeout = 60
