@@ -14,7 +14,7 @@ import logging.handlers
 import queue
 import sys
 
-from tiny_scheduler import banner, preflight, storage
+from tiny_scheduler import banner, preflight, storage, worker
 from tiny_scheduler.config import ConfigError, Settings
 from tiny_scheduler.logs import EscapeControlCharacters
 
@@ -33,12 +33,19 @@ bind = [_settings.bind]
 # Exactly one worker: the job table lives in this process's memory. A second worker would hold
 # a second, diverging table over the same database file.
 workers = 1
-worker_class = "gthread"
+# gunicorn's gthread worker, except that connections are read in its event loop and a thread
+# gets a request only once it has arrived in full: idle, slow and silent clients cost no
+# thread (see tiny_scheduler/worker.py).
+worker_class = "tiny_scheduler.worker.BufferingWorker"
 # Threads serve concurrent requests. Requests waiting on a group commit each hold one, so more
 # threads mean bigger batches for the same fsync.
 threads = _settings.threads
-# Agents poll every 3 s over keep-alive connections: keep them open across polls.
-keepalive = 10
+# Idle kept-alive connections cost the worker only a socket: keep them past the agents' and
+# the Go CLI's 90 s of reuse, so we never close one just as its next request is sent.
+keepalive = worker.KEEPALIVE_SECS
+# As many connections as the open-files limit allows (its soft limit is raised here up to the
+# hard limit, and the worker inherits it), up to worker.MAX_CONNECTIONS.
+worker_connections = worker.connection_limit()
 # A request waits for at most one registry call (a few seconds) and one commit.
 timeout = 60
 graceful_timeout = 15

@@ -1,0 +1,777 @@
+"""The daemon's gunicorn worker: `gthread`, except that a request thread only ever sees a
+request that has arrived in full.
+
+This module owns the life of a client connection: accepting it, reading every request (head
+and body) in the worker's event loop, the deadlines for that (REQUEST_READ_SECS,
+BODY_MIN_RATE), the keep-alive idle time (gunicorn's `keepalive` setting), where a received
+body waits for its thread (memory up to MEMORY_BODY_BYTES, then an unlinked temporary file),
+and closing (a lingering close, in the loop). It also sizes the connection table to the
+open-files limit (`connection_limit`).
+
+The HTTP rules stay gunicorn's: its parser reads every head (so malformed requests get its own
+400/414/431 pages) and decodes every body, and its code writes every response. The loop only
+finds where a request ends. Nothing here knows the app's routes or limits: a body over
+MAX_REQUEST_BYTES is received like any other and the app answers 413 as before.
+
+Plain HTTP/1.x only: TLS, HTTP/2 and the PROXY protocol are refused at start-up (the
+scheduler uses none of them; a terminating proxy in front can).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import resource
+import selectors
+import socket
+import struct
+import tempfile
+import time
+from typing import IO, Any
+
+from gunicorn import http
+from gunicorn.http.body import Body, ChunkedReader, LengthReader
+from gunicorn.http.message import (
+    DEFAULT_MAX_HEADERFIELD_SIZE,
+    MAX_HEADERS,
+    MAX_REQUEST_LINE,
+    Request,
+)
+from gunicorn.http.unreader import Unreader
+from gunicorn.workers import gthread
+
+REQUEST_READ_SECS = 10.0
+"""Seconds a request may take to arrive in full, counted from its first byte (from the accept
+for a connection's first request). Past that (plus the body allowance below) the connection
+is closed without an answer: a stalled sender then costs a socket for at most this long."""
+
+BODY_MIN_RATE = 64 * 1024
+"""Bytes per second a body must keep up to earn more time: each body byte received moves the
+request's deadline on by 1/BODY_MIN_RATE s, so a 100 MB report on a slow link still lands
+while a trickle of a few bytes a second is dropped after REQUEST_READ_SECS."""
+
+KEEPALIVE_SECS = 120
+"""Seconds an idle kept-alive connection stays open (gunicorn's `keepalive` setting, which
+gunicorn_conf sets to this). Agents and the Go CLI reuse connections idle up to 90 s; closing
+first races their next request."""
+
+MEMORY_BODY_BYTES = 64 * 1024
+"""A body up to this many bytes waits for its thread in memory; a larger one goes to an
+unlinked temporary file as it arrives, so memory does not follow body sizes."""
+
+RESPONSE_WRITE_SECS = 60
+"""Seconds a request thread waits for room to write more of a response to a client that
+reads nothing before giving the connection up, so a stuck reader cannot keep a thread."""
+
+LINGER_SECS = 2.0
+"""Seconds a closing connection is read and discarded after our FIN, so that request bytes
+still in flight do not make the kernel reset it and destroy the last answer."""
+
+LINGER_BYTES = 64 * 1024
+"""Bytes a lingering close reads and discards at most."""
+
+MAX_CONNECTIONS = 10_000
+"""Connections the worker holds at most (idle, being read, or being answered)."""
+
+RESERVED_FILES = 256
+"""File descriptors kept out of the connection table: the database, logs, the pipes of the
+worker, temporary files of bodies being received."""
+
+SWEEP_SECS = 0.5
+"""Seconds between sweeps for connections past their deadline."""
+
+NOTIFY_SECS = 1.0
+"""Seconds between heartbeats to the arbiter (each one is a syscall; its timeout is 60 s)."""
+
+RECV_BYTES = 64 * 1024
+"""Largest single read of a request head or of a body held in memory."""
+
+SPOOL_RECV_BYTES = 256 * 1024
+"""Largest single read of a body going to its temporary file."""
+
+ACCEPT_BATCH = 64
+"""Connections accepted per wake-up at most, so a burst does not starve the others."""
+
+ACCEPT_PAUSE_SECS = 0.5
+"""Seconds accepting stops after the process ran out of file descriptors."""
+
+_HEAD_READ = 8192
+"""Gunicorn's parser is handed a head in pieces of this size, as its socket reader does, so
+it reaches its own size verdicts (414, 431) the same way."""
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_SEND_TIMEOUT = struct.pack("@ll", RESPONSE_WRITE_SECS, 0)  # a struct timeval
+# Sockets stay blocking, as the request threads want them (gunicorn writes responses with
+# sendall); the loop reads them with MSG_DONTWAIT instead, so no request pays for switching
+# a socket's mode back and forth.
+_NOWAIT = socket.MSG_DONTWAIT
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
+
+_READING, _BUSY, _LINGERING, _CLOSED = "reading", "busy", "lingering", "closed"
+
+
+def connection_limit() -> int:
+    """Raise this process's soft open-files limit to its hard limit (a forked worker inherits
+    it) and return how many connections the worker may then hold.
+
+    Every connection held is a file descriptor, and the usual default soft limit (1024) is far
+    below the idle and slow clients the daemon must hold.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = MAX_CONNECTIONS + RESERVED_FILES
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):
+            pass  # stay within the soft limit we have
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(64, min(MAX_CONNECTIONS, soft - RESERVED_FILES))
+
+
+class _Incomplete(Exception):
+    """The head parser asked for bytes that have not arrived yet."""
+
+
+class _Malformed(Exception):
+    """A chunked body's framing is broken: where it ends is unknown."""
+
+
+class _Received(Unreader):
+    """The bytes of a head received so far, as gunicorn's parser reads a socket."""
+
+    def __init__(self, data: bytes | bytearray) -> None:
+        super().__init__()
+        self.data = data
+        self.pos = 0
+
+    def chunk(self, size_hint: int | None = None) -> bytes:
+        pos, data = self.pos, self.data
+        if pos >= len(data):
+            raise _Incomplete
+        self.pos = pos + _HEAD_READ
+        if pos == 0 and len(data) <= _HEAD_READ and isinstance(data, bytes):
+            return data  # the usual case: the whole head in one piece, no copy
+        return bytes(data[pos : pos + _HEAD_READ])
+
+    def consumed(self) -> int:
+        """Bytes the parser used: what it was served minus what it pushed back."""
+        return min(self.pos, len(self.data)) - len(self.buf.getvalue())
+
+
+class _BodySource(Unreader):
+    """A received body as gunicorn's body readers read a socket: from memory, or from the
+    temporary file it was spooled to, in pieces of at most gunicorn's own largest read."""
+
+    max_read = 1024 * 1024
+
+    def __init__(self, data: bytes, spool: IO[bytes] | None) -> None:
+        super().__init__()
+        self.data = data
+        self.spool = spool
+
+    def chunk(self, size_hint: int | None = None) -> bytes:
+        if self.spool is not None:
+            return self.spool.read(min(max(size_hint or 0, 64 * 1024), self.max_read))
+        data, self.data = self.data, b""
+        return data
+
+
+class _ChunkScanner:
+    """Finds where a chunked body ends in the bytes fed to it, without decoding it: gunicorn's
+    ChunkedReader decodes it in the request thread. Anything it cannot frame the way that
+    reader would raises _Malformed, and the reader then gives the verdict."""
+
+    __slots__ = ("left", "line", "line_limit", "state", "trailer", "trailer_limit")
+
+    def __init__(self, line_limit: int, trailer_limit: int) -> None:
+        self.state = "size"  # size line, chunk data, CRLF after data, trailer lines
+        self.left = 0
+        self.line = b""
+        self.line_limit = line_limit
+        self.trailer = 0
+        self.trailer_limit = trailer_limit
+
+    def feed(self, data: bytes) -> int:
+        """Take the next received bytes; the offset in `data` just past the body's end, or -1
+        when the body goes on."""
+        i, n = 0, len(data)
+        while i < n:
+            if self.state == "data":
+                step = min(self.left, n - i)
+                self.left -= step
+                i += step
+                if not self.left:
+                    self.state = "crlf"
+                continue
+            end = data.find(b"\n", i)
+            if end < 0:
+                self.line += data[i:]
+                self._check_partial()
+                return -1
+            line = self.line + data[i : end + 1]
+            self.line = b""
+            i = end + 1
+            if self._line(line):
+                return i
+        return -1
+
+    def _check_partial(self) -> None:
+        limit = self.line_limit if self.state != "trailer" else self.trailer_limit - self.trailer
+        if len(self.line) > limit + 2:
+            raise _Malformed
+
+    def _line(self, line: bytes) -> bool:
+        """Take one whole line; whether the body ends with it."""
+        if not line.endswith(b"\r\n"):
+            raise _Malformed  # a bare LF
+        if self.state == "crlf":
+            if line != b"\r\n":
+                raise _Malformed
+            self.state = "size"
+            return False
+        if self.state == "trailer":
+            if line == b"\r\n":
+                return True
+            self.trailer += len(line)
+            if self.trailer > self.trailer_limit:
+                raise _Malformed
+            return False
+        if len(line) > self.line_limit + 2:
+            raise _Malformed
+        size, *extension = line[:-2].split(b";", 1)
+        if extension:
+            size = size.rstrip(b" \t")  # whitespace before an extension only, as gunicorn
+        if not size or size.strip(_HEX_DIGITS):
+            raise _Malformed
+        self.left = int(size, 16)
+        self.state = "data" if self.left else "trailer"
+        return False
+
+
+class _Conn:
+    """One client connection and the request being received on it."""
+
+    __slots__ = (
+        "body",
+        "body_bytes",
+        "buf",
+        "chunks",
+        "client",
+        "close_after",
+        "deadline",
+        "drained",
+        "idle",
+        "length",
+        "need",
+        "registered",
+        "req",
+        "req_count",
+        "scanned",
+        "server",
+        "sock",
+        "spool",
+        "state",
+    )
+
+    def __init__(self, sock: socket.socket, client: Any, server: Any, deadline: float) -> None:
+        self.sock = sock
+        self.client = client
+        self.server = server
+        self.state = _READING
+        self.registered = False
+        self.deadline = deadline
+        self.idle = False  # between requests on a kept-alive connection
+        self.buf: bytes | bytearray = b""  # head bytes so far, or the next pipelined request
+        self.scanned = 0  # bytes of buf already searched for the end of the head
+        self.req: Request | None = None  # the parsed head, once it has arrived
+        self.req_count = 0
+        self.close_after = False
+        self.length = 0  # the body's Content-Length
+        self.need = 0  # body bytes still to come (Content-Length framing)
+        self.chunks: _ChunkScanner | None = None  # chunked framing
+        self.body: bytes | bytearray = b""
+        self.spool: IO[bytes] | None = None
+        self.body_bytes = 0
+        self.drained = 0  # bytes discarded by a lingering close
+
+    def reset(self) -> None:
+        """Forget the request just served."""
+        self.req = None
+        self.chunks = None
+        self.body = b""
+        self.spool = None
+        self.body_bytes = self.length = self.need = 0
+
+
+class BufferingWorker(gthread.ThreadWorker):
+    """gunicorn's `gthread` worker with the reading of requests moved into its event loop.
+
+    Idle, slow and silent connections are held by the loop (a selector), never by the thread
+    pool; a connection goes to a thread once a whole request (head and body) has arrived, and
+    comes back to the loop for the next one.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Connections the loop watches (reading or lingering), swept for deadlines; the idle
+        # ones are also in keepalived_conns, which gthread's handle_request counts.
+        self.waiting: set[_Conn] = set()
+        self.keepalived_conns: set[_Conn] = set()  # type: ignore[assignment]
+        self.listener_names: dict[Any, Any] = {}
+        self.accept_paused_until = 0.0
+        self.recv_buf = bytearray(SPOOL_RECV_BYTES)
+        limit_line = self.cfg.limit_request_line
+        self.max_line = min(limit_line, MAX_REQUEST_LINE) if limit_line > 0 else MAX_REQUEST_LINE
+        fields = self.cfg.limit_request_fields
+        fields = fields if 0 < fields <= MAX_HEADERS else MAX_HEADERS
+        field_size = self.cfg.limit_request_field_size
+        field_size = field_size if field_size > 0 else DEFAULT_MAX_HEADERFIELD_SIZE
+        # A partial head this long gets gunicorn's verdict (431) without waiting for its end.
+        self.max_head = self.max_line + 2 + fields * (field_size + 2) + 4 + 1
+
+    @classmethod
+    def check_config(cls, cfg: Any, log: Any) -> None:
+        super().check_config(cfg, log)
+        if cfg.is_ssl or "h2" in cfg.http_protocols or cfg.proxy_protocol != "off":
+            raise RuntimeError(
+                "tiny_scheduler.worker serves plain HTTP/1.x only: no TLS, HTTP/2 or PROXY "
+                "protocol (terminate them in a proxy in front)"
+            )
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        self.poller.register(
+            self.method_queue.fileno(), selectors.EVENT_READ, self.method_queue.run_callbacks
+        )
+        self.set_accept_enabled(True)
+        next_sweep = next_notify = 0.0
+        while self.alive:
+            now = time.monotonic()
+            if now >= next_notify:
+                self.notify()
+                next_notify = now + NOTIFY_SECS
+            self._update_accepting(now)
+            self._dispatch_events(SWEEP_SECS)
+            if not self.is_parent_alive():
+                break
+            now = time.monotonic()
+            if now >= next_sweep:
+                self._sweep(now)
+                next_sweep = now + SWEEP_SECS
+        self._stop()
+
+    def _dispatch_events(self, timeout: float) -> None:
+        try:
+            events = self.poller.select(timeout)
+        except InterruptedError:
+            return
+        for key, _ in events:
+            data = key.data
+            try:
+                if data.__class__ is _Conn:
+                    self._on_readable(data)
+                else:
+                    data(key.fileobj)
+            except Exception:
+                # One connection's surprise must not end the worker and every other one.
+                self.log.exception("Error in the connection loop")
+                if data.__class__ is _Conn:
+                    self._close(data)
+
+    def _stop(self) -> None:
+        """Stop gracefully: no new connections; idle ones close soon (a request already on
+        its way is still answered, with `Connection: close`); requests being received or
+        served get until the graceful timeout."""
+        self.set_accept_enabled(False)
+        now = time.monotonic()
+        soon = now + gthread.STOP_KEEPALIVE_LINGER
+        for conn in self.waiting:
+            if conn.idle or (conn.state == _READING and not conn.buf and conn.req is None):
+                conn.deadline = min(conn.deadline, soon)
+        give_up = now + self.cfg.graceful_timeout
+        next_notify = 0.0
+        while self.nr_conns > 0 and time.monotonic() < give_up:
+            now = time.monotonic()
+            if now >= next_notify:
+                self.notify()
+                next_notify = now + NOTIFY_SECS
+            self._dispatch_events(0.2)
+            self._sweep(time.monotonic())
+        for conn in list(self.waiting):
+            self._close(conn)
+        self.tpool.shutdown(wait=False)
+        self.poller.close()
+        self.method_queue.close()
+        for listener in self.sockets:
+            listener.close()
+
+    def _sweep(self, now: float) -> None:
+        """Close the connections past their deadline: idle ones after `keepalive`, requests
+        that did not arrive in time, lingering closes that ran out."""
+        expired = [
+            conn for conn in self.waiting if now >= conn.deadline + conn.body_bytes / BODY_MIN_RATE
+        ]
+        for conn in expired:
+            if conn.state == _READING and not conn.idle:
+                self.log.debug("Closing %s: no whole request in time", conn.client)
+            self._close(conn)
+
+    # --- accepting --------------------------------------------------------------------------
+
+    def _update_accepting(self, now: float) -> None:
+        can = self.nr_conns < self.worker_connections and now >= self.accept_paused_until
+        if can != self._accepting:
+            self.set_accept_enabled(can)
+
+    def accept(self, listener: socket.socket) -> None:
+        server = self.listener_names.get(listener)
+        if server is None:
+            server = self.listener_names[listener] = listener.getsockname()
+        deadline = time.monotonic() + REQUEST_READ_SECS
+        for _ in range(ACCEPT_BATCH):
+            if self.nr_conns >= self.worker_connections:
+                return
+            try:
+                sock, client = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # The listener stays readable: without a pause the loop would spin.
+                    self.log.warning(
+                        "Cannot accept (%s): pausing for %.1f s", exc, ACCEPT_PAUSE_SECS
+                    )
+                    self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_SECS
+                    self.set_accept_enabled(False)
+                    return
+                raise
+            if sock.gettimeout() is not None:
+                sock.settimeout(None)  # a default timeout would make reads wait in the loop
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _SEND_TIMEOUT)
+            self.nr_conns += 1
+            conn = _Conn(sock, client, server, deadline)
+            self._watch(conn)
+
+    # --- reading a request ----------------------------------------------------------------
+
+    def _watch(self, conn: _Conn) -> None:
+        conn.state = _READING
+        self.waiting.add(conn)
+        if not conn.registered:
+            self.poller.register(conn.sock, selectors.EVENT_READ, conn)
+            conn.registered = True
+
+    def _unwatch(self, conn: _Conn) -> None:
+        self.waiting.discard(conn)
+        self.keepalived_conns.discard(conn)
+        if conn.registered:
+            conn.registered = False
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self.poller.unregister(conn.sock)
+
+    def _on_readable(self, conn: _Conn) -> None:
+        if conn.state == _LINGERING:
+            self._drain(conn)
+            return
+        sock = conn.sock
+        try:
+            if conn.spool is not None and conn.chunks is None:
+                # A large body of known length: straight from the socket to its file.
+                n = sock.recv_into(self.recv_buf, min(conn.need, SPOOL_RECV_BYTES), _NOWAIT)
+                if n:
+                    self._spooled(conn, n)
+                    return
+                data = b""
+            else:
+                size = SPOOL_RECV_BYTES if conn.spool is not None else RECV_BYTES
+                data = sock.recv(size, _NOWAIT)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(conn)
+            return
+        if not data:
+            if conn.req is not None:
+                # The client stopped sending inside a body and waits for the verdict: the
+                # body reader meets the end as it would on the socket (the app says 400).
+                conn.close_after = True
+                self._hand_over(conn)
+            else:
+                # Nothing, or a partial head: dropped, as gunicorn's parser does.
+                self._close(conn)
+            return
+        if conn.idle:
+            conn.idle = False
+            self.keepalived_conns.discard(conn)
+            conn.deadline = time.monotonic() + REQUEST_READ_SECS
+        self._received(conn, data)
+
+    def _received(self, conn: _Conn, data: bytes | bytearray) -> None:
+        if conn.req is None:
+            self._head(conn, data)
+        else:
+            self._body(conn, data)
+
+    def _head(self, conn: _Conn, data: bytes | bytearray) -> None:
+        if conn.buf:
+            buf = conn.buf if isinstance(conn.buf, bytearray) else bytearray(conn.buf)
+            buf += data
+        else:
+            buf = data
+        scanned, conn.scanned = conn.scanned, len(buf)
+        if buf.find(b"\r\n\r\n", max(scanned - 3, 0)) < 0 and not self._verdict_due(buf, scanned):
+            conn.buf = buf
+            return
+        received = _Received(buf)
+        try:
+            req = Request(self.cfg, received, conn.client, conn.req_count + 1)
+        except _Incomplete:
+            conn.buf = buf
+            return
+        except Exception as exc:  # gunicorn's verdict on the head: its own error page
+            self._refuse(conn, exc)
+            return
+        conn.buf = b""
+        conn.scanned = 0
+        conn.req = req
+        conn.req_count += 1
+        reader = req.body.reader
+        if isinstance(reader, ChunkedReader):
+            conn.chunks = _ChunkScanner(reader.limit_chunk_size_line, reader.limit_trailer_section)
+            conn.need = -1
+        else:
+            conn.length = conn.need = getattr(reader, "length", 0)
+        # `Expect: 100-continue` is answered here, where the body is read, and never from the
+        # request thread (gunicorn's place for it), which would send it after the body.
+        expects = req._expected_100_continue
+        req._expected_100_continue = False
+        rest = buf[received.consumed() :]
+        if rest:
+            self._body(conn, rest)
+        elif conn.need == 0:
+            self._hand_over(conn)
+        elif not conn.registered:
+            self._watch(conn)
+        if expects and conn.state == _READING:
+            # On failure the client sends its body after a pause anyway (or it is gone).
+            with contextlib.suppress(OSError):
+                conn.sock.send(_CONTINUE, _NOWAIT)
+
+    def _verdict_due(self, buf: bytes | bytearray, scanned: int) -> bool:
+        """Whether gunicorn would refuse this unfinished head already: a bare LF, a request
+        line or a head over its limits. Without this such a head would just wait until its
+        deadline and be dropped without the 400/414/431 answer."""
+        n = len(buf)
+        if n > self.max_head:
+            return True
+        if n > self.max_line + 2 and buf.find(b"\r\n", 0, self.max_line + 2) < 0:
+            return True
+        at = buf.find(b"\n", max(scanned - 1, 0))
+        while at >= 0:
+            if at == 0 or buf[at - 1] != 13:
+                return True
+            at = buf.find(b"\n", at + 1)
+        return False
+
+    def _body(self, conn: _Conn, data: bytes | bytearray) -> None:
+        rest: bytes | bytearray = b""
+        if conn.chunks is None:
+            take = min(conn.need, len(data))
+            if take < len(data):
+                data, rest = data[:take], data[take:]
+            conn.need -= take
+            done = conn.need == 0
+        else:
+            try:
+                end = conn.chunks.feed(bytes(data))
+            except _Malformed:
+                end = len(data)
+                conn.close_after = True  # its reader will refuse it; the rest is unknown
+            done = end >= 0
+            if done and end < len(data):
+                data, rest = data[:end], data[end:]
+        if data and not self._keep(conn, data):
+            return
+        if done:
+            conn.buf = rest
+            self._hand_over(conn)
+        elif not conn.registered:
+            self._watch(conn)
+
+    def _keep(self, conn: _Conn, data: bytes | bytearray) -> bool:
+        """Keep received body bytes for the thread; False when they cannot be kept (the
+        connection is then closed)."""
+        conn.body_bytes += len(data)
+        try:
+            if conn.spool is not None:
+                conn.spool.write(data)
+                return True
+            if not conn.body:
+                conn.body = data
+            else:
+                if not isinstance(conn.body, bytearray):
+                    conn.body = bytearray(conn.body)
+                conn.body += data
+            if len(conn.body) > MEMORY_BODY_BYTES:
+                conn.spool = tempfile.TemporaryFile()  # noqa: SIM115 - closed after the request
+                conn.spool.write(conn.body)
+                conn.body = b""
+            return True
+        except OSError as exc:
+            self.log.warning("Cannot keep a request body of %s: %s", conn.client, exc)
+            self._close(conn)
+            return False
+
+    def _spooled(self, conn: _Conn, n: int) -> None:
+        """`n` bytes of a large body were read into recv_buf: to its file."""
+        conn.need -= n
+        conn.body_bytes += n
+        try:
+            conn.spool.write(memoryview(self.recv_buf)[:n])  # type: ignore[union-attr]
+        except OSError as exc:
+            self.log.warning("Cannot keep a request body of %s: %s", conn.client, exc)
+            self._close(conn)
+            return
+        if conn.need == 0:
+            self._hand_over(conn)
+
+    # --- handing over to a thread and back --------------------------------------------------
+
+    def _hand_over(self, conn: _Conn) -> None:
+        """The whole request has arrived: give it to a thread."""
+        req = conn.req
+        assert req is not None
+        if conn.spool is not None:
+            conn.spool.seek(0)
+        if conn.chunks is not None or conn.length:
+            source = _BodySource(bytes(conn.body), conn.spool)
+            req.unreader = source
+            if conn.chunks is not None:
+                req.body = Body(ChunkedReader(req, source))
+            else:
+                req.body = Body(LengthReader(source, conn.length))
+        self._unwatch(conn)
+        conn.state = _BUSY
+        try:
+            self.tpool.submit(self._serve_and_return, conn, req)
+        except RuntimeError:  # the pool is shut down: the worker is exiting
+            self._close(conn)
+
+    def _serve_and_return(self, conn: _Conn, req: Request) -> None:
+        """In a thread: answer the request, then give the connection back to the loop."""
+        keep = False
+        try:
+            keep = self._serve(conn, req)
+        finally:
+            self.method_queue.defer(self._served, conn, keep)
+
+    def _serve(self, conn: _Conn, req: Request) -> bool:
+        """Answer one request (in a thread); whether the connection may serve another."""
+        try:
+            keep = self.handle_request(req, conn)
+            return bool(keep) and not req.body.failed
+        except http.errors.NoMoreData as exc:
+            self.log.debug("Ignored premature client disconnection. %s", exc)
+        except StopIteration as exc:
+            self.log.debug("Closing connection. %s", exc)
+        except (BlockingIOError, TimeoutError):  # SO_SNDTIMEO ran out
+            self.log.debug("Client %s did not read its answer in time", conn.client)
+        except OSError as exc:
+            if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                self.log.debug("Ignoring socket error: %s", exc)
+            else:
+                self.log.exception("Socket error processing request.")
+        except Exception as exc:
+            self.handle_error(req, conn.sock, conn.client, exc)
+        finally:
+            if conn.spool is not None:
+                conn.spool.close()
+        return False
+
+    def _served(self, conn: _Conn, keep: bool) -> None:
+        """Back from the thread (in the loop): wait for the next request, or close."""
+        try:
+            self._after(conn, keep)
+        except Exception:
+            # Raised here it would also hold up the other callbacks queued with this one.
+            self.log.exception("Error in the connection loop")
+            self._close(conn)
+
+    def _after(self, conn: _Conn, keep: bool) -> None:
+        conn.reset()
+        if not keep or conn.close_after:
+            self._linger(conn)
+            return
+        now = time.monotonic()
+        if conn.buf:
+            # The client pipelined: the next request (or part of it) is here already.
+            conn.deadline = now + REQUEST_READ_SECS
+            data, conn.buf = conn.buf, b""
+            conn.state = _READING
+            self._head(conn, data)
+            if conn.state == _READING and not conn.registered:
+                self._watch(conn)
+            return
+        conn.idle = True
+        conn.deadline = now + self.cfg.keepalive
+        if not self.alive:
+            conn.deadline = min(conn.deadline, now + gthread.STOP_KEEPALIVE_LINGER)
+        self.keepalived_conns.add(conn)
+        self._watch(conn)
+
+    # --- closing --------------------------------------------------------------------------
+
+    def _refuse(self, conn: _Conn, exc: BaseException) -> None:
+        """Send gunicorn's error page for a head it refused, then close."""
+        # gunicorn writes it without blocking: a page that does not fit the send buffer is
+        # cut, which only happens to a client that is not reading anyway.
+        self.handle_error(None, conn.sock, conn.client, exc)
+        self._linger(conn)
+
+    def _linger(self, conn: _Conn) -> None:
+        """Close after our answer without losing it: send FIN, read and drop what the client
+        still sends for a moment, then close (all in the loop, no thread waits on it)."""
+        self._unwatch(conn)
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(conn)
+            return
+        conn.reset()
+        conn.buf = b""
+        conn.idle = False
+        conn.deadline = time.monotonic() + LINGER_SECS
+        conn.drained = 0
+        self._watch(conn)
+        conn.state = _LINGERING
+
+    def _drain(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(RECV_BYTES, _NOWAIT)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        conn.drained += len(data)
+        if not data or conn.drained > LINGER_BYTES:
+            self._close(conn)
+
+    def _close(self, conn: _Conn) -> None:
+        if conn.state == _CLOSED:
+            return
+        self._unwatch(conn)
+        conn.state = _CLOSED
+        if conn.spool is not None:
+            conn.spool.close()
+            conn.spool = None
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+        self.nr_conns -= 1
