@@ -285,6 +285,55 @@ def test_file_system_turning_read_only_refuses_writes_and_loses_nothing(
         stop_scheduler(again)
 
 
+# --- faults found while nobody writes: the health probe ---------------------------------------
+
+PROBE_WITHIN = 15.0
+"""Seconds /health may take to find a fault on an idle daemon (its probe runs every ~2 s)."""
+
+
+def health(api: Api) -> tuple[int, dict[str, Any]]:
+    reply = api.get("/health")
+    return reply.status_code, expect_json(reply, reply.status_code)
+
+
+def test_a_disk_that_fills_while_idle_turns_health_unhealthy(
+    small_disk: Path, tmp_path: Path, registry: FakeRegistry
+) -> None:
+    """No request writes anything after the disk fills: only the probe can find out."""
+    proc = start_scheduler(small_disk / "scheduler.db", tmp_path / "scheduler.log", registry.url)
+    api = Api(proc.url)
+    try:
+        api.submit()
+        assert health(api)[0] == 200
+        filler = fill(small_disk)
+        wait_for(lambda: health(api)[0] == 503, timeout=PROBE_WITHIN, message="/health to say 503")
+        body = health(api)[1]
+        assert body["status"] == "unhealthy", body
+        assert "No space left on device" in body["error"] or "full" in body["error"], body
+        filler.unlink()
+        wait_for(lambda: health(api)[0] == 200, timeout=PROBE_WITHIN, message="/health to heal")
+        api.submit()
+    finally:
+        api.close()
+        stop_scheduler(proc)
+
+
+def test_a_file_system_turning_read_only_while_idle_turns_health_unhealthy(
+    ext4: Ext4, tmp_path: Path, registry: FakeRegistry
+) -> None:
+    proc = start_scheduler(ext4.mountpoint / "scheduler.db", tmp_path / "s.log", registry.url)
+    api = Api(proc.url)
+    try:
+        api.submit()
+        assert health(api)[0] == 200
+        ext4.fail()
+        wait_for(lambda: health(api)[0] == 503, timeout=PROBE_WITHIN, message="/health to say 503")
+        assert health(api)[1]["status"] == "unhealthy"
+    finally:
+        api.close()
+        stop_scheduler(proc)
+
+
 # --- files the scheduler must refuse at start-up --------------------------------------------
 
 

@@ -74,6 +74,14 @@ SQS_DEADLINE_SECS = 5.0
 SNS_DEADLINE_SECS = 3.0
 """Seconds one SNS publish may take in all."""
 
+STORE_PROBE_INTERVAL_SECS = 2.0
+"""Seconds without any write after which the store commits a probe of its own: what /health
+says about the store is never older than this (plus one commit)."""
+
+STORE_STALL_SECS = 10.0
+"""Seconds one commit may wait on the disk before /health calls the store unhealthy (a disk
+that stopped answering)."""
+
 
 class ConfigError(ValueError):
     """A configuration variable is set to a value that does not parse."""

@@ -106,8 +106,9 @@ class Scheduler:
         return self._placement.registry.nodes()
 
     def store_health(self) -> tuple[bool, str | None]:
-        """Whether the store's last write succeeded, and the error when it did not."""
-        return self._store.healthy, self._store.last_error
+        """Whether the store can be written (its latest write or probe, at most a few seconds
+        old, succeeded), and the error when it cannot."""
+        return self._store.health()
 
     def recent_jobs(self, since_us: int) -> list[Job]:
         """Every job that is pending or running, or finished at or after `since_us`, oldest
@@ -123,14 +124,16 @@ class Scheduler:
         return self._placement.place()
 
     def health(self) -> dict[str, object]:
-        healthy = self._store.healthy or self._store.probe()
+        # The store's own probe keeps its verdict fresh: nothing here touches the disk, so
+        # load balancers may poll as often as they like.
+        healthy, error = self._store.health()
         body: dict[str, object] = {
             "service": "scheduler",
             "status": "healthy" if healthy else "unhealthy",
             "jobs": self._table.counts(),
         }
         if not healthy:
-            body["error"] = f"job store cannot be written: {self._store.last_error}"
+            body["error"] = f"job store cannot be written: {error}"
         # The registry's state as last seen (never a call from here: a health check must not
         # wait on a peer). It does not make the scheduler unhealthy: agents still poll and
         # report while it is away.

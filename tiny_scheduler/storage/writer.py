@@ -9,6 +9,12 @@ commit in one transaction: eight requests arriving together cost one fsync, not 
 batch fails, each change is retried alone, so one change the backend cannot take (a value it
 cannot bind) fails only its own request. Whether the store is healthy is judged from the
 backend's own faults, never from one bad change. Nothing here knows which database it is.
+
+Health is never stale: when nothing has been written for `STORE_PROBE_INTERVAL_SECS`, the
+writer commits a tiny probe of its own, so a disk that filled, a file system that turned
+read-only or a database file that was deleted while the daemon was idle is found within a
+few seconds, and reading the verdict (`health`) costs no I/O. A write that has hung for
+`STORE_STALL_SECS` (a disk that stopped answering) also counts as unhealthy.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from ..config import STORE_PROBE_INTERVAL_SECS, STORE_STALL_SECS
 from ..errors import StoreError
 from ..jobs import Job
 from .base import Batch, JobStore, Loaded
@@ -52,6 +59,8 @@ class Writer:
         self.healthy = True
         self.last_error: str | None = None
         self.commit_observers: list[CommitObserver] = []
+        self._last_attempt = 0.0  # monotonic time the last commit ended (0: probe at once)
+        self._busy_since: float | None = None  # when the commit under way began
 
     @property
     def location(self) -> str:
@@ -60,6 +69,16 @@ class Writer:
     def load(self) -> Loaded:
         """Every stored job (start-up only, before `start`)."""
         return self._backend.load()
+
+    def health(self) -> tuple[bool, str | None]:
+        """Whether the store can be written, as found by the latest write or probe (at most
+        `STORE_PROBE_INTERVAL_SECS` old while the writer runs), and the error when not."""
+        busy_since = self._busy_since
+        if busy_since is not None:
+            waited = time.monotonic() - busy_since
+            if waited > STORE_STALL_SECS:
+                return False, f"a write has waited {waited:.0f}s for the disk"
+        return self.healthy, self.last_error
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._write_loop, name="store-writer", daemon=True)
@@ -105,25 +124,34 @@ class Writer:
         while True:
             with self._wakeup:
                 while not self._queue and not self._closing:
-                    self._wakeup.wait()
-                if not self._queue:
+                    # Idle: wait for work, but no longer than until a probe is due.
+                    due = self._last_attempt + STORE_PROBE_INTERVAL_SECS - time.monotonic()
+                    if due <= 0:
+                        break
+                    self._wakeup.wait(due)
+                if not self._queue and self._closing:
                     return
-                tickets = list(self._queue)
+                # The probe's commit carries no caller: the commit metrics leave it out.
+                probing = not self._queue
+                tickets = [_Ticket(Batch(probe=True))] if probing else list(self._queue)
                 self._queue.clear()
             try:
-                self._commit(tickets)
+                self._commit(tickets, observed=not probing)
             except Exception:  # every write waits on this thread: it must never die
                 log.exception("job store writer: unexpected error")
 
-    def _commit(self, tickets: list[_Ticket]) -> None:
+    def _commit(self, tickets: list[_Ticket], observed: bool = True) -> None:
         started = time.perf_counter()
+        self._busy_since = time.monotonic()
         try:
             self._write(tickets)
             self._judge_health(tickets)
             elapsed = time.perf_counter() - started
-            for observe in self.commit_observers:
+            for observe in self.commit_observers if observed else ():
                 observe(elapsed, len(tickets))
         finally:
+            self._busy_since = None
+            self._last_attempt = time.monotonic()
             for ticket in tickets:
                 ticket.done.set()
 
