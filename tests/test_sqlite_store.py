@@ -1,14 +1,18 @@
 """The SQLite backend's own duties: files it cannot understand are refused, not damaged, and
-the columns it stores are the ones the job declaration names."""
+the columns it stores are the ones the job declaration names; one store per file at a time; a
+file deleted or replaced under it is written no more, and ids go on above those handed out
+from the path; a row that cannot be read is named."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from tiny_scheduler.storage import StoreOpenError, rows
+from tiny_scheduler.jobs import Job
+from tiny_scheduler.storage import Batch, StoreOpenError, rows, sqlite
 from tiny_scheduler.storage.sqlite import SCHEMA_VERSION, SqliteStore
 
 
@@ -51,3 +55,131 @@ def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
     path.write_bytes(b"this is not a database, just some text " * 100)
     with pytest.raises(StoreOpenError):
         SqliteStore(str(path))
+
+
+# --- one owner per file -----------------------------------------------------------------------
+
+
+def test_a_second_store_on_the_same_file_is_refused_naming_the_owner(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    first = SqliteStore(str(path))
+    try:
+        with pytest.raises(StoreOpenError) as refused:
+            SqliteStore(str(path))
+        assert str(refused.value) == (
+            f"database {path} is in use by another scheduler (pid {os.getpid()})"
+        )
+        # The daemon's start-up check is refused the same way.
+        with pytest.raises(StoreOpenError, match="is in use by another scheduler"):
+            sqlite.check(str(path))
+    finally:
+        first.close()
+    SqliteStore(str(path)).close()  # closing lets go
+    sqlite.check(str(path))
+
+
+def test_the_check_lets_go_of_the_file(tmp_path: Path) -> None:
+    """The master checks, then its worker opens: the check must not keep the file."""
+    path = tmp_path / "jobs.db"
+    sqlite.check(str(path))
+    SqliteStore(str(path)).close()
+
+
+# --- a file deleted or replaced under the store ------------------------------------------
+
+
+def save(store: SqliteStore, seq: int) -> None:
+    store.write(Batch(upserts=[Job(seq=seq, node_id="n", command="x", created_at=1)]))
+
+
+def test_a_deleted_file_is_written_no_more(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    store = SqliteStore(str(path))
+    try:
+        save(store, 1)
+        path.unlink()
+        with pytest.raises(sqlite.FileLost, match="was deleted while in use") as lost:
+            save(store, 2)
+        assert store.is_fault(lost.value)
+        with pytest.raises(sqlite.FileLost):
+            store.write(Batch(probe=True))
+    finally:
+        store.close()
+
+
+def test_a_replaced_file_is_written_no_more_nor_given_the_old_files_changes(
+    tmp_path: Path,
+) -> None:
+    """A backup restored over the live file: the store stops writing, and the changes made
+    since the backup (in the old file's write-ahead log, which SQLite finds by the path's name)
+    do not leak into the restored file."""
+    path = tmp_path / "jobs.db"
+    store = SqliteStore(str(path))
+    try:
+        save(store, 1)
+        backup(path, tmp_path / "backup.db")
+        save(store, 2)
+        os.replace(tmp_path / "backup.db", path)
+        with pytest.raises(sqlite.FileLost, match="was replaced by another file"):
+            save(store, 3)
+    finally:
+        store.close()
+    assert [job.seq for job in load(path)] == [1]
+
+
+def test_a_file_moved_away_keeps_everything_that_was_committed(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    store = SqliteStore(str(path))
+    try:
+        save(store, 1)
+        save(store, 2)
+        path.rename(tmp_path / "moved.db")
+        with pytest.raises(sqlite.FileLost, match="was deleted while in use"):
+            save(store, 3)
+    finally:
+        store.close()
+    assert [job.seq for job in load(tmp_path / "moved.db")] == [1, 2]
+
+
+def backup(source: Path, target: Path) -> None:
+    """A consistent copy, as `sqlite3 .backup` takes it."""
+    with sqlite3.connect(source) as live, sqlite3.connect(target) as copy:
+        live.backup(copy)
+    live.close()
+    copy.close()
+
+
+def test_a_removed_lock_file_stops_writes(tmp_path: Path) -> None:
+    """Without its lock file, another scheduler could take the database: stop acknowledging."""
+    path = tmp_path / "jobs.db"
+    store = SqliteStore(str(path))
+    try:
+        Path(f"{path}.lock").unlink()
+        with pytest.raises(sqlite.FileLost, match=r"lock file .* was removed"):
+            save(store, 1)
+    finally:
+        store.close()
+
+
+def load(path: Path) -> list[Job]:
+    store = SqliteStore(str(path))
+    try:
+        return store.load().jobs
+    finally:
+        store.close()
+
+
+def test_ids_go_on_after_the_file_was_deleted(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    store = SqliteStore(str(path))
+    save(store, 41)
+    store.close()
+    for leftover in tmp_path.glob("jobs.db*"):
+        if leftover.name != "jobs.db.lock":
+            leftover.unlink()
+    store = SqliteStore(str(path))
+    try:
+        loaded = store.load()
+    finally:
+        store.close()
+    assert (loaded.jobs, loaded.last_seq) == ([], 41)

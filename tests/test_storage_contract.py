@@ -49,8 +49,12 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenS
 
 
 def reopen(store: Writer, open_store: OpenStore) -> tuple[list[Job], int]:
+    """Close the store, and what a new one on the same database loads (closed again: a SQLite
+    file has one owner at a time)."""
     store.close()
-    loaded = open_store().load()
+    again = open_store()
+    loaded = again.load()
+    again.close()
     return loaded.jobs, loaded.last_seq
 
 

@@ -27,13 +27,20 @@ __all__ = ["Settings", "create_app", "start_background", "stop_background"]
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings | None = None) -> Flask:
-    """The scheduler as a WSGI app; settings default to the environment's."""
+def create_app(settings: Settings | None = None, owner_wait_secs: float = 0.0) -> Flask:
+    """The scheduler as a WSGI app; settings default to the environment's. The database is
+    the app's alone until `stop_background`; another scheduler that has it open is waited for
+    up to `owner_wait_secs`, then refused (StoreOpenError, like a database that cannot be
+    read)."""
     from . import api, metrics, ui
 
     settings = settings or Settings.from_env()
-    store = storage.Writer(storage.open_store(settings.db_path))
-    loaded = store.load()
+    store = storage.Writer(storage.open_store(settings.db_path, owner_wait_secs))
+    try:
+        loaded = store.load()
+    except BaseException:
+        store.close()  # lets go of the file
+        raise
     store.start()
     table = JobTable(loaded.jobs, loaded.last_seq)
     last_seq = loaded.last_seq

@@ -82,6 +82,10 @@ STORE_STALL_SECS = 10.0
 """Seconds one commit may wait on the disk before /health calls the store unhealthy (a disk
 that stopped answering)."""
 
+OWNER_WAIT_SECS = 5.0
+"""Seconds a starting scheduler waits for the one that had its SQLite file open to let go (one
+that is still exiting) before refusing to start because the file is in use."""
+
 
 class ConfigError(ValueError):
     """A configuration variable is set to a value that does not parse."""

@@ -5,6 +5,8 @@ Settings and the database are checked here, in the master, so a bad variable or 
 database file stops start-up with one clear line instead of a worker traceback: first what
 `preflight` can tell without creating anything (the listen address, the database's place),
 then the store opens the file. Once gunicorn listens, the master logs the start-up banner.
+What only the worker can find (another scheduler that took the file since the check) stops it
+with one line too (`worker_app`).
 """
 
 from __future__ import annotations
@@ -14,20 +16,24 @@ import logging.handlers
 import queue
 import sys
 
+from flask import Flask
+
 from tiny_scheduler import banner, preflight, storage, worker
-from tiny_scheduler.config import ConfigError, Settings
+from tiny_scheduler.config import OWNER_WAIT_SECS, ConfigError, Settings
 from tiny_scheduler.logs import EscapeControlCharacters
 
 try:
     _settings = Settings.from_env()
     _address = preflight.check(_settings)
-    storage.check(_settings.db_path)
+    # The master only checks (another scheduler holding the file is refused here); the worker
+    # takes the file for its life, so a worker started again never finds the master in the way.
+    storage.check(_settings.db_path, OWNER_WAIT_SECS)
 except ConfigError as _exc:
     sys.exit(f"tiny-scheduler: configuration error: {_exc}")
 except (preflight.PreflightError, storage.StoreOpenError) as _exc:
     sys.exit(f"tiny-scheduler: {_exc}")
 
-wsgi_app = "tiny_scheduler:create_app()"
+wsgi_app = "tiny_scheduler.gunicorn_conf:worker_app()"
 bind = [_settings.bind]
 
 # Exactly one worker: the job table lives in this process's memory. A second worker would hold
@@ -57,6 +63,21 @@ control_socket_disable = True
 # line per request costs more than the poll itself (`--access-logfile -` turns it on).
 errorlog = "-"
 loglevel = _settings.log_level
+
+
+def worker_app() -> Flask:
+    """The app, built in the worker. A database the worker cannot use stops the daemon with one
+    line (gunicorn's "App failed to load" path), not a traceback."""
+    from gunicorn.errors import AppImportError
+
+    from tiny_scheduler import create_app
+
+    try:
+        # On a reload (SIGHUP) the new worker starts while the old one still finishes its
+        # requests and commits: wait for it to let go of the file, then load what it wrote.
+        return create_app(_settings, owner_wait_secs=graceful_timeout + OWNER_WAIT_SECS)
+    except storage.StoreOpenError as exc:
+        raise AppImportError(f"tiny-scheduler: {exc}") from None
 
 
 def on_starting(server) -> None:

@@ -1,20 +1,25 @@
 """The SQLite backend (the embedded default): one file, WAL, `synchronous=FULL`.
 
 Owns the schema, its migrations and the file's checks at start-up: a file this scheduler must
-not touch (another program's database, a newer scheduler's, a corrupt one) is refused and left
-exactly as it was. Writes come from the one writer thread (`writer.py`), a batch per
-transaction, one statement per kind of change.
+not touch (another program's database, a newer scheduler's, a corrupt one, one another
+scheduler has open) is refused and left exactly as it was. Writes come from the one writer
+thread (`writer.py`), a batch per transaction, one statement per kind of change. Each
+transaction first makes sure the file it writes is still the one at the path (not deleted or
+replaced under the daemon), so nothing is acknowledged into a file that is gone.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import os
 import sqlite3
 import time
 
+from ..jobs import job_id_of
 from . import rows
 from .base import Batch, Loaded, StoreOpenError
+from .lockfile import LockFile
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +70,29 @@ _PROBE = (
 )
 
 
-class SqliteStore:
-    """A `JobStore` in one SQLite file."""
+class FileLost(Exception):
+    """The database file (or its lock file) is no longer the one at its path: deleted or
+    replaced while the daemon had it open. Nothing more can be acknowledged into it."""
 
-    def __init__(self, path: str) -> None:
+
+class SqliteStore:
+    """A `JobStore` in one SQLite file, held for as long as it is open (`lockfile.LockFile`)."""
+
+    def __init__(self, path: str, wait_secs: float = 0.0) -> None:
+        """Open the file for this process alone, waiting up to `wait_secs` for another
+        scheduler that has it open to let go."""
         self.location = path
-        self._conn = _open(path)
+        self._lock = LockFile(path, wait_secs)
+        try:
+            self._conn = _open(path)
+            # Absolute, so that a change of working directory cannot make the check look at
+            # another file; the file as SQLite opened it, to compare with the path later.
+            self._path = os.path.abspath(path)
+            self._identity = _identity(os.stat(self._path))
+            self._let_go_done = False
+        except BaseException:
+            self._lock.release()
+            raise
 
     def load(self) -> Loaded:
         # Building a million objects would trigger the cycle collector hundreds of times over
@@ -86,6 +108,15 @@ class SqliteStore:
         # The load filled SQLite's page cache with pages the writer will rarely touch again.
         self._conn.execute("PRAGMA shrink_memory")
         last_seq = max(found[0] if found else 0, loaded[-1].seq if loaded else 0)
+        if self._lock.last_seq > last_seq:
+            log.warning(
+                "job database %s knows ids up to %s, but ids up to %s were handed out from this "
+                "path before (the file was deleted or replaced); new ids continue from there",
+                self.location,
+                job_id_of(last_seq),
+                job_id_of(self._lock.last_seq),
+            )
+            last_seq = self._lock.last_seq
         return Loaded(loaded, last_seq)
 
     def write(self, batch: Batch) -> None:
@@ -106,35 +137,81 @@ class SqliteStore:
             if batch.probe:
                 # A fresh value each time: SQLite skips writing a row that does not change.
                 conn.execute(_PROBE, (time.time_ns(),))
+            # Last before the commit, so that nothing is acknowledged into a file that is gone.
+            lost = self._lost()
+            if lost:
+                raise FileLost(lost)
             conn.execute("COMMIT")
-        except Exception:
+        except Exception as exc:
             if conn.in_transaction:
                 try:
                     conn.execute("ROLLBACK")
                 except sqlite3.Error:
                     log.exception("rollback failed")
+            if isinstance(exc, FileLost):
+                self._let_go()
             raise
+        if high > self._lock.last_seq:
+            self._lock.record(high)
 
     def is_fault(self, error: BaseException) -> bool:
         # A value SQLite cannot bind (text that is not valid Unicode) raises something else,
         # and says nothing about the disk.
-        return isinstance(error, sqlite3.Error)
+        return isinstance(error, (sqlite3.Error, FileLost, OSError))
 
     def close(self) -> None:
-        self._conn.close()
+        try:
+            self._conn.close()
+        finally:
+            # Only now: another scheduler may open the file as soon as the lock is free.
+            self._lock.release()
+
+    def _lost(self) -> str | None:
+        """Why the file at the path is no longer ours to write, or None."""
+        try:
+            now = _identity(os.stat(self._path))
+        except FileNotFoundError:
+            now = None
+        if now != self._identity:
+            how = "deleted" if now is None else "replaced by another file"
+            return (
+                f"the database file {self.location} was {how} while in use; restart the scheduler"
+            )
+        lost = self._lock.lost()
+        if lost:
+            return f"database {self.location}: {lost} while in use; restart the scheduler"
+        return None
+
+    def _let_go(self) -> None:
+        """Once the file is lost: fold the write-ahead log into the file this connection has
+        open (wherever it went) and empty the log. The log is found by the path's name, and
+        SQLite leaves it behind at close when the file has moved; the next program to open the
+        path would otherwise apply this file's changes to whatever file is there now."""
+        if self._let_go_done:
+            return
+        self._let_go_done = True
+        try:
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            log.error("job database %s: cannot empty its write-ahead log: %s", self.location, exc)
 
 
-def check(path: str) -> None:
+def check(path: str, wait_secs: float = 0.0) -> None:
     """Open (creating or migrating) the database once and close it; StoreOpenError when it
-    cannot be used. The daemon calls this before starting its worker, so a corrupt file or
-    one from a newer scheduler stops start-up with one clear line."""
-    conn = _open(path)
+    cannot be used. The daemon calls this before starting its worker, so a corrupt file, one
+    from a newer scheduler or one another scheduler has open stops start-up with one clear
+    line. The lock is held only during the check (the worker takes it for good)."""
+    lock = LockFile(path, wait_secs)
     try:
-        row = conn.execute("PRAGMA quick_check").fetchone()
-    except sqlite3.DatabaseError as exc:
-        raise StoreOpenError(f"job database {path!r} is corrupt: {exc}") from exc
+        conn = _open(path)
+        try:
+            row = conn.execute("PRAGMA quick_check").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise StoreOpenError(f"job database {path!r} is corrupt: {exc}") from exc
+        finally:
+            conn.close()
     finally:
-        conn.close()
+        lock.release()
     if row is None or row[0] != "ok":
         raise StoreOpenError(f"job database {path!r} is corrupt: {row[0] if row else 'no answer'}")
 
@@ -196,3 +273,7 @@ def _migrate(conn: sqlite3.Connection, path: str, version: int) -> None:
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+
+
+def _identity(stat: os.stat_result) -> tuple[int, int]:
+    return stat.st_dev, stat.st_ino
