@@ -183,3 +183,46 @@ def test_ids_go_on_after_the_file_was_deleted(tmp_path: Path) -> None:
     finally:
         store.close()
     assert (loaded.jobs, loaded.last_seq) == ([], 41)
+
+
+# --- rows that cannot be read ---------------------------------------------------------------
+
+
+BROKEN_ROWS = {
+    "invalid UTF-8": (
+        "UPDATE jobs SET command = CAST(x'6563686fff' AS TEXT) WHERE seq = 2",
+        "job job-2 cannot be read: command is not valid UTF-8",
+    ),
+    "broken JSON": (
+        """UPDATE jobs SET env_vars = '{"A":' WHERE seq = 2""",
+        "job job-2 cannot be read: env_vars is not valid JSON",
+    ),
+    "attempts of the wrong shape": (
+        "UPDATE jobs SET attempts = '[1]' WHERE seq = 2",
+        "job job-2 cannot be read: its values do not make a job (TypeError",
+    ),
+    "an unknown status": (
+        "UPDATE jobs SET status = 'lost' WHERE seq = 2",
+        "job job-2 cannot be read: status 'lost' is none of pending, running,",
+    ),
+}
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN_ROWS))
+def test_a_row_that_cannot_be_read_is_named(tmp_path: Path, broken: str) -> None:
+    path = tmp_path / "jobs.db"
+    store = SqliteStore(str(path))
+    for seq in (1, 2, 3):
+        save(store, seq)
+    store.close()
+    statement, expected = BROKEN_ROWS[broken]
+    with sqlite3.connect(path) as conn:
+        conn.execute(statement)
+    conn.close()
+    store = SqliteStore(str(path))
+    try:
+        with pytest.raises(StoreOpenError) as refused:
+            store.load()
+    finally:
+        store.close()
+    assert str(refused.value).startswith(f"job database {str(path)!r}: {expected}"), refused.value

@@ -445,6 +445,40 @@ def test_a_database_on_a_read_only_file_system_stops_start_up(
     ) in output, output
 
 
+UNREADABLE = {
+    "invalid UTF-8": (
+        "UPDATE jobs SET command = CAST(x'6563686f20ff' AS TEXT) WHERE seq = 2",
+        "command is not valid UTF-8",
+    ),
+    "broken JSON": (
+        """UPDATE jobs SET env_vars = '{"A": "1"' WHERE seq = 2""",
+        "env_vars is not valid JSON",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(UNREADABLE))
+def test_a_row_that_cannot_be_read_stops_start_up_naming_file_job_and_reason(
+    tmp_path: Path, registry: FakeRegistry, damage: str
+) -> None:
+    """Such a row passes `PRAGMA quick_check`; only reading it finds it. One line says which
+    file, which job and what is wrong, without a traceback; the file is left as it was."""
+    db_path = tmp_path / "scheduler.db"
+    make_database(db_path, tmp_path, registry, jobs=3)
+    statement, reason = UNREADABLE[damage]
+    conn = sqlite3.connect(db_path)
+    with conn:
+        conn.execute(statement)
+    conn.close()
+    checkpoint(db_path)
+    before = digest(db_path)
+    output = refused_start(db_path, tmp_path, registry)
+    line = f"tiny-scheduler: job database '{db_path}': job job-2 cannot be read: {reason}"
+    assert line in output, output
+    assert "Worker failed to boot" not in output, output
+    assert digest(db_path) == before
+
+
 # --- older files are brought up to date ------------------------------------------------------
 
 

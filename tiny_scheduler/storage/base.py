@@ -46,7 +46,8 @@ class JobStore(Protocol):
     """Where the data lives, for messages (a path, or a URL without its password)."""
 
     def load(self) -> Loaded:
-        """Every stored job and the id high-water mark."""
+        """Every stored job and the id high-water mark. A job that cannot be read raises
+        StoreOpenError naming it and why."""
         ...
 
     def write(self, batch: Batch) -> None:

@@ -48,6 +48,39 @@ def from_row(row: Sequence[Any]) -> Job:
     return job
 
 
+def problem(row: Sequence[Any]) -> str | None:
+    """Why `from_row` cannot make a job of this row (values in `COLUMNS` order; text may come
+    as undecoded bytes), or None when it can. Slow, for naming the culprit once a load failed."""
+    values = []
+    for name, value in zip(COLUMNS, row, strict=True):
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return f"{name} is not valid UTF-8 (byte {exc.start} of {len(value)})"
+        if name in _JSON and value is not None:
+            try:
+                orjson.loads(value)
+            except orjson.JSONDecodeError as exc:
+                return f"{name} is not valid JSON ({exc})"
+        if name in _ENUMS and value not in _ENUMS[name]:
+            return f"{name} {_short(value)} is none of {', '.join(_ENUMS[name])}"
+        values.append(value)
+    try:
+        from_row(values)
+    except Exception as exc:
+        return f"its values do not make a job ({type(exc).__name__}: {_short(str(exc))})"
+    return None
+
+
+_ENUMS = {"status": tuple(s.value for s in Status), "job_type": tuple(t.value for t in JobType)}
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _encode(name: str, value: Any) -> object:
     if name in _JSON:
         if not value:

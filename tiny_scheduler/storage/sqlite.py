@@ -2,10 +2,11 @@
 
 Owns the schema, its migrations and the file's checks at start-up: a file this scheduler must
 not touch (another program's database, a newer scheduler's, a corrupt one, one another
-scheduler has open) is refused and left exactly as it was. Writes come from the one writer
-thread (`writer.py`), a batch per transaction, one statement per kind of change. Each
-transaction first makes sure the file it writes is still the one at the path (not deleted or
-replaced under the daemon), so nothing is acknowledged into a file that is gone.
+scheduler has open) is refused and left exactly as it was, and a row that cannot be read is
+named. Writes come from the one writer thread (`writer.py`), a batch per transaction, one
+statement per kind of change. Each transaction first makes sure the file it writes is still the
+one at the path (not deleted or replaced under the daemon), so nothing is acknowledged into a
+file that is gone.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ class SqliteStore:
         gc.disable()
         try:
             loaded = [rows.from_row(row) for row in self._conn.execute(_SELECT)]
+        except Exception as exc:  # one bad row: name it, rather than a traceback
+            raise self._unreadable(exc) from None
         finally:
             if collecting:
                 gc.enable()
@@ -194,6 +197,25 @@ class SqliteStore:
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.Error as exc:
             log.error("job database %s: cannot empty its write-ahead log: %s", self.location, exc)
+
+    def _unreadable(self, error: Exception) -> StoreOpenError:
+        """The first job that cannot be read, named with the reason (a second, slow pass that
+        reads text undecoded), as the one line that stops start-up."""
+        conn = self._conn
+        conn.text_factory = bytes
+        try:
+            for row in conn.execute(_SELECT):
+                reason = rows.problem(row)
+                if reason is not None:
+                    return StoreOpenError(
+                        f"job database {self.location!r}: job {job_id_of(row[0])} cannot be "
+                        f"read: {reason}"
+                    )
+        except sqlite3.Error as exc:
+            error = exc
+        finally:
+            conn.text_factory = str
+        return StoreOpenError(f"job database {self.location!r}: jobs cannot be read: {error}")
 
 
 def check(path: str, wait_secs: float = 0.0) -> None:
