@@ -35,6 +35,7 @@ from conftest import BASE_ENV, start_scheduler, stop_scheduler
 from helpers import Agent, Api, expect_error, expect_json, wait_for
 
 from tiny_scheduler import Settings, create_app, errors, stop_background, storage
+from tiny_scheduler.config import STORE_STALL_SECS
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.jobs import Job
@@ -329,6 +330,33 @@ def test_a_file_system_turning_read_only_while_idle_turns_health_unhealthy(
         ext4.fail()
         wait_for(lambda: health(api)[0] == 503, timeout=PROBE_WITHIN, message="/health to say 503")
         assert health(api)[1]["status"] == "unhealthy"
+    finally:
+        api.close()
+        stop_scheduler(proc)
+
+
+def test_a_disk_that_stops_answering_turns_health_unhealthy(
+    ext4: Ext4, tmp_path: Path, registry: FakeRegistry
+) -> None:
+    """`fsfreeze` makes every write to the file system wait (as a hung disk or a stuck
+    network volume would): the probe's commit hangs, and /health must not go on reporting the
+    verdict from before. When the file system thaws, the commit completes and all is well."""
+    proc = start_scheduler(ext4.mountpoint / "scheduler.db", tmp_path / "s.log", registry.url)
+    api = Api(proc.url)
+    try:
+        api.submit()
+        run("fsfreeze", "--freeze", str(ext4.mountpoint))
+        try:
+            wait_for(
+                lambda: health(api)[0] == 503,
+                timeout=STORE_STALL_SECS + PROBE_WITHIN,
+                message="/health to say 503",
+            )
+            assert "a write has waited" in health(api)[1]["error"]
+        finally:
+            run("fsfreeze", "--unfreeze", str(ext4.mountpoint))
+        wait_for(lambda: health(api)[0] == 200, timeout=PROBE_WITHIN, message="/health to heal")
+        api.submit()
     finally:
         api.close()
         stop_scheduler(proc)
