@@ -40,4 +40,4 @@ lint: install ## check style and common bugs (ruff)
 clean: ## remove the virtualenv, caches and local databases
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info build dist test-artifacts
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
-	rm -f scheduler.db scheduler.db-wal scheduler.db-shm
+	rm -f scheduler.db scheduler.db-wal scheduler.db-shm scheduler.db.lock
