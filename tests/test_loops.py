@@ -19,6 +19,7 @@ from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.dev.sns import FakeSns
 from tiny_scheduler.dev.sqs import FakeSqs
+from tiny_scheduler.loops.sns import PAGE_SIZE
 
 FAST = {
     "TIMEOUT_SCAN_INTERVAL_SECS": "0.2",
@@ -313,16 +314,74 @@ def test_sns_hanging_does_not_slow_updates_and_events_follow(make_cluster) -> No
     wait_for(lambda: {(e["job_id"], e["status"]) for e in cluster.events()} >= expected, 30)
 
 
-def test_sns_down_drops_events_after_retries_and_logs(make_cluster) -> None:
+def sns_depth(cluster: Cluster) -> int:
+    """The `tiny_scheduler_sns_queue_depth` gauge: events waiting in the outbox."""
+    text = cluster.http.get(cluster.server.url + "/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("tiny_scheduler_sns_queue_depth "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no tiny_scheduler_sns_queue_depth in /metrics")
+
+
+def finish_and_cancel(cluster: Cluster, done: int, cancelled: int) -> list[tuple[str, str]]:
+    """Make jobs final, some done and some cancelled, interleaved; returns (job id, status) in
+    the order the changes were acknowledged."""
+    finals = []
+    for number in range(max(done, cancelled)):
+        if number < done:
+            job = cluster.submit(command=f"echo {number}")
+            cluster.claim(job["job_id"])
+            reply = cluster.patch(job["job_id"], {"status": "done", "exit_code": 0}, timeout=5)
+            assert reply.status_code == 200, reply.text
+            finals.append((job["job_id"], "done"))
+        if number < cancelled:
+            job = cluster.submit(command="never")
+            url = f"{cluster.server.url}/jobs/{job['job_id']}/cancel"
+            assert cluster.http.post(url, timeout=5).status_code == 200
+            finals.append((job["job_id"], "cancelled"))
+    return finals
+
+
+def published(cluster: Cluster) -> list[tuple[str, str]]:
+    return [(event["job_id"], event["status"]) for event in cluster.events()]
+
+
+def test_sns_down_keeps_every_event_and_publishes_them_in_order_when_it_returns(
+    make_cluster,
+) -> None:
+    """More events than the sender reads at a time wait in the outbox while SNS refuses them
+    (the depth gauge counts them); when SNS is back they all go out, once, in order."""
+    cluster = make_cluster({"MAX_JOBS_PER_NODE": "4"})
+    cluster.sns.fault = "error"
+    finals = finish_and_cancel(cluster, done=5, cancelled=PAGE_SIZE + 10)
+    wait_for(lambda: "SNS publish failed" in cluster.log_text(), timeout=30)
+    assert cluster.sns.requests >= 2, "the publish was retried"
+    assert "event dropped" not in cluster.log_text()
+    assert sns_depth(cluster) == len(finals)
+    assert published(cluster) == []
+
+    cluster.sns.fault = None
+    wait_for(lambda: len(published(cluster)) >= len(finals), timeout=60, message="the events")
+    assert published(cluster) == finals
+    wait_for(lambda: sns_depth(cluster) == 0, timeout=10, message="an empty outbox")
+
+
+def test_sns_events_not_yet_sent_survive_a_crash(make_cluster) -> None:
+    """At-least-once across crashes: the daemon is SIGKILLed with its events unsent (SNS
+    refusing them); after the restart they are published, in the order of the changes."""
     cluster = make_cluster()
     cluster.sns.fault = "error"
-    job = cluster.submit(command="false")
-    cluster.claim(job["job_id"])
-    reply = cluster.patch(job["job_id"], {"status": "done", "exit_code": 0}, timeout=5)
-    assert reply.status_code == 200
-    wait_for(lambda: "event dropped" in cluster.log_text(), timeout=30)
-    assert job["job_id"] in cluster.log_text()
-    assert cluster.sns.requests >= 2, "the publish was retried"
+    finals = finish_and_cancel(cluster, done=3, cancelled=2)
+    wait_for(lambda: cluster.sns.requests >= 1, timeout=30, message="a refused publish")
+    assert sns_depth(cluster) == len(finals)
+    cluster.server.kill()
+    assert published(cluster) == []
+
+    cluster.sns.fault = None
+    cluster.server.start()
+    wait_for(lambda: len(published(cluster)) >= len(finals), timeout=30, message="the events")
+    assert published(cluster) == finals
+    wait_for(lambda: sns_depth(cluster) == 0, timeout=10, message="an empty outbox")
 
 
 # --- retention ------------------------------------------------------------------------------------

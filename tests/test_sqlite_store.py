@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tiny_scheduler.jobs import Job
-from tiny_scheduler.storage import Batch, StoreOpenError, rows, sqlite
+from tiny_scheduler.storage import Batch, OutboxEvent, StoreOpenError, rows, sqlite
 from tiny_scheduler.storage.sqlite import SCHEMA_VERSION, SqliteStore
 
 
@@ -226,3 +226,28 @@ def test_a_row_that_cannot_be_read_is_named(tmp_path: Path, broken: str) -> None
     finally:
         store.close()
     assert str(refused.value).startswith(f"job database {str(path)!r}: {expected}"), refused.value
+
+
+def test_a_file_of_schema_version_1_gets_the_outbox_and_keeps_its_jobs(tmp_path: Path) -> None:
+    """Files written before the outbox (schema version 1) are migrated in place."""
+    path = tmp_path / "jobs.db"
+    job = Job(seq=7, node_id="n", command="echo kept", created_at=1, env_vars={"A": "1"})
+    with sqlite3.connect(path) as conn:
+        conn.executescript(sqlite.MIGRATIONS[1])
+        conn.execute("INSERT INTO schema_version (version) VALUES (1)")
+        marks = ", ".join("?" for _ in rows.COLUMNS)
+        conn.execute(
+            f"INSERT INTO jobs ({', '.join(rows.COLUMNS)}) VALUES ({marks})", rows.to_row(job)
+        )
+    conn.close()
+    store = SqliteStore(str(path))
+    try:
+        loaded = store.load()
+        assert (loaded.jobs, loaded.last_seq, loaded.events) == ([job], 7, 0)
+        store.write(Batch(events=[OutboxEvent(7, "done")]))
+        assert store.outbox(10) == [OutboxEvent(7, "done", 1)]
+    finally:
+        store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+    conn.close()

@@ -15,7 +15,7 @@ import pytest
 from tiny_scheduler import jobs
 from tiny_scheduler.errors import StoreError
 from tiny_scheduler.jobs import Attempt, Job
-from tiny_scheduler.storage import JobStore, Writer
+from tiny_scheduler.storage import JobStore, OutboxEvent, Writer
 from tiny_scheduler.storage.sqlite import SqliteStore
 
 T0 = 1_764_498_030_123_456
@@ -174,3 +174,91 @@ def test_a_closed_store_refuses_writes(open_store: OpenStore) -> None:
     store.close()
     with pytest.raises(StoreError):
         store.save(Job(seq=1, node_id="n", command="x", created_at=T0))
+
+
+# --- the outbox ------------------------------------------------------------------------------
+
+
+def event(seq: int, text: str = "") -> OutboxEvent:
+    return OutboxEvent(seq, text or f'{{"job_id":"job-{seq}","status":"done"}}')
+
+
+def test_events_are_stored_with_their_change_and_read_back_oldest_first(
+    open_store: OpenStore,
+) -> None:
+    store = open_store()
+    store.save(Job(seq=1, node_id="n", command="x", created_at=T0), events=[event(1)])
+    store.save(
+        Job(seq=2, node_id="n", command="x", created_at=T0),
+        Job(seq=3, node_id="n", command="x", created_at=T0),
+        events=[event(3, '€ 𝄞 "quoted"\n'), event(2)],
+    )
+    waiting = store.outbox(10)
+    assert [(e.seq, e.message) for e in waiting] == [
+        (1, event(1).message),
+        (3, '€ 𝄞 "quoted"\n'),
+        (2, event(2).message),
+    ]
+    assert len({e.id for e in waiting}) == 3
+    assert store.events_waiting == 3
+    assert [e.seq for e in store.outbox(2)] == [1, 3]
+
+
+def test_delivered_events_leave_the_outbox_and_the_rest_survive_a_restart(
+    open_store: OpenStore,
+) -> None:
+    store = open_store()
+    for seq in (1, 2, 3):
+        store.save(Job(seq=seq, node_id="n", command="x", created_at=T0), events=[event(seq)])
+    first, second, third = store.outbox(10)
+    store.delivered([first.id, third.id])
+    assert store.outbox(10) == [second]
+    assert store.events_waiting == 1
+    store.close()
+
+    store = open_store()
+    assert store.load().events == 1
+    assert store.events_waiting == 1
+    assert store.outbox(10) == [second]
+    # New events come after the ones still waiting, also after a restart.
+    store.save(Job(seq=4, node_id="n", command="x", created_at=T0), events=[event(4)])
+    assert [e.seq for e in store.outbox(10)] == [2, 4]
+
+
+def test_an_event_is_stored_exactly_when_its_change_is(open_store: OpenStore) -> None:
+    store = open_store()
+    store.save(Job(seq=1, node_id="n", command="x", created_at=T0, dedupe_key="k"))
+    # The job cannot be stored (its dedupe key is taken): neither is its event.
+    with pytest.raises(StoreError):
+        store.save(
+            Job(seq=2, node_id="n", command="x", created_at=T0, dedupe_key="k"), events=[event(2)]
+        )
+    assert store.outbox(10) == []
+    assert store.events_waiting == 0
+
+
+def test_a_bad_change_does_not_take_its_neighbours_events_with_it(open_store: OpenStore) -> None:
+    """Changes committed together (group commit) keep their events when one of them fails."""
+    store = open_store()
+    store.save(Job(seq=1, node_id="n", command="x", created_at=T0, dedupe_key="taken"))
+    outcomes: dict[int, bool] = {}
+
+    def save(seq: int, key: str | None) -> None:
+        try:
+            job = Job(seq=seq, node_id="n", command="x", created_at=T0, dedupe_key=key)
+            store.save(job, events=[event(seq)])
+            outcomes[seq] = True
+        except StoreError:
+            outcomes[seq] = False
+
+    threads = [
+        threading.Thread(target=save, args=(seq, "taken" if seq == 5 else None))
+        for seq in range(2, 9)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert outcomes == {seq: seq != 5 for seq in range(2, 9)}
+    assert sorted(e.seq for e in store.outbox(100)) == [2, 3, 4, 6, 7, 8]
+    assert store.events_waiting == 6

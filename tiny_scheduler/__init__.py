@@ -51,6 +51,12 @@ def create_app(settings: Settings | None = None, owner_wait_secs: float = 0.0) -
     peer_calls: list[CallObserver] = []  # told of every call to a peer (the metrics count them)
     service = Scheduler(settings, store, table, Placement(Registry(settings, peer_calls)))
     log.info("loaded %d jobs from %s (last id job-%d)", len(table), store.location, last_seq)
+    if store.events_waiting and not settings.sns_url:
+        log.warning(
+            "%d SNS events of an earlier run wait in the outbox; SNS_URL is unset, so they stay "
+            "there until it is set again",
+            store.events_waiting,
+        )
 
     # No app-wide /static route: there is no such folder; the dashboard serves its own files.
     app = Flask(__name__, static_folder=None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import Enum
 
 from . import errors, jobs
@@ -18,7 +18,7 @@ from .config import Settings
 from .jobs import Job
 from .placement import Placement
 from .registry import Nodes
-from .storage import Writer
+from .storage import OutboxEvent, Writer
 from .storage.writer import CommitObserver
 from .table import JobTable
 from .validation import JobQuery, JobRequest, JobUpdate
@@ -62,6 +62,7 @@ class Scheduler:
         self._store = store
         self._table = table
         self._placement = placement
+        self._final_event: Callable[[Job], str] | None = None  # see keep_final_events
         self.listeners: list[Listener] = []
 
     # --- reads ----------------------------------------------------------------------------
@@ -142,6 +143,26 @@ class Scheduler:
         if registry:
             body["registry_error"] = registry
         return body
+
+    # --- the outbox of final-state events -------------------------------------------------
+
+    def keep_final_events(self, message: Callable[[Job], str]) -> None:
+        """From now on, store `message(job)` in the outbox with every change that makes a job
+        final, in the same transaction: the event is durable exactly when the change is."""
+        self._final_event = message
+
+    def waiting_events(self, limit: int) -> list[OutboxEvent]:
+        """The oldest events not yet delivered (at most `limit`), oldest first; StoreError
+        when the store cannot be read."""
+        return self._store.outbox(limit)
+
+    def events_delivered(self, ids: Iterable[int]) -> None:
+        """Remove delivered events from the outbox; StoreError when that cannot be stored."""
+        self._store.delivered(ids)
+
+    def events_waiting(self) -> int:
+        """How many events the outbox holds (no I/O)."""
+        return self._store.events_waiting
 
     # --- changes ----------------------------------------------------------------------------
 
@@ -264,7 +285,11 @@ class Scheduler:
         return jobs.retry(failed, node_id)
 
     def _commit(self, job: Job) -> None:
-        self._store.save(job)
+        events: tuple[OutboxEvent, ...] = ()
+        # A job is saved in a final status once: the change that made it final.
+        if self._final_event is not None and job.is_final:
+            events = (OutboxEvent(job.seq, self._final_event(job)),)
+        self._store.save(job, events=events)
         self._table.put(job)
 
     def _announce(self, new: Job) -> None:

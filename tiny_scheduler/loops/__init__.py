@@ -57,7 +57,7 @@ class Background:
 
     def __init__(self, service: Scheduler, observers: list[CallObserver] | None = None) -> None:
         from .scan import Scan
-        from .sns import SnsPublisher
+        from .sns import SnsPublisher, event_message
         from .sqs import SqsIngest
 
         settings = service.settings
@@ -70,8 +70,10 @@ class Background:
             self.loops.append(Loop("sqs", settings.sqs_poll_interval_secs, self.sqs.tick))
         self.sns: SnsPublisher | None = None
         if settings.sns_url:
-            # Listening starts now, so events of requests served before start() are kept too.
-            self.sns = SnsPublisher(settings, observers)
+            # From now on final states store their event, so those of requests served before
+            # start() are published too.
+            self.sns = SnsPublisher(service, settings, observers)
+            service.keep_final_events(event_message)
             service.listeners.append(self.sns.listener)
         self._started = False
 

@@ -7,13 +7,14 @@ names a PostgreSQL database, anything else is a SQLite file path.
 
 from __future__ import annotations
 
-from .base import Batch, JobStore, Loaded, StoreOpenError
+from .base import Batch, JobStore, Loaded, OutboxEvent, StoreOpenError
 from .writer import Writer
 
 __all__ = [
     "Batch",
     "JobStore",
     "Loaded",
+    "OutboxEvent",
     "StoreOpenError",
     "Writer",
     "check",

@@ -6,6 +6,11 @@ raises. It is called from one thread at a time (the writer, `writer.py`, or the 
 code), so it needs no locking of its own. Group commit, health tracking and the waiting of
 request threads live above it, written once in `writer.py`; the behavioural tests every
 backend must pass are in `tests/test_storage_contract.py`.
+
+Besides jobs a backend keeps an **outbox**: events (the SNS messages of final states) stored
+in the same transaction as the change that caused them, read back oldest first, and removed
+once they were delivered. A crash between the change and the delivery therefore loses no
+event; one between the delivery and the removal sends it again (at-least-once).
 """
 
 from __future__ import annotations
@@ -22,11 +27,21 @@ class StoreOpenError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class OutboxEvent:
+    """An event waiting in the outbox to be delivered."""
+
+    seq: int  # the job it is about
+    message: str  # what is delivered, exactly
+    id: int = 0  # given by the store when it is written; orders the outbox (0 until then)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Loaded:
     """What a store holds at start-up."""
 
     jobs: list[Job]  # in id order
     last_seq: int  # the highest id ever handed out, also of jobs since deleted
+    events: int = 0  # events waiting in the outbox
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -36,6 +51,8 @@ class Batch:
     upserts: Sequence[Job] = ()  # insert, or replace the stored version with the same seq
     deletes: Sequence[int] = ()  # seqs to remove; the id high-water mark stays
     probe: bool = False  # also write a fresh value somewhere, to prove the store can write
+    events: Sequence[OutboxEvent] = ()  # add to the outbox, after every event already there
+    delivered: Sequence[int] = ()  # ids of outbox events to remove (ids not there are ignored)
 
 
 class JobStore(Protocol):
@@ -46,8 +63,13 @@ class JobStore(Protocol):
     """Where the data lives, for messages (a path, or a URL without its password)."""
 
     def load(self) -> Loaded:
-        """Every stored job and the id high-water mark. A job that cannot be read raises
-        StoreOpenError naming it and why."""
+        """Every stored job, the id high-water mark and the outbox's size. A job that
+        cannot be read raises StoreOpenError naming it and why."""
+        ...
+
+    def outbox(self, limit: int) -> list[OutboxEvent]:
+        """The oldest `limit` events of the outbox, in the order they were written, with
+        their ids."""
         ...
 
     def write(self, batch: Batch) -> None:

@@ -19,12 +19,12 @@ import time
 
 from ..jobs import job_id_of
 from . import rows
-from .base import Batch, Loaded, StoreOpenError
+from .base import Batch, Loaded, OutboxEvent, StoreOpenError
 from .lockfile import LockFile
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
 
 _SCHEMA_V1 = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -52,8 +52,18 @@ CREATE TABLE jobs (
 );
 """
 
-MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1}
-"""Each entry upgrades a file from version N-1 to N. A new schema version appends one."""
+# The SNS outbox: events stored with the change that caused them, deleted once delivered.
+_SCHEMA_V3 = """
+CREATE TABLE outbox (
+    id      INTEGER PRIMARY KEY,  -- delivery order: above every event still waiting
+    seq     INTEGER NOT NULL,     -- N of the job-N it is about
+    message TEXT NOT NULL         -- exactly what is published
+);
+"""
+
+MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 3: _SCHEMA_V3}
+"""Each entry upgrades a file to version N from the one before it. A new schema version adds
+one; a file is taken through every entry above its version, in order."""
 
 _SELECT = f"SELECT {', '.join(rows.COLUMNS)} FROM jobs ORDER BY seq"
 _UPSERT = "INSERT INTO jobs ({cols}) VALUES ({marks}) ON CONFLICT(seq) DO UPDATE SET {sets}".format(
@@ -108,6 +118,7 @@ class SqliteStore:
             if collecting:
                 gc.enable()
         found = self._conn.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
+        events = self._conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
         # The load filled SQLite's page cache with pages the writer will rarely touch again.
         self._conn.execute("PRAGMA shrink_memory")
         last_seq = max(found[0] if found else 0, loaded[-1].seq if loaded else 0)
@@ -120,7 +131,13 @@ class SqliteStore:
                 job_id_of(self._lock.last_seq),
             )
             last_seq = self._lock.last_seq
-        return Loaded(loaded, last_seq)
+        return Loaded(loaded, last_seq, events)
+
+    def outbox(self, limit: int) -> list[OutboxEvent]:
+        found = self._conn.execute(
+            "SELECT id, seq, message FROM outbox ORDER BY id LIMIT ?", (limit,)
+        )
+        return [OutboxEvent(seq, message, id_) for id_, seq, message in found]
 
     def write(self, batch: Batch) -> None:
         # One statement per kind of change: the writer gives up the GIL at every statement
@@ -137,6 +154,13 @@ class SqliteStore:
                 conn.executemany("DELETE FROM jobs WHERE seq = ?", [(s,) for s in batch.deletes])
             if high:
                 conn.execute(_HIGH_WATER, (high,))
+            if batch.events:
+                conn.executemany(
+                    "INSERT INTO outbox (seq, message) VALUES (?, ?)",
+                    [(event.seq, event.message) for event in batch.events],
+                )
+            if batch.delivered:
+                conn.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in batch.delivered])
             if batch.probe:
                 # A fresh value each time: SQLite skips writing a row that does not change.
                 conn.execute(_PROBE, (time.time_ns(),))
@@ -284,7 +308,7 @@ def _migrate(conn: sqlite3.Connection, path: str, version: int) -> None:
         return
     conn.execute("BEGIN IMMEDIATE")
     try:
-        for step in range(version + 1, SCHEMA_VERSION + 1):
+        for step in sorted(step for step in MIGRATIONS if version < step <= SCHEMA_VERSION):
             log.info("migrating job database %s to schema version %d", path, step)
             for statement in MIGRATIONS[step].split(";"):
                 if statement.strip():

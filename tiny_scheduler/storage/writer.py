@@ -15,6 +15,9 @@ writer commits a tiny probe of its own, so a disk that filled, a file system tha
 read-only or a database file that was deleted while the daemon was idle is found within a
 few seconds, and reading the verdict (`health`) costs no I/O. A write that has hung for
 `STORE_STALL_SECS` (a disk that stopped answering) also counts as unhealthy.
+
+Reads other than the start-up load (the outbox) run on the writer thread too, between
+commits, so the backend is only ever used by one thread at a time.
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from ..config import STORE_PROBE_INTERVAL_SECS, STORE_STALL_SECS
 from ..errors import StoreError
 from ..jobs import Job
-from .base import Batch, JobStore, Loaded
+from .base import Batch, JobStore, Loaded, OutboxEvent
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +41,14 @@ CommitObserver = Callable[[float, int], None]
 
 
 class _Ticket:
-    """One caller's changes, and the writer thread's answer."""
+    """One caller's changes (or read), and the writer thread's answer."""
 
-    __slots__ = ("batch", "done", "error")
+    __slots__ = ("batch", "done", "error", "read", "result")
 
-    def __init__(self, batch: Batch) -> None:
+    def __init__(self, batch: Batch, read: Callable[[JobStore], Any] | None = None) -> None:
         self.batch = batch
+        self.read = read
+        self.result: Any = None
         self.done = threading.Event()
         self.error: BaseException | None = None
 
@@ -59,6 +65,8 @@ class Writer:
         self.healthy = True
         self.last_error: str | None = None
         self.commit_observers: list[CommitObserver] = []
+        self.events_waiting = 0
+        """Events in the outbox, kept up to date by the writer thread (cheap to read)."""
         self._last_attempt = 0.0  # monotonic time the last commit ended (0: probe at once)
         self._busy_since: float | None = None  # when the commit under way began
 
@@ -68,7 +76,9 @@ class Writer:
 
     def load(self) -> Loaded:
         """Every stored job (start-up only, before `start`)."""
-        return self._backend.load()
+        loaded = self._backend.load()
+        self.events_waiting = loaded.events
+        return loaded
 
     def health(self) -> tuple[bool, str | None]:
         """Whether the store can be written, as found by the latest write or probe (at most
@@ -84,9 +94,22 @@ class Writer:
         self._thread = threading.Thread(target=self._write_loop, name="store-writer", daemon=True)
         self._thread.start()
 
-    def save(self, *changed: Job) -> None:
-        """Insert or replace these jobs; returns once committed, else raises StoreError."""
-        self._submit(Batch(upserts=changed))
+    def save(self, *changed: Job, events: Sequence[OutboxEvent] = ()) -> None:
+        """Insert or replace these jobs, and add `events` to the outbox, in one transaction;
+        returns once committed, else raises StoreError (and none of it was stored)."""
+        self._submit(Batch(upserts=changed, events=events))
+
+    def outbox(self, limit: int) -> list[OutboxEvent]:
+        """The oldest events of the outbox (at most `limit`), oldest first; StoreError when
+        they cannot be read."""
+        result: list[OutboxEvent] = self._submit(
+            Batch(), read=lambda backend: backend.outbox(limit)
+        )
+        return result
+
+    def delivered(self, ids: Iterable[int]) -> None:
+        """Remove these events from the outbox: they were delivered."""
+        self._submit(Batch(delivered=tuple(ids)))
 
     def delete(self, seqs: Iterable[int]) -> None:
         """Remove these jobs; the id high-water mark stays, so ids are never reused."""
@@ -109,8 +132,8 @@ class Writer:
             self._thread.join(timeout=10)
         self._backend.close()
 
-    def _submit(self, batch: Batch) -> None:
-        ticket = _Ticket(batch)
+    def _submit(self, batch: Batch, read: Callable[[JobStore], Any] | None = None) -> Any:
+        ticket = _Ticket(batch, read)
         with self._wakeup:
             if self._closing:
                 raise StoreError("scheduler is shutting down; nothing was changed")
@@ -119,6 +142,7 @@ class Writer:
         ticket.done.wait()
         if ticket.error is not None:
             raise StoreError() from ticket.error
+        return ticket.result
 
     def _write_loop(self) -> None:
         while True:
@@ -136,9 +160,23 @@ class Writer:
                 tickets = [_Ticket(Batch(probe=True))] if probing else list(self._queue)
                 self._queue.clear()
             try:
-                self._commit(tickets, observed=not probing)
+                reads = [ticket for ticket in tickets if ticket.read is not None]
+                writes = [ticket for ticket in tickets if ticket.read is None]
+                if writes:
+                    self._commit(writes, observed=not probing)
+                for ticket in reads:
+                    self._read(ticket)
             except Exception:  # every write waits on this thread: it must never die
                 log.exception("job store writer: unexpected error")
+
+    def _read(self, ticket: _Ticket) -> None:
+        assert ticket.read is not None
+        try:
+            ticket.result = ticket.read(self._backend)
+        except Exception as exc:
+            ticket.error = exc
+        finally:
+            ticket.done.set()
 
     def _commit(self, tickets: list[_Ticket], observed: bool = True) -> None:
         started = time.perf_counter()
@@ -146,6 +184,10 @@ class Writer:
         try:
             self._write(tickets)
             self._judge_health(tickets)
+            for ticket in tickets:
+                if ticket.error is None:
+                    batch = ticket.batch
+                    self.events_waiting += len(batch.events) - len(batch.delivered)
             elapsed = time.perf_counter() - started
             for observe in self.commit_observers if observed else ():
                 observe(elapsed, len(tickets))
@@ -197,4 +239,6 @@ def _merged(tickets: list[_Ticket]) -> Batch:
         upserts=[job for t in tickets for job in t.batch.upserts],
         deletes=[seq for t in tickets for seq in t.batch.deletes],
         probe=any(t.batch.probe for t in tickets),
+        events=[event for t in tickets for event in t.batch.events],
+        delivered=[id_ for t in tickets for id_ in t.batch.delivered],
     )
