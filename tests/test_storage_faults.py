@@ -25,6 +25,7 @@ import os
 import sqlite3
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -297,6 +298,16 @@ def health(api: Api) -> tuple[int, dict[str, Any]]:
     return reply.status_code, expect_json(reply, reply.status_code)
 
 
+def wait_unhealthy(api: Api, fault: str, timeout: float = PROBE_WITHIN) -> dict[str, Any]:
+    """Wait for /health to say 503 after `fault`; prints how long it took (`pytest -s`)."""
+    started = time.monotonic()
+    wait_for(lambda: health(api)[0] == 503, timeout=timeout, message="/health to say 503")
+    print(f"/health said unhealthy {time.monotonic() - started:.1f}s after {fault}")
+    status, body = health(api)
+    assert status == 503 and body["status"] == "unhealthy", body
+    return body
+
+
 def test_a_disk_that_fills_while_idle_turns_health_unhealthy(
     small_disk: Path, tmp_path: Path, registry: FakeRegistry
 ) -> None:
@@ -307,9 +318,7 @@ def test_a_disk_that_fills_while_idle_turns_health_unhealthy(
         api.submit()
         assert health(api)[0] == 200
         filler = fill(small_disk)
-        wait_for(lambda: health(api)[0] == 503, timeout=PROBE_WITHIN, message="/health to say 503")
-        body = health(api)[1]
-        assert body["status"] == "unhealthy", body
+        body = wait_unhealthy(api, "the disk filled while idle")
         assert "No space left on device" in body["error"] or "full" in body["error"], body
         filler.unlink()
         wait_for(lambda: health(api)[0] == 200, timeout=PROBE_WITHIN, message="/health to heal")
@@ -328,8 +337,7 @@ def test_a_file_system_turning_read_only_while_idle_turns_health_unhealthy(
         api.submit()
         assert health(api)[0] == 200
         ext4.fail()
-        wait_for(lambda: health(api)[0] == 503, timeout=PROBE_WITHIN, message="/health to say 503")
-        assert health(api)[1]["status"] == "unhealthy"
+        wait_unhealthy(api, "a read-only remount while idle")
     finally:
         api.close()
         stop_scheduler(proc)
@@ -347,12 +355,8 @@ def test_a_disk_that_stops_answering_turns_health_unhealthy(
         api.submit()
         run("fsfreeze", "--freeze", str(ext4.mountpoint))
         try:
-            wait_for(
-                lambda: health(api)[0] == 503,
-                timeout=STORE_STALL_SECS + PROBE_WITHIN,
-                message="/health to say 503",
-            )
-            assert "a write has waited" in health(api)[1]["error"]
+            body = wait_unhealthy(api, "fsfreeze", timeout=STORE_STALL_SECS + PROBE_WITHIN)
+            assert "a write has waited" in body["error"], body
         finally:
             run("fsfreeze", "--unfreeze", str(ext4.mountpoint))
         wait_for(lambda: health(api)[0] == 200, timeout=PROBE_WITHIN, message="/health to heal")

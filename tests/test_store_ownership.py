@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import sqlite3
+import time
 from pathlib import Path
 
 from conftest import BASE_ENV, start_scheduler, stop_scheduler
@@ -82,7 +83,9 @@ def test_a_second_scheduler_on_the_same_file_refuses_to_start(
     api = Api(first.url)
     try:
         jobs = [api.submit(command=f"echo {n}") for n in range(3)]
+        started = time.monotonic()
         output = refused(db_path, tmp_path / "second.log", registry)
+        print(f"a second daemon on the file exited after {time.monotonic() - started:.1f}s")
         owner = worker_pid(first)
         assert owner is not None
         line = f"tiny-scheduler: database {db_path} is in use by another scheduler (pid {owner})"
@@ -167,7 +170,9 @@ class Served:
             reply = self.api.get("/health")
             return expect_json(reply, 503) if reply.status_code != 200 else None
 
+        started = time.monotonic()
         body = wait_for(unhealthy, timeout=UNHEALTHY_WITHIN, message="/health to say unhealthy")
+        print(f"/health said unhealthy {time.monotonic() - started:.1f}s after: {cause}")
         assert body["status"] == "unhealthy"
         assert body["error"].startswith("job store cannot be written: "), body
         assert cause in body["error"], body

@@ -279,11 +279,13 @@ class _StateCollector(Collector):
             PREFIX + "jobs", "Jobs in the scheduler, by status.", labels=["status"]
         )
         healthy = GaugeMetricFamily(
-            PREFIX + "store_healthy", "1 while the job store's last write succeeded, else 0."
+            PREFIX + "store_healthy",
+            "1 while the job store can be written (its latest write or probe, at most a few "
+            "seconds old, succeeded), else 0.",
         )
         depth = GaugeMetricFamily(
             PREFIX + "sns_queue_depth",
-            "Final-state events waiting to be published to SNS (0 when SNS is off).",
+            "Final-state events waiting in the outbox to be published to SNS (0 when SNS is off).",
         )
         if with_values:
             for status, count in service.counts().items():
