@@ -42,7 +42,12 @@ class Event(str, Enum):
 Listener = Callable[[Event, "Job | None", str], None]
 """Called after a committed change as listener(event, job, detail)."""
 
-_REQUEST_FIELDS = tuple(field.name for field in dataclasses.fields(JobRequest))
+# The request fields a job keeps as they are (delay_secs becomes the job's not_before).
+_REQUEST_FIELDS = tuple(
+    field.name
+    for field in dataclasses.fields(JobRequest)
+    if field.name in {job_field.name for job_field in dataclasses.fields(Job)}
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,8 +85,9 @@ class Scheduler:
         return Page(found, found[-1].seq if more and found else None)
 
     def poll(self, node_id: str) -> list[Job]:
-        """The agent poll: the node's oldest pending jobs, at most as many as its free slots."""
-        found = self._table.poll(node_id, self.settings.max_jobs_per_node)
+        """The agent poll: the node's oldest pending jobs that are due (a delayed job waits
+        for its not_before), at most as many as its free slots."""
+        found = self._table.poll(node_id, self.settings.max_jobs_per_node, jobs.now_us())
         self._emit(Event.POLLED, None, node_id)
         return found
 
@@ -151,12 +157,16 @@ class Scheduler:
             if existing is not None:
                 return existing, False
             node_id = self._placement.place(request.instance_id)
+            now = jobs.now_us()
+            fields = {name: getattr(request, name) for name in _REQUEST_FIELDS}
+            if request.delay_secs:
+                fields["not_before"] = now + request.delay_secs * 1_000_000
             job = Job(
                 seq=self._table.new_seq(),
                 node_id=node_id,
-                created_at=jobs.now_us(),
+                created_at=now,
                 dedupe_key=dedupe_key,
-                **{name: getattr(request, name) for name in _REQUEST_FIELDS},
+                **fields,
             )
             self._commit(job)
         log.info("job %s created on node %s (from %s)", job.job_id, node_id, source)

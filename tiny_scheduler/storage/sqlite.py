@@ -18,7 +18,7 @@ from .base import Batch, Loaded, StoreOpenError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 5
 
 _SCHEMA_V1 = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -46,7 +46,38 @@ CREATE TABLE jobs (
 );
 """
 
-MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1}
+# Version 5: periodic and delayed jobs (issue 14). A job's not_before and the schedule that
+# created it; the schedules. A fire's job carries the dedupe key `sched:<id>:<fire time>`, so
+# the jobs table's UNIQUE dedupe_key is the record of fires: one job per schedule and fire
+# time, whatever crashed between the fire and the schedule's own update.
+_SCHEMA_V5 = """
+ALTER TABLE jobs ADD COLUMN not_before INTEGER;
+ALTER TABLE jobs ADD COLUMN schedule_id TEXT NOT NULL DEFAULT '';
+CREATE TABLE schedules (
+    seq          INTEGER PRIMARY KEY,  -- N of sched-N
+    name         TEXT NOT NULL UNIQUE,
+    cron         TEXT NOT NULL,
+    timezone     TEXT NOT NULL,
+    job          TEXT NOT NULL,        -- JSON object: the job request each fire submits
+    overlap      TEXT NOT NULL,
+    catch_up     INTEGER NOT NULL,
+    paused       INTEGER NOT NULL,
+    created_at   INTEGER NOT NULL,
+    next_run_at  INTEGER,              -- the oldest fire time not yet handled
+    last_run_at  INTEGER,
+    last_job_seq INTEGER
+);
+"""
+
+MIGRATIONS: dict[int, str] = {
+    1: _SCHEMA_V1,
+    # Versions 2 to 4 belong to work landing beside this one (placement, storage safety,
+    # output); empty here until it does, so that this branch's files migrate in order.
+    2: "",
+    3: "",
+    4: "",
+    5: _SCHEMA_V5,
+}
 """Each entry upgrades a file from version N-1 to N. A new schema version appends one."""
 
 _SELECT = f"SELECT {', '.join(rows.COLUMNS)} FROM jobs ORDER BY seq"
@@ -56,8 +87,16 @@ _UPSERT = "INSERT INTO jobs ({cols}) VALUES ({marks}) ON CONFLICT(seq) DO UPDATE
     sets=", ".join(f"{c} = excluded.{c}" for c in rows.COLUMNS if c != "seq"),
 )
 _HIGH_WATER = (
-    "INSERT INTO meta (key, value) VALUES ('last_seq', ?) "
+    "INSERT INTO meta (key, value) VALUES (?, ?) "
     "ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)"
+)
+_SELECT_SCHEDULES = f"SELECT {', '.join(rows.SCHEDULE_COLUMNS)} FROM schedules ORDER BY seq"
+_UPSERT_SCHEDULE = (
+    "INSERT INTO schedules ({cols}) VALUES ({marks}) ON CONFLICT(seq) DO UPDATE SET {sets}".format(
+        cols=", ".join(rows.SCHEDULE_COLUMNS),
+        marks=", ".join("?" for _ in rows.SCHEDULE_COLUMNS),
+        sets=", ".join(f"{c} = excluded.{c}" for c in rows.SCHEDULE_COLUMNS if c != "seq"),
+    )
 )
 _PROBE = (
     "INSERT INTO meta (key, value) VALUES ('probe', ?) "
@@ -82,11 +121,15 @@ class SqliteStore:
         finally:
             if collecting:
                 gc.enable()
-        found = self._conn.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
+        marks = dict(self._conn.execute("SELECT key, value FROM meta"))
+        schedules = [rows.schedule_from_row(row) for row in self._conn.execute(_SELECT_SCHEDULES)]
         # The load filled SQLite's page cache with pages the writer will rarely touch again.
         self._conn.execute("PRAGMA shrink_memory")
-        last_seq = max(found[0] if found else 0, loaded[-1].seq if loaded else 0)
-        return Loaded(loaded, last_seq)
+        last_seq = max(marks.get("last_seq", 0), loaded[-1].seq if loaded else 0)
+        last_schedule_seq = max(
+            marks.get("last_schedule_seq", 0), schedules[-1].seq if schedules else 0
+        )
+        return Loaded(loaded, last_seq, schedules, last_schedule_seq)
 
     def write(self, batch: Batch) -> None:
         # One statement per kind of change: the writer gives up the GIL at every statement
@@ -102,7 +145,17 @@ class SqliteStore:
             if batch.deletes:
                 conn.executemany("DELETE FROM jobs WHERE seq = ?", [(s,) for s in batch.deletes])
             if high:
-                conn.execute(_HIGH_WATER, (high,))
+                conn.execute(_HIGH_WATER, ("last_seq", high))
+            if batch.schedules:
+                conn.executemany(
+                    _UPSERT_SCHEDULE, [rows.schedule_to_row(s) for s in batch.schedules]
+                )
+                top = max(schedule.seq for schedule in batch.schedules)
+                conn.execute(_HIGH_WATER, ("last_schedule_seq", top))
+            if batch.schedule_deletes:
+                conn.executemany(
+                    "DELETE FROM schedules WHERE seq = ?", [(s,) for s in batch.schedule_deletes]
+                )
             if batch.probe:
                 # A fresh value each time: SQLite skips writing a row that does not change.
                 conn.execute(_PROBE, (time.time_ns(),))

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 
 from ..errors import StoreError
 from ..jobs import Job
+from ..schedules import Schedule
 from .base import Batch, JobStore, Loaded
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,15 @@ class Writer:
     def save(self, *changed: Job) -> None:
         """Insert or replace these jobs; returns once committed, else raises StoreError."""
         self._submit(Batch(upserts=changed))
+
+    def save_schedule(self, schedule: Schedule, *changed: Job) -> None:
+        """Insert or replace a schedule, together with these jobs (a fire), in one
+        transaction; returns once committed, else raises StoreError."""
+        self._submit(Batch(upserts=changed, schedules=(schedule,)))
+
+    def delete_schedule(self, seq: int) -> None:
+        """Remove a schedule; its id is never handed out again."""
+        self._submit(Batch(schedule_deletes=(seq,)))
 
     def delete(self, seqs: Iterable[int]) -> None:
         """Remove these jobs; the id high-water mark stays, so ids are never reused."""
@@ -169,4 +179,6 @@ def _merged(tickets: list[_Ticket]) -> Batch:
         upserts=[job for t in tickets for job in t.batch.upserts],
         deletes=[seq for t in tickets for seq in t.batch.deletes],
         probe=any(t.batch.probe for t in tickets),
+        schedules=[schedule for t in tickets for schedule in t.batch.schedules],
+        schedule_deletes=[seq for t in tickets for seq in t.batch.schedule_deletes],
     )
