@@ -19,8 +19,9 @@ import functools
 import re
 from collections.abc import Iterator
 from enum import Enum
+from importlib import resources
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
@@ -250,9 +251,10 @@ def _timezone(value: Any) -> str:
 
 @functools.cache
 def _iana_names() -> frozenset[str]:
-    # ZoneInfo alone would also open any file under the zoneinfo folders ("posixrules",
-    # "localtime"); only the database's own names are time zones a schedule can name.
-    return frozenset(available_timezones())
+    # ZoneInfo alone would open any file under the system's zoneinfo folder, such as Debian's
+    # "localtime" (whatever this machine's zone is); the names a schedule may use are the
+    # database's own, which the tzdata package lists.
+    return frozenset(resources.files("tzdata").joinpath("zones").read_text().split())
 
 
 def zone(name: str) -> ZoneInfo:
@@ -419,3 +421,16 @@ def plan(
         latest=latest,
         cursor=next(fire_times(expression, tz, latest), None),
     )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fired:
+    """What one look at a due schedule did: the plan it followed, the job of its fire (None
+    when it skipped, or the fire failed), whether that job was made now (False: a fire made it
+    before a crash, and it was only recorded now), and the error when the fire failed."""
+
+    schedule: Schedule  # as it was looked at
+    plan: Plan
+    job: jobs.Job | None = None
+    created: bool = False
+    error: errors.ServiceError | None = None
