@@ -272,3 +272,26 @@ def test_schedules_survive_a_restart_and_ids_are_never_reused(rig: Any) -> None:
     second = rig(clock)
     assert second.service.list_schedules() == [kept]
     assert second.create(name="new").schedule_id == "sched-3"
+
+
+def test_the_dashboard_shows_schedules_and_the_job_page_links_its_schedule(rig: Any) -> None:
+    r = rig(Clock("2026-11-30T10:20:30Z"))
+    fired = r.create(name="fired", job={"command": "backup", "delay_secs": 60})
+    paused = r.create(name="resting", paused=True)
+    r.tick_at("2026-11-30T10:21:00Z")
+    (job,) = r.jobs_of(fired)
+    client = r.app.test_client()
+
+    page = client.get("/ui/schedules").get_data(as_text=True)
+    row = page[page.index(f'id="{fired.schedule_id}"') :].split("</tr>")[0]
+    assert "fired" in row and "* * * * *" in row and 'data-paused="no"' in row
+    assert f'href="/ui/jobs/{job.job_id}"' in row and "badge-pending" in row
+    assert 'datetime="2026-11-30T10:22:00.000000Z"' in row  # the next fire
+    assert 'datetime="2026-11-30T10:21:00.000000Z"' in row  # the last fire
+    resting = page[page.index(f'id="{paused.schedule_id}"') :].split("</tr>")[0]
+    assert 'data-paused="yes"' in resting and "badge-paused" in resting
+    assert 'href="/ui/schedules"' in page  # in the navigation
+
+    job_page = client.get(f"/ui/jobs/{job.job_id}").get_data(as_text=True)
+    assert f'href="/ui/schedules#{fired.schedule_id}" id="job-schedule"' in job_page
+    assert 'id="job-not-before"' in job_page
