@@ -113,6 +113,7 @@ COLLABORATORS = (
     "tiny_scheduler.storage",
     "tiny_scheduler.registry",
     "tiny_scheduler.placement",
+    "tiny_scheduler.schedule_table",
 )
 """What only the service may use."""
 

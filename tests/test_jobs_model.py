@@ -33,6 +33,8 @@ def full_job() -> Job:
         port=8080,
         env_vars={"A": "1", "B": "two"},
         timeout_secs=30,
+        not_before=T0 + 60_000_000,
+        schedule_id="sched-2",
         status=jobs.FAILED,
         retry_count=1,
         exit_code=3,

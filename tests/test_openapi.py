@@ -124,7 +124,25 @@ PLACEMENT_TEXTS = [REACH_FAILED, DECODE_FAILED, NO_HEALTHY_NODES, INSTANCE_NOT_F
 # Each message of `errors`, with the answers (status, method, path) that carry it.
 WHERE = {
     errors.DECODE_JOB: [("400", "post", "/jobs")],
-    errors.COMMAND_REQUIRED: [("400", "post", "/jobs")],
+    errors.COMMAND_REQUIRED: [
+        ("400", "post", "/jobs"),
+        ("400", "post", "/schedules"),
+        ("400", "patch", "/schedules/{schedule_id}"),
+    ],
+    errors.NOT_BEFORE_OR_DELAY: [
+        ("400", "post", "/jobs"),
+        ("400", "post", "/schedules"),
+        ("400", "patch", "/schedules/{schedule_id}"),
+    ],
+    errors.DECODE_SCHEDULE: [
+        ("400", "post", "/schedules"),
+        ("400", "patch", "/schedules/{schedule_id}"),
+    ],
+    errors.SCHEDULE_NOT_FOUND: [
+        ("404", "get", "/schedules/{schedule_id}"),
+        ("404", "patch", "/schedules/{schedule_id}"),
+        ("404", "delete", "/schedules/{schedule_id}"),
+    ],
     errors.DECODE_UPDATE: [("400", "patch", "/jobs/{job_id}")],
     errors.INVALID_STATUS: [("400", "patch", "/jobs/{job_id}")],
     errors.JOB_NOT_FOUND: [
@@ -139,6 +157,11 @@ WHERE = {
         ("401", "patch", "/jobs/{job_id}"),
         ("401", "post", "/jobs/{job_id}/cancel"),
         ("401", "get", "/schedule"),
+        ("401", "post", "/schedules"),
+        ("401", "get", "/schedules"),
+        ("401", "get", "/schedules/{schedule_id}"),
+        ("401", "patch", "/schedules/{schedule_id}"),
+        ("401", "delete", "/schedules/{schedule_id}"),
         ("401", "get", "/ui/"),
     ],
     errors.REQUEST_TOO_LARGE: [("413", "post", "/jobs"), ("413", "patch", "/jobs/{job_id}")],

@@ -19,6 +19,7 @@ from .loops import Background
 from .peers import CallObserver
 from .placement import Placement
 from .registry import Registry
+from .schedule_table import ScheduleTable
 from .service import Scheduler
 from .table import JobTable
 
@@ -43,13 +44,15 @@ def create_app(settings: Settings | None = None, owner_wait_secs: float = 0.0) -
         raise
     store.start()
     table = JobTable(loaded.jobs, loaded.last_seq)
+    schedule_table = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
     last_seq = loaded.last_seq
     del loaded
     # The loaded jobs live as long as the process: move them out of the cycle collector's
     # sight, or every full collection walks a million objects (a latency spike each time).
     gc.freeze()
     peer_calls: list[CallObserver] = []  # told of every call to a peer (the metrics count them)
-    service = Scheduler(settings, store, table, Placement(Registry(settings, peer_calls)))
+    placement = Placement(Registry(settings, peer_calls))
+    service = Scheduler(settings, store, table, placement, schedule_table)
     log.info("loaded %d jobs from %s (last id job-%d)", len(table), store.location, last_seq)
     if store.events_waiting and not settings.sns_url:
         log.warning(
@@ -74,7 +77,7 @@ def create_app(settings: Settings | None = None, owner_wait_secs: float = 0.0) -
 
 
 def start_background(app: Flask) -> None:
-    """Start the daemon threads (timeouts, lost nodes, SQS, SNS, retention)."""
+    """Start the daemon threads (timeouts, lost nodes, SQS, SNS, retention, schedules)."""
     app.extensions["tiny_scheduler.background"].start()
 
 

@@ -37,6 +37,10 @@ DEFAULT_JOB_TIMEOUT_SECS = 3600
 DEFAULT_TIMEOUT_SCAN_INTERVAL_SECS = 10.0
 """Seconds between two timeout / lost-node / retention scans."""
 
+SCHEDULE_TICK_SECS = 1.0
+"""Seconds between two looks at the schedules: a fire happens within this of its time, and a
+fire that found no node is tried again this often until the schedule's next fire time."""
+
 DEFAULT_NODE_LOST_SECS = 60.0
 """Seconds a node may be gone or unhealthy before its running jobs fail with `node lost`."""
 

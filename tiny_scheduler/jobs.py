@@ -125,6 +125,8 @@ class Job:
     port: int = _field(OPTIONAL, 0)
     env_vars: dict[str, str] | None = _field(OPTIONAL, None)
     timeout_secs: int = _field(OPTIONAL, 0)
+    not_before: int | None = _field(OPTIONAL, None, time=True)  # a delayed job's due time
+    schedule_id: str = _field(OPTIONAL, "")  # the schedule whose fire created the job
     status: Status = _field(ALWAYS, PENDING)
     retry_count: int = _field(ALWAYS, 0)
     exit_code: int | None = _field(OPTIONAL, None)
@@ -144,6 +146,11 @@ class Job:
     @property
     def is_final(self) -> bool:
         return self.status in FINAL_STATUSES
+
+    def is_due(self, now: int) -> bool:
+        """Whether an agent may be handed this job at `now` (a delayed job waits until its
+        `not_before`)."""
+        return self.not_before is None or self.not_before <= now
 
     @property
     def takes_slot(self) -> bool:

@@ -33,10 +33,12 @@ from prometheus_client.registry import Collector
 from . import jobs
 from .jobs import Job
 from .peers import CallObserver, Outcome
+from .schedules import SkipCause
 from .service import Event, Scheduler
 
 if TYPE_CHECKING:
     from .loops import Background
+    from .loops.schedules import Outcome as FireOutcome
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,7 @@ WAIT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 
 RUN_BUCKETS = (0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 86400, 7 * 86400)
 """Seconds an attempt ran: from quick one-shot jobs to long-lived services."""
 
-SOURCES = ("http", "sqs")
+SOURCES = ("http", "sqs", "schedule")
 PEERS = ("registry", "sqs", "sns")
 
 
@@ -153,6 +155,22 @@ class Metrics:
             ["peer", "endpoint", "result"],
             registry=reg,
         )
+        self.schedule_fires = Counter(
+            PREFIX + "schedule_fires",
+            "Jobs made by schedules at their fire times (catch-ups included).",
+            registry=reg,
+        )
+        self.schedule_catch_ups = Counter(
+            PREFIX + "schedule_catch_ups",
+            "Fires made for a fire time missed while no scheduler ran (catch_up: true).",
+            registry=reg,
+        )
+        self.schedule_skips = Counter(
+            PREFIX + "schedule_skips",
+            "Fire times that passed without a job, by cause (overlap, missed, placement, store).",
+            ["cause"],
+            registry=reg,
+        )
         reg.register(_StateCollector(self))
         # Memory, CPU, open files and GC of this process: the first things to look at when the
         # scheduler misbehaves. Registered per app too; they read the same process.
@@ -165,6 +183,8 @@ class Metrics:
             self.submitted.labels(source)
         for status in sorted(jobs.FINAL_STATUSES):
             self.finished.labels(status)
+        for cause in SkipCause:
+            self.schedule_skips.labels(cause.value)
         # Request children by (endpoint, status): prometheus-client's labels() validates and
         # locks on every call; this dict lookup is all the hot paths pay.
         self._http_children: dict[tuple[str, int], Histogram] = {}
@@ -203,9 +223,19 @@ class Metrics:
         observers.append(observe)
 
     def watch_background(self, background: Background) -> None:
-        """Read the SNS queue depth, when SNS is on."""
+        """Read the SNS queue depth, when SNS is on; count the schedules' fires and skips."""
         if background.sns is not None:
             self.queue_depth = background.sns.depth  # read at each scrape: must be cheap
+        background.schedules.observers.append(self.observe_fire)
+
+    def observe_fire(self, outcome: FireOutcome, cause: SkipCause | None) -> None:
+        """A schedule fire observer."""
+        if outcome == "fired":
+            self.schedule_fires.inc()
+        elif outcome == "caught_up":
+            self.schedule_catch_ups.inc()
+        elif cause is not None:
+            self.schedule_skips.labels(cause.value).inc()
 
     # --- HTTP request timing -----------------------------------------------------------------
 

@@ -13,11 +13,13 @@ import logging
 from collections.abc import Callable, Iterable
 from enum import Enum
 
-from . import errors, jobs
+from . import errors, jobs, schedules
 from .config import Settings
 from .jobs import Job
 from .placement import Placement
 from .registry import Nodes
+from .schedule_table import ScheduleTable
+from .schedules import Fired, Schedule, ScheduleChange
 from .storage import OutboxEvent, Writer
 from .storage.writer import CommitObserver
 from .table import JobTable
@@ -31,7 +33,7 @@ class Event(str, Enum):
 
     __str__ = str.__str__
 
-    SUBMITTED = "submitted"  # detail: the source (http, sqs)
+    SUBMITTED = "submitted"  # detail: the source (http, sqs, schedule)
     STARTED = "started"
     FINISHED = "finished"  # a final status
     RETRIED = "retried"
@@ -42,7 +44,12 @@ class Event(str, Enum):
 Listener = Callable[[Event, "Job | None", str], None]
 """Called after a committed change as listener(event, job, detail)."""
 
-_REQUEST_FIELDS = tuple(field.name for field in dataclasses.fields(JobRequest))
+# The request fields a job keeps as they are (delay_secs becomes the job's not_before).
+_REQUEST_FIELDS = tuple(
+    field.name
+    for field in dataclasses.fields(JobRequest)
+    if field.name in {job_field.name for job_field in dataclasses.fields(Job)}
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,13 +63,19 @@ class Scheduler:
     store and the registry goes through here; its collaborators are private."""
 
     def __init__(
-        self, settings: Settings, store: Writer, table: JobTable, placement: Placement
+        self,
+        settings: Settings,
+        store: Writer,
+        table: JobTable,
+        placement: Placement,
+        schedule_table: ScheduleTable | None = None,
     ) -> None:
         self.settings = settings
         self._store = store
         self._table = table
         self._placement = placement
         self._final_event: Callable[[Job], str] | None = None  # see keep_final_events
+        self._schedules = schedule_table or ScheduleTable()
         self.listeners: list[Listener] = []
 
     # --- reads ----------------------------------------------------------------------------
@@ -81,8 +94,9 @@ class Scheduler:
         return Page(found, found[-1].seq if more and found else None)
 
     def poll(self, node_id: str) -> list[Job]:
-        """The agent poll: the node's oldest pending jobs, at most as many as its free slots."""
-        found = self._table.poll(node_id, self.settings.max_jobs_per_node)
+        """The agent poll: the node's oldest pending jobs that are due (a delayed job waits
+        for its not_before), at most as many as its free slots."""
+        found = self._table.poll(node_id, self.settings.max_jobs_per_node, jobs.now_us())
         self._emit(Event.POLLED, None, node_id)
         return found
 
@@ -174,18 +188,30 @@ class Scheduler:
         with self._table.deduplicating(dedupe_key) as existing:
             if existing is not None:
                 return existing, False
-            node_id = self._placement.place(request.instance_id)
-            job = Job(
-                seq=self._table.new_seq(),
-                node_id=node_id,
-                created_at=jobs.now_us(),
-                dedupe_key=dedupe_key,
-                **{name: getattr(request, name) for name in _REQUEST_FIELDS},
-            )
+            job = self._new_job(request, dedupe_key)
             self._commit(job)
-        log.info("job %s created on node %s (from %s)", job.job_id, node_id, source)
-        self._emit(Event.SUBMITTED, job, source)
+        self._created(job, source)
         return job, True
+
+    def _new_job(self, request: JobRequest, dedupe_key: str | None, schedule_id: str = "") -> Job:
+        """A new pending job for the request, placed on its node (not yet committed)."""
+        node_id = self._placement.place(request.instance_id)
+        now = jobs.now_us()
+        fields = {name: getattr(request, name) for name in _REQUEST_FIELDS}
+        if request.delay_secs:
+            fields["not_before"] = now + request.delay_secs * 1_000_000
+        return Job(
+            seq=self._table.new_seq(),
+            node_id=node_id,
+            created_at=now,
+            dedupe_key=dedupe_key,
+            schedule_id=schedule_id,
+            **fields,
+        )
+
+    def _created(self, job: Job, source: str) -> None:
+        log.info("job %s created on node %s (from %s)", job.job_id, job.node_id, source)
+        self._emit(Event.SUBMITTED, job, source)
 
     def update(self, job_id: str, update: JobUpdate) -> Job:
         """Apply an agent's report: the claim (running), or the end of an attempt."""
@@ -251,6 +277,147 @@ class Scheduler:
             self._table.remove(seqs)
             log.info("retention removed %d finished jobs", len(seqs))
         return len(seqs)
+
+    # --- schedules ---------------------------------------------------------------------------
+
+    def list_schedules(self) -> list[Schedule]:
+        """Every schedule, oldest first."""
+        return self._schedules.all()
+
+    def get_schedule(self, schedule_id: str) -> Schedule:
+        schedule = self._schedules.get(self._schedule_seq(schedule_id))
+        if schedule is None:
+            raise errors.NotFound(errors.SCHEDULE_NOT_FOUND)
+        return schedule
+
+    def create_schedule(self, change: ScheduleChange, now: int | None = None) -> Schedule:
+        """A new schedule from a checked POST body (name, cron and job given), durable before
+        this returns; its first fire time is the first after `now` (default: the clock).
+        Conflict for a taken name."""
+        with self._schedules.changing():
+            assert change.name is not None and change.cron is not None and change.job is not None
+            self._check_name_free(change.name)
+            now = jobs.now_us() if now is None else now
+            schedule = Schedule(
+                seq=self._schedules.new_seq(),
+                name=change.name,
+                cron=change.cron,
+                timezone=change.timezone or schedules.DEFAULT_TIMEZONE,
+                job=change.job,
+                overlap=change.overlap or schedules.Overlap.SKIP,
+                catch_up=bool(change.catch_up),
+                paused=bool(change.paused),
+                created_at=now,
+            )
+            schedule = schedule.evolve(next_run_at=schedules.next_fire(schedule, now))
+            self._store.save_schedule(schedule)
+            self._schedules.put(schedule)
+        log.info(
+            "schedule %s (%s) created: %r in %s, next run %s",
+            schedule.schedule_id,
+            schedule.name,
+            schedule.cron,
+            schedule.timezone,
+            _time_or_none(schedule.next_run_at),
+        )
+        return schedule
+
+    def update_schedule(
+        self, schedule_id: str, change: ScheduleChange, now: int | None = None
+    ) -> Schedule:
+        """Change the given fields. A new cron or time zone, or a resume, computes the next
+        fire time afresh from `now` (default: the clock): times that passed while it was
+        paused do not fire."""
+        with self._schedules.changing():
+            old = self.get_schedule(schedule_id)
+            given = change.given()
+            if given.get("name", old.name) != old.name:
+                self._check_name_free(given["name"])
+            new = old.evolve(**given)
+            timing = (new.cron, new.timezone) != (old.cron, old.timezone)
+            if timing or (old.paused and not new.paused):
+                now = jobs.now_us() if now is None else now
+                new = new.evolve(next_run_at=schedules.next_fire(new, now))
+            if new != old:
+                self._store.save_schedule(new)
+                self._schedules.put(new)
+        if new != old:
+            log.info("schedule %s (%s) changed: %s", new.schedule_id, new.name, sorted(given))
+        return new
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        """Remove a schedule; the jobs it made stay, and its id is never used again."""
+        with self._schedules.changing():
+            schedule = self.get_schedule(schedule_id)
+            self._store.delete_schedule(schedule.seq)
+            self._schedules.remove(schedule.seq)
+        log.info("schedule %s (%s) deleted", schedule.schedule_id, schedule.name)
+
+    def due_schedules(self, now: int) -> list[Schedule]:
+        """Unpaused schedules whose next fire time has come by `now`."""
+        return self._schedules.due(now)
+
+    def fire_schedule(
+        self, seq: int, now: int, since: int, failure: schedules.SkipCause | None = None
+    ) -> Fired | None:
+        """Look at one due schedule at `now` and do what `schedules.plan` decides: skip fire
+        times, and submit the job of the latest one exactly as POST /jobs would, with
+        `schedule_id` set. The job and the schedule's new state are committed together, and
+        the job's dedupe key names the schedule and fire time, so a fire time never gets two
+        jobs, whatever crashed when. None when nothing was due (any more).
+
+        A fire that fails (no node, the store) leaves the schedule at that fire time, to be
+        tried again on the next look; the fire times skipped before it are committed."""
+        with self._schedules.changing():
+            schedule = self._schedules.get(seq)
+            if schedule is None:
+                return None
+            previous = self._table.get(schedule.last_job_seq or 0)
+            active = previous is not None and previous.status in (jobs.PENDING, jobs.RUNNING)
+            plan = schedules.plan(schedule, now, since, active, failure)
+            if plan is None:
+                return None
+            if plan.fire_at is None:
+                self._save_schedule(schedule.evolve(next_run_at=plan.cursor))
+                return Fired(schedule, plan)
+            try:
+                job, created = self._fire(schedule, plan.fire_at, plan.cursor)
+            except (errors.PlacementError, errors.StoreError) as exc:
+                if plan.skipped:
+                    self._save_schedule(schedule.evolve(next_run_at=plan.latest))
+                return Fired(schedule, plan, error=exc)
+        if created:
+            self._created(job, "schedule")
+        return Fired(schedule, plan, job, created)
+
+    def _fire(self, schedule: Schedule, fire_at: int, cursor: int | None) -> tuple[Job, bool]:
+        key = schedules.fire_key(schedule.seq, fire_at)
+        with self._table.deduplicating(key) as existing:
+            job = existing or self._new_job(schedule.job, key, schedule.schedule_id)
+            fired = schedule.evolve(next_run_at=cursor, last_run_at=fire_at, last_job_seq=job.seq)
+            if existing is not None:
+                # The fire made its job before a crash took the schedule's own update: record
+                # that job rather than make a second one.
+                self._save_schedule(fired)
+                return existing, False
+            self._store.save_schedule(fired, job)
+            self._table.put(job)
+            self._schedules.put(fired)
+        return job, True
+
+    def _save_schedule(self, schedule: Schedule) -> None:
+        self._store.save_schedule(schedule)
+        self._schedules.put(schedule)
+
+    def _check_name_free(self, name: str) -> None:
+        if self._schedules.named(name) is not None:
+            raise errors.Conflict(f"schedule {name} already exists")
+
+    def _schedule_seq(self, schedule_id: str) -> int:
+        seq = schedules.parse_schedule_id(schedule_id)
+        if seq is None:
+            raise errors.NotFound(errors.SCHEDULE_NOT_FOUND)
+        return seq
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -324,3 +491,7 @@ class Scheduler:
                 listener(event, job, detail)
             except Exception:
                 log.exception("listener failed on %s", event)
+
+
+def _time_or_none(us: int | None) -> str:
+    return jobs.format_time(us) if us is not None else "never"

@@ -3,6 +3,9 @@
 Indexes, each kept in step by `put()` and `remove()`:
 - all jobs by sequence number, sorted, so listings are oldest-first and `after=` is a seek;
 - pending jobs per node, sorted, so the agent poll reads only its own node's queue (FIFO);
+  a delayed job (`not_before` in the future) waits in a second per-node index instead, and a
+  heap of due times promotes it into its node's queue once its time has come (`poll` does it
+  first), so the poll never reads a job that is not due and never walks the delayed ones;
 - running jobs per node, and the count of slot-taking (`run`) jobs among them, so the free-slot
   check is one dict lookup;
 - finished job ids in the order they finished, so retention pops from the front;
@@ -39,7 +42,10 @@ class JobTable:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # a busy job or key was released
         self._jobs: SortedDict = SortedDict()
-        self._pending: dict[str, SortedDict] = {}
+        self._pending: dict[str, SortedDict] = {}  # due pending jobs
+        self._waiting: dict[str, SortedDict] = {}  # pending jobs before their not_before
+        self._due_heap: list[tuple[int, int]] = []  # (not_before, seq) of waiting jobs
+        self._promoted_until = 0  # every job with not_before at or before this is due
         self._running: dict[str, SortedDict] = {}
         self._slots_used: collections.Counter[str] = collections.Counter()
         self._finished: collections.deque[int] = collections.deque()
@@ -71,13 +77,21 @@ class JobTable:
         with self._lock:
             return {status: self._counts[status] for status in jobs.STATUSES}
 
-    def poll(self, node_id: str, max_running: int) -> list[Job]:
-        """The node's oldest pending jobs, at most as many as it has free slots."""
+    def poll(self, node_id: str, max_running: int, now: int | None = None) -> list[Job]:
+        """The node's oldest pending jobs that are due at `now` (default: the clock), at most
+        as many as it has free slots."""
+        now = jobs.now_us() if now is None else now
         with self._lock:
+            self._promote(now)
             free = max_running - self._slots_used[node_id]
             if free <= 0:
                 return []
-            return list(itertools.islice(self._stream(self._pending, node_id, 0, None), free))
+            return list(itertools.islice(self._stream((self._pending,), node_id, 0, None), free))
+
+    def promote_due(self, now: int) -> None:
+        """Move the delayed jobs whose time has come into their nodes' queues."""
+        with self._lock:
+            self._promote(now)
 
     def query(
         self,
@@ -99,23 +113,26 @@ class JobTable:
     def _query_active(
         self, node_id: str | None, status: str, job_type: str | None, after: int, wanted: int
     ) -> list[Job]:
-        index = self._pending if status == jobs.PENDING else self._running
+        # A listing shows every pending job, due or not: only the poll waits for not_before.
+        indexes = (self._pending, self._waiting) if status == jobs.PENDING else (self._running,)
         with self._lock:
-            return list(itertools.islice(self._stream(index, node_id, after, job_type), wanted))
+            return list(itertools.islice(self._stream(indexes, node_id, after, job_type), wanted))
 
     def _stream(
         self,
-        index: dict[str, SortedDict],
+        indexes: tuple[dict[str, SortedDict], ...],
         node_id: str | None,
         after: int,
         job_type: str | None,
     ) -> Iterator[Job]:
-        """Jobs of one active index (one node's, or every node's merged), oldest first.
+        """Jobs of active indexes (one node's, or every node's merged), oldest first.
         Consume it while holding the lock."""
         if node_id is None:
-            queues = list(index.values())
+            queues = [queue for index in indexes for queue in index.values()]
         else:
-            queues = [index[node_id]] if node_id in index else []
+            queues = [index[node_id] for index in indexes if node_id in index]
+        if not queues:
+            return iter(())
         streams = [_values_after(queue, after) for queue in queues]
         found = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_seq_of)
         if job_type is not None:
@@ -164,12 +181,12 @@ class JobTable:
     def busy_nodes(self) -> set[str]:
         """Nodes that have pending or running jobs."""
         with self._lock:
-            return set(self._pending) | set(self._running)
+            return set(self._pending) | set(self._waiting) | set(self._running)
 
     def on_node(self, node_id: str) -> tuple[list[Job], list[Job]]:
-        """The node's pending and running jobs, oldest first."""
+        """The node's pending (due or delayed) and running jobs, oldest first."""
         with self._lock:
-            pending = list(self._pending.get(node_id, {}).values())
+            pending = list(self._stream((self._pending, self._waiting), node_id, 0, None))
             running = list(self._running.get(node_id, {}).values())
         return pending, running
 
@@ -283,7 +300,10 @@ class JobTable:
 
     def _index(self, job: Job, old: Job | None) -> None:
         self._counts[job.status] += 1
-        if job.status == jobs.PENDING:
+        if job.status == jobs.PENDING and not job.is_due(self._promoted_until):
+            self._waiting.setdefault(job.node_id, SortedDict())[job.seq] = job
+            heapq.heappush(self._due_heap, (job.not_before, job.seq))
+        elif job.status == jobs.PENDING:
             self._pending.setdefault(job.node_id, SortedDict())[job.seq] = job
         elif job.status == jobs.RUNNING:
             self._running.setdefault(job.node_id, SortedDict())[job.seq] = job
@@ -297,7 +317,11 @@ class JobTable:
     def _unindex(self, job: Job) -> None:
         self._counts[job.status] -= 1
         if job.status == jobs.PENDING:
-            _discard(self._pending, job.node_id, job.seq)
+            queue = self._waiting.get(job.node_id)
+            # The heap entry of a waiting job stays; _promote skips it once it is stale.
+            _discard(
+                self._waiting if queue and job.seq in queue else self._pending, job.node_id, job.seq
+            )
         elif job.status == jobs.RUNNING:
             _discard(self._running, job.node_id, job.seq)
             if job.takes_slot:
@@ -306,6 +330,22 @@ class JobTable:
                     del self._slots_used[job.node_id]
         if job.dedupe_key is not None and self._keys.get(job.dedupe_key) == job.seq:
             del self._keys[job.dedupe_key]
+
+    def _promote(self, now: int) -> None:
+        """Move waiting jobs that are due at `now` into their nodes' queues: O(promoted),
+        nothing at all when none is due."""
+        if now <= self._promoted_until:
+            return
+        heap = self._due_heap
+        while heap and heap[0][0] <= now:
+            _, seq = heapq.heappop(heap)
+            job = self._jobs.get(seq)
+            queue = self._waiting.get(job.node_id) if job is not None else None
+            if job is None or queue is None or seq not in queue:
+                continue  # claimed, cancelled, moved or removed since it was pushed
+            _discard(self._waiting, job.node_id, seq)
+            self._pending.setdefault(job.node_id, SortedDict())[seq] = job
+        self._promoted_until = now
 
 
 def _values_after(queue: SortedDict, after: int) -> Iterator[Job]:

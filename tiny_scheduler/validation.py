@@ -8,6 +8,8 @@ the spec's exact messages. A JSON `null` counts as an absent field, as it did in
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +18,8 @@ import orjson
 from . import errors, jobs
 
 MAX_TIMEOUT_SECS = 10 * 365 * 24 * 3600
+MAX_DELAY_SECS = MAX_TIMEOUT_SECS
+"""The longest `delay_secs` a job may ask for (ten years, like the longest timeout)."""
 DEFAULT_PAGE = 1000
 MAX_PAGE = 10000
 _INT64 = 2**63
@@ -32,6 +36,9 @@ class JobRequest:
     port: int = 0
     env_vars: dict[str, str] | None = None
     timeout_secs: int = 0
+    not_before: int | None = None  # microseconds since the epoch, as given
+    delay_secs: int | None = None  # counted from the submission (the service turns it into
+    # not_before when it creates the job: a schedule's job is submitted at every fire)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -134,6 +141,7 @@ def job_request_from(data: dict[str, Any]) -> JobRequest:
             f"timeout_secs must be an integer between 1 and {MAX_TIMEOUT_SECS} "
             "(0 means the default)"
         )
+    not_before, delay_secs = _delay(data.get("not_before"), data.get("delay_secs"))
     if not command and not deploy_url:
         raise errors.BadRequest(errors.COMMAND_REQUIRED)
     return JobRequest(
@@ -144,7 +152,74 @@ def job_request_from(data: dict[str, Any]) -> JobRequest:
         port=port,
         env_vars=env_vars,
         timeout_secs=timeout_secs,
+        not_before=not_before,
+        delay_secs=delay_secs,
     )
+
+
+def job_request_to_wire(request: JobRequest) -> dict[str, object]:
+    """A JobRequest as a JSON object that `job_request_from` reads back to the same request:
+    `command` and `job_type` always, the other fields when set (how a schedule shows and
+    stores the job it submits)."""
+    out: dict[str, object] = {}
+    for field in dataclasses.fields(JobRequest):
+        value = getattr(request, field.name)
+        if field.name == "not_before" and value is not None:
+            out["not_before"] = jobs.format_time(value)
+        elif field.name in ("command", "job_type") or value:
+            out[field.name] = value
+        elif field.name == "delay_secs" and value == 0:
+            out["delay_secs"] = 0  # asked for explicitly: keep it as given
+    return out
+
+
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})"
+)
+
+
+def parse_rfc3339(text: str) -> int | None:
+    """An RFC 3339 time (`2026-11-30T10:20:30Z`, any offset, up to nanoseconds as Go's
+    clients send them) in microseconds since the epoch; None when the text is not one, or
+    is before 1970. Digits beyond the microsecond are dropped, the precision we keep."""
+    found = _RFC3339.fullmatch(text) if text.isascii() else None
+    if found is None:
+        return None
+    year, month, day, hour, minute, second = (int(part) for part in found.groups()[:6])
+    fraction, offset = found.group(7) or "", found.group(8)
+    try:
+        zone = datetime.timezone.utc
+        if offset not in ("Z", "z"):
+            sign = -1 if offset[0] == "-" else 1
+            zone = datetime.timezone(
+                sign * datetime.timedelta(hours=int(offset[1:3]), minutes=int(offset[4:6]))
+            )
+        moment = datetime.datetime(
+            year, month, day, hour, minute, second, int(fraction[:6].ljust(6, "0")), zone
+        )
+    except ValueError:  # a day, hour or offset out of range
+        return None
+    us = (moment - _EPOCH) // datetime.timedelta(microseconds=1)
+    return us if us >= 0 else None
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def _delay(not_before: Any, delay_secs: Any) -> tuple[int | None, int | None]:
+    """A delayed job's `not_before` (a time) or `delay_secs` (from the submission)."""
+    if not_before is not None and delay_secs is not None:
+        raise errors.BadRequest(errors.NOT_BEFORE_OR_DELAY)
+    if not_before is not None:
+        us = parse_rfc3339(not_before) if isinstance(not_before, str) else None
+        if us is None:
+            raise errors.BadRequest(
+                "not_before must be an RFC 3339 time such as 2026-11-30T10:20:30Z"
+            )
+        return us, None
+    if delay_secs is not None and not (_is_int(delay_secs) and 0 <= delay_secs <= MAX_DELAY_SECS):
+        raise errors.BadRequest(f"delay_secs must be an integer between 0 and {MAX_DELAY_SECS}")
+    return None, delay_secs
 
 
 def parse_update(body: bytes) -> JobUpdate:

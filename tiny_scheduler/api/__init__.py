@@ -1,5 +1,5 @@
-"""The HTTP API: blueprints for jobs, schedule, health and the OpenAPI document, authentication,
-and error replies.
+"""The HTTP API: blueprints for jobs, schedule, schedules, health and the OpenAPI document,
+authentication, and error replies.
 
 Views only translate between HTTP and the service: read the request, call one service method,
 shape the reply. Every rule lives in the service or below it.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from flask import Flask
 
-from . import auth, health, jobs, metrics, openapi, replies, schedule
+from . import auth, health, jobs, metrics, openapi, replies, schedule, schedules
 
 
 def init_app(app: Flask) -> None:
@@ -19,5 +19,6 @@ def init_app(app: Flask) -> None:
     app.register_blueprint(health.bp)
     app.register_blueprint(schedule.bp)
     app.register_blueprint(jobs.bp)
+    app.register_blueprint(schedules.bp)
     app.register_blueprint(openapi.bp)
     app.register_blueprint(metrics.bp)

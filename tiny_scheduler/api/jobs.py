@@ -18,7 +18,7 @@ bp = Blueprint("jobs", __name__)
 def submit_job() -> Response:
     """Create a job (201), or return the one an earlier request with the same
     Idempotency-Key created (200)."""
-    job_request = validation.parse_job_request(_body(errors.DECODE_JOB))
+    job_request = validation.parse_job_request(read_body(errors.DECODE_JOB))
     key = request.headers.get("Idempotency-Key") or None
     job, created = scheduler().submit(job_request, f"http:{key}" if key else None)
     return json_reply(job.to_wire(), 201 if created else 200)
@@ -48,7 +48,7 @@ def get_job(job_id: str) -> Response:
 @bp.patch("/jobs/<job_id>")
 def update_job(job_id: str) -> Response:
     """An agent's report: running, done or failed."""
-    update = validation.parse_update(_body(errors.DECODE_UPDATE))
+    update = validation.parse_update(read_body(errors.DECODE_UPDATE))
     return json_reply(scheduler().update(job_id, update).to_wire())
 
 
@@ -58,7 +58,7 @@ def cancel_job(job_id: str) -> Response:
     return json_reply(scheduler().cancel(job_id).to_wire())
 
 
-def _body(message: str) -> bytes:
+def read_body(message: str) -> bytes:
     """The request body, or 413 when it is over MAX_REQUEST_BYTES.
 
     One that cannot even be read, such as a chunked body with a malformed chunk size, is a

@@ -30,6 +30,7 @@ from ..client import (
 from ..display import describe
 from ..jobs import DONE, FAILED, JOB_ID_PREFIX, RUN, RUNNING, SERVICE, STATUSES
 from ..validation import MAX_PAGE
+from .delays import delay_fields, delay_options
 from .output import CliError, echo_json, jobs_table, print_attempts, print_status, print_streams
 
 DEFAULT_LIMIT = 100
@@ -79,6 +80,7 @@ _no_logs_option = click.option(
 @click.option("--deploy-url", help="A zip in the object store whose start.sh the agent runs.")
 @click.option("--timeout", "timeout_secs", type=click.IntRange(min=1), help="Run timeout, seconds.")
 @click.option("--idempotency-key", help="Submitting again with the same key creates nothing.")
+@delay_options
 @click.option(
     "--wait",
     is_flag=True,
@@ -100,6 +102,8 @@ def submit(
     deploy_url: str | None,
     timeout_secs: int | None,
     idempotency_key: str | None,
+    at: str | None,
+    delay: str | None,
     wait: bool,
     no_logs: bool,
     quiet: bool,
@@ -129,6 +133,7 @@ def submit(
         "timeout_secs": timeout_secs,
     }
     body.update({name: value for name, value in optional.items() if value is not None})
+    body.update(delay_fields(at, delay))
     client = client_from(ctx)
     job = client.submit(body, idempotency_key)
     if wait:

@@ -47,6 +47,8 @@ def print_status(job: dict[str, Any]) -> None:
         ("deploy url", job.get("deploy_url", "")),
         ("env", env),
         ("timeout", f"{job['timeout_secs']}s" if job.get("timeout_secs") else ""),
+        ("not before", job.get("not_before", "")),
+        ("schedule", job.get("schedule_id", "")),
         ("retries", str(job["retry_count"])),
         ("created", job["created_at"]),
         ("running", job.get("running_at", "")),

@@ -3,7 +3,9 @@
 Starts a dev cluster (registry, 3 dev agents, the scheduler under gunicorn, short intervals),
 submits a handful of jobs that show what the scheduler does — a success, environment
 variables, a failure retried on another node, a failure that stays failed, a long-running
-service, a job cancelled while it waits, a run timeout — follows them live, prints a summary
+service, a job cancelled while it waits, a run timeout, a delayed job — follows them live,
+creates an every-minute schedule and shows when it fires next (a real fire would take up to a
+minute of waiting: `tiny-scheduler schedule list` in a dev cluster shows it), prints a summary
 table, and stops everything. Exits 0 only when every job ended as it should, so it doubles as
 a smoke test.
 
@@ -25,7 +27,7 @@ import requests
 
 from ..client import Client, ClientError, job_state, settled
 from ..display import describe, format_table
-from ..jobs import FINAL_STATUSES, TIMED_OUT_STDERR
+from ..jobs import FINAL_STATUSES, TIMED_OUT_STDERR, now_us, parse_time
 from .cluster import ClusterConfig, ClusterError, DevCluster
 from .daemon import free_port
 
@@ -37,6 +39,9 @@ PHASE_TIMEOUT_SECS = 20.0
 
 TIMEOUT_JOB_SECS = 2
 """The run timeout of the job that is meant to time out."""
+
+DELAY_SECS = 2
+"""How long the delayed job is held back from the agents."""
 
 
 @dataclasses.dataclass
@@ -84,6 +89,7 @@ class Demo:
     def run(self) -> bool:
         self.phase_one()
         self.phase_two()
+        self.phase_three()
         self.summary()
         return all(shown.ok for shown in self.shown)
 
@@ -176,6 +182,34 @@ class Demo:
         )
         self.follow(lambda: all(settled(s.job) for s in self.shown))
 
+    def phase_three(self) -> None:
+        self.say("\n3) later and periodically: a delayed job and a schedule")
+        delayed = self.submit(
+            Shown(
+                f"delayed {DELAY_SECS}s",
+                "done, started no earlier than its not_before",
+                _started_in_time,
+            ),
+            command='echo "ran at $(date -u +%T) on $TINY_NODE_ID"',
+            delay_secs=DELAY_SECS,
+        )
+        self.say(
+            f"  {delayed.job_id} is pending until {delayed.job['not_before']}:"
+            " no agent is handed it before then"
+        )
+        schedule = self.client.json(
+            "POST",
+            "/schedules",
+            json={"name": "demo-every-minute", "cron": "* * * * *", "job": {"command": "date"}},
+        )
+        wait = (parse_time(schedule["next_run_at"]) - now_us()) / 1e6
+        self.say(
+            f"  schedule {schedule['schedule_id']} {schedule['name']} ({schedule['cron']}):"
+            f" fires next at {schedule['next_run_at']}, in {wait:.0f}s,"
+            " submitting its job like POST /jobs with schedule_id set"
+        )
+        self.follow(lambda: all(settled(s.job) for s in self.shown))
+
     # --- following jobs -----------------------------------------------------------------------
 
     def follow(self, until: Callable[[], bool]) -> None:
@@ -235,6 +269,14 @@ class Demo:
 
 def _done_with(job: dict[str, Any], text: str) -> bool:
     return job["status"] == "done" and text in job.get("stdout", "")
+
+
+def _started_in_time(job: dict[str, Any]) -> bool:
+    return (
+        job["status"] == "done"
+        and "running_at" in job
+        and parse_time(job["running_at"]) >= parse_time(job["not_before"])
+    )
 
 
 def _retried_elsewhere(job: dict[str, Any]) -> bool:

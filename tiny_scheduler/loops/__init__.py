@@ -2,7 +2,7 @@
 
 `Background` owns their lifecycle: built by the app factory, started once from the gunicorn
 worker hook, stopped on shutdown. The loops (`scan`: timeouts, lost nodes, retention; `sqs`:
-ingestion) and the SNS publisher change jobs only through the service.
+ingestion; `schedules`: fires) and the SNS publisher change jobs only through the service.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from ..config import SCHEDULE_TICK_SECS
 from ..peers import CallObserver
 from ..service import Scheduler
 
@@ -57,6 +58,7 @@ class Background:
 
     def __init__(self, service: Scheduler, observers: list[CallObserver] | None = None) -> None:
         from .scan import Scan
+        from .schedules import ScheduleFiring
         from .sns import SnsPublisher, event_message
         from .sqs import SqsIngest
 
@@ -64,6 +66,8 @@ class Background:
         self.service = service
         self.scan = Scan(service)
         self.loops = [Loop("scan", settings.timeout_scan_interval_secs, self.scan.tick)]
+        self.schedules = ScheduleFiring(service)
+        self.loops.append(Loop("schedules", SCHEDULE_TICK_SECS, self.schedules.tick))
         self.sqs: SqsIngest | None = None
         if settings.sqs_url:
             self.sqs = SqsIngest(service, observers)
@@ -83,6 +87,7 @@ class Background:
         self._started = True
         if self.sns is not None:
             self.sns.start()
+        self.schedules.start()
         for loop in self.loops:
             loop.start()
             log.info("started the %s loop (every %.2fs)", loop.name, loop.interval)

@@ -1,7 +1,7 @@
 """The storage contract: what a backend must do to keep jobs durable, and nothing more.
 
-A backend (`sqlite.py`, and any other) is a `JobStore`: it loads every job at start-up and
-writes batches of changes, each batch in one transaction that either commits durably or
+A backend (`sqlite.py`, and any other) is a `JobStore`: it loads every job and schedule at
+start-up and writes batches of changes, each batch in one transaction that either commits durably or
 raises. It is called from one thread at a time (the writer, `writer.py`, or the start-up
 code), so it needs no locking of its own. Group commit, health tracking and the waiting of
 request threads live above it, written once in `writer.py`; the behavioural tests every
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ..jobs import Job
+from ..schedules import Schedule
 
 
 class StoreOpenError(RuntimeError):
@@ -42,6 +43,8 @@ class Loaded:
     jobs: list[Job]  # in id order
     last_seq: int  # the highest id ever handed out, also of jobs since deleted
     events: int = 0  # events waiting in the outbox
+    schedules: list[Schedule] = dataclasses.field(default_factory=list)  # in id order
+    last_schedule_seq: int = 0  # the highest schedule id ever handed out
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,6 +56,10 @@ class Batch:
     probe: bool = False  # also write a fresh value somewhere, to prove the store can write
     events: Sequence[OutboxEvent] = ()  # add to the outbox, after every event already there
     delivered: Sequence[int] = ()  # ids of outbox events to remove (ids not there are ignored)
+    # Schedules to insert or replace (by seq), and seqs of schedules to remove; a schedule's
+    # fire commits its job and the schedule's new state in one batch.
+    schedules: Sequence[Schedule] = ()
+    schedule_deletes: Sequence[int] = ()
 
 
 class JobStore(Protocol):
@@ -63,8 +70,8 @@ class JobStore(Protocol):
     """Where the data lives, for messages (a path, or a URL without its password)."""
 
     def load(self) -> Loaded:
-        """Every stored job, the id high-water mark and the outbox's size. A job that
-        cannot be read raises StoreOpenError naming it and why."""
+        """Every stored job and schedule, the id high-water marks and the outbox's size. A
+        job that cannot be read raises StoreOpenError naming it and why."""
         ...
 
     def outbox(self, limit: int) -> list[OutboxEvent]:
@@ -75,7 +82,8 @@ class JobStore(Protocol):
     def write(self, batch: Batch) -> None:
         """Apply the batch in one transaction, durable when this returns; all or nothing.
         Raises the first *upsert* it cannot store (e.g. a duplicate dedupe key) as an error
-        for which `is_fault` is False."""
+        for which `is_fault` is False. Schedule ids, like job ids, are never handed out twice:
+        the high-water mark outlives a deleted schedule."""
         ...
 
     def is_fault(self, error: BaseException) -> bool:

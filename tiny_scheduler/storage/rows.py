@@ -1,4 +1,5 @@
-"""Jobs as database rows, derived from the one declaration of a job's fields (`jobs.Job`).
+"""Jobs and schedules as database rows, derived from the one declaration of their fields
+(`jobs.Job`, `schedules.Schedule`).
 
 The column list is the dataclass's field list; values that SQL has no type for (the
 environment, the earlier attempts) are stored as JSON text, enums as their plain values. Rows
@@ -16,10 +17,15 @@ from typing import Any
 
 import orjson
 
+from .. import validation
 from ..jobs import Attempt, Job, JobType, Status
+from ..schedules import Overlap, Schedule
 
 COLUMNS = tuple(field.name for field in dataclasses.fields(Job))
 """Column names of the jobs table, in the declaration's order."""
+
+SCHEDULE_COLUMNS = tuple(field.name for field in dataclasses.fields(Schedule))
+"""Column names of the schedules table, in the declaration's order."""
 
 _JSON = frozenset({"env_vars", "attempts"})
 _ATTEMPT_FIELDS = tuple(field.name for field in dataclasses.fields(Attempt))
@@ -99,3 +105,31 @@ def _attempt(item: Any) -> Attempt:
     if isinstance(item, dict):
         return Attempt(**{name: item.get(name) for name in _ATTEMPT_FIELDS})
     return Attempt(*item)
+
+
+def schedule_to_row(schedule: Schedule) -> tuple[object, ...]:
+    """The schedule's column values in `SCHEDULE_COLUMNS` order; its job is stored as the
+    JSON object the API shows."""
+    values = []
+    for name in SCHEDULE_COLUMNS:
+        value = getattr(schedule, name)
+        if name == "job":
+            value = orjson.dumps(validation.job_request_to_wire(value)).decode()
+        elif isinstance(value, Enum):
+            value = value.value
+        elif isinstance(value, bool):
+            value = int(value)
+        values.append(value)
+    return tuple(values)
+
+
+def schedule_from_row(row: Sequence[Any]) -> Schedule:
+    """A schedule from a row whose values come in `SCHEDULE_COLUMNS` order."""
+    fields = dict(zip(SCHEDULE_COLUMNS, row, strict=True))
+    # The job was checked when the schedule was made; reading it back checks it again, with
+    # the same rules a POST /jobs body meets.
+    fields["job"] = validation.job_request_from(orjson.loads(fields["job"]))
+    fields["overlap"] = Overlap(fields["overlap"])
+    fields["catch_up"] = bool(fields["catch_up"])
+    fields["paused"] = bool(fields["paused"])
+    return Schedule(**fields)

@@ -24,7 +24,7 @@ from .lockfile import LockFile
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 5
 
 _SCHEMA_V1 = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -61,7 +61,32 @@ CREATE TABLE outbox (
 );
 """
 
-MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 3: _SCHEMA_V3}
+# Version 5: periodic and delayed jobs (issue 14). A job's not_before and the schedule that
+# created it; the schedules. A fire's job carries the dedupe key `sched:<id>:<fire time>`, so
+# the jobs table's UNIQUE dedupe_key is the record of fires: one job per schedule and fire
+# time, whatever crashed between the fire and the schedule's own update.
+_SCHEMA_V5 = """
+ALTER TABLE jobs ADD COLUMN not_before INTEGER;
+ALTER TABLE jobs ADD COLUMN schedule_id TEXT NOT NULL DEFAULT '';
+CREATE TABLE schedules (
+    seq          INTEGER PRIMARY KEY,  -- N of sched-N
+    name         TEXT NOT NULL UNIQUE,
+    cron         TEXT NOT NULL,
+    timezone     TEXT NOT NULL,
+    job          TEXT NOT NULL,        -- JSON object: the job request each fire submits
+    overlap      TEXT NOT NULL,
+    catch_up     INTEGER NOT NULL,
+    paused       INTEGER NOT NULL,
+    created_at   INTEGER NOT NULL,
+    next_run_at  INTEGER,              -- the oldest fire time not yet handled
+    last_run_at  INTEGER,
+    last_job_seq INTEGER
+);
+"""
+
+# Version 2 (placement: `reason`) and version 4 (output kept off the heap) land from
+# work beside this; a file is taken through whichever entries exist above its version.
+MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 3: _SCHEMA_V3, 5: _SCHEMA_V5}
 """Each entry upgrades a file to version N from the one before it. A new schema version adds
 one; a file is taken through every entry above its version, in order."""
 
@@ -72,8 +97,16 @@ _UPSERT = "INSERT INTO jobs ({cols}) VALUES ({marks}) ON CONFLICT(seq) DO UPDATE
     sets=", ".join(f"{c} = excluded.{c}" for c in rows.COLUMNS if c != "seq"),
 )
 _HIGH_WATER = (
-    "INSERT INTO meta (key, value) VALUES ('last_seq', ?) "
+    "INSERT INTO meta (key, value) VALUES (?, ?) "
     "ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)"
+)
+_SELECT_SCHEDULES = f"SELECT {', '.join(rows.SCHEDULE_COLUMNS)} FROM schedules ORDER BY seq"
+_UPSERT_SCHEDULE = (
+    "INSERT INTO schedules ({cols}) VALUES ({marks}) ON CONFLICT(seq) DO UPDATE SET {sets}".format(
+        cols=", ".join(rows.SCHEDULE_COLUMNS),
+        marks=", ".join("?" for _ in rows.SCHEDULE_COLUMNS),
+        sets=", ".join(f"{c} = excluded.{c}" for c in rows.SCHEDULE_COLUMNS if c != "seq"),
+    )
 )
 _PROBE = (
     "INSERT INTO meta (key, value) VALUES ('probe', ?) "
@@ -117,11 +150,12 @@ class SqliteStore:
         finally:
             if collecting:
                 gc.enable()
-        found = self._conn.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
+        marks = dict(self._conn.execute("SELECT key, value FROM meta"))
         events = self._conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
+        schedules = [rows.schedule_from_row(row) for row in self._conn.execute(_SELECT_SCHEDULES)]
         # The load filled SQLite's page cache with pages the writer will rarely touch again.
         self._conn.execute("PRAGMA shrink_memory")
-        last_seq = max(found[0] if found else 0, loaded[-1].seq if loaded else 0)
+        last_seq = max(marks.get("last_seq", 0), loaded[-1].seq if loaded else 0)
         if self._lock.last_seq > last_seq:
             log.warning(
                 "job database %s knows ids up to %s, but ids up to %s were handed out from this "
@@ -131,7 +165,10 @@ class SqliteStore:
                 job_id_of(self._lock.last_seq),
             )
             last_seq = self._lock.last_seq
-        return Loaded(loaded, last_seq, events)
+        last_schedule_seq = max(
+            marks.get("last_schedule_seq", 0), schedules[-1].seq if schedules else 0
+        )
+        return Loaded(loaded, last_seq, events, schedules, last_schedule_seq)
 
     def outbox(self, limit: int) -> list[OutboxEvent]:
         found = self._conn.execute(
@@ -153,7 +190,17 @@ class SqliteStore:
             if batch.deletes:
                 conn.executemany("DELETE FROM jobs WHERE seq = ?", [(s,) for s in batch.deletes])
             if high:
-                conn.execute(_HIGH_WATER, (high,))
+                conn.execute(_HIGH_WATER, ("last_seq", high))
+            if batch.schedules:
+                conn.executemany(
+                    _UPSERT_SCHEDULE, [rows.schedule_to_row(s) for s in batch.schedules]
+                )
+                top = max(schedule.seq for schedule in batch.schedules)
+                conn.execute(_HIGH_WATER, ("last_schedule_seq", top))
+            if batch.schedule_deletes:
+                conn.executemany(
+                    "DELETE FROM schedules WHERE seq = ?", [(s,) for s in batch.schedule_deletes]
+                )
             if batch.events:
                 conn.executemany(
                     "INSERT INTO outbox (seq, message) VALUES (?, ?)",

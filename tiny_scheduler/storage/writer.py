@@ -32,6 +32,7 @@ from typing import Any
 from ..config import STORE_PROBE_INTERVAL_SECS, STORE_STALL_SECS
 from ..errors import StoreError
 from ..jobs import Job
+from ..schedules import Schedule
 from .base import Batch, JobStore, Loaded, OutboxEvent
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,15 @@ class Writer:
     def delivered(self, ids: Iterable[int]) -> None:
         """Remove these events from the outbox: they were delivered."""
         self._submit(Batch(delivered=tuple(ids)))
+
+    def save_schedule(self, schedule: Schedule, *changed: Job) -> None:
+        """Insert or replace a schedule, together with these jobs (a fire), in one
+        transaction; returns once committed, else raises StoreError."""
+        self._submit(Batch(upserts=changed, schedules=(schedule,)))
+
+    def delete_schedule(self, seq: int) -> None:
+        """Remove a schedule; its id is never handed out again."""
+        self._submit(Batch(schedule_deletes=(seq,)))
 
     def delete(self, seqs: Iterable[int]) -> None:
         """Remove these jobs; the id high-water mark stays, so ids are never reused."""
@@ -241,4 +251,6 @@ def _merged(tickets: list[_Ticket]) -> Batch:
         probe=any(t.batch.probe for t in tickets),
         events=[event for t in tickets for event in t.batch.events],
         delivered=[id_ for t in tickets for id_ in t.batch.delivered],
+        schedules=[schedule for t in tickets for schedule in t.batch.schedules],
+        schedule_deletes=[seq for t in tickets for seq in t.batch.schedule_deletes],
     )

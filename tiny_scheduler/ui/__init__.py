@@ -1,11 +1,12 @@
 """The web dashboard under /ui/: server-rendered pages for the people who run the cluster.
 
 Pages: the overview (counts, a chart of the last hour, nodes, recent failures), the nodes
-(slots, load, running and waiting jobs), the jobs list (filters, paging) and one job (outputs,
-attempts, cancel). Jinja templates, one stylesheet and one small script, no build step and
-nothing fetched from elsewhere (the chart is inline SVG drawn on the server); the script
-refreshes the open page every few seconds and keeps relative times current. Without
-JavaScript every page still works (refresh by hand). The layout holds from a phone's 400 px up.
+(slots, load, running and waiting jobs), the jobs list (filters, paging), one job (outputs,
+attempts, cancel) and the schedules (next and last fire, the last job). Jinja templates, one
+stylesheet and one small script, no build step and nothing fetched from elsewhere (the chart
+is inline SVG drawn on the server); the script refreshes the open page every few seconds and
+keeps relative times current. Without JavaScript every page still works (refresh by hand).
+The layout holds from a phone's 400 px up.
 
 Views only pick the page's data from `pages` and render it. The UI reads through the service
 like the API does and changes nothing but through `service.cancel`. Authentication is the API's
@@ -126,6 +127,12 @@ def job(job_id: str) -> Response:
     except errors.NotFound:
         return _page("error.html", 404, message=f"There is no job {job_id}.")
     return _page("job.html", view=view)
+
+
+@bp.get("/schedules")
+def schedule_list() -> Response:
+    """Every schedule: its next and last fire, and the status of the last job it made."""
+    return _page("schedules.html", view=pages.schedule_list(scheduler()))
 
 
 @bp.post("/jobs/<job_id>/cancel")

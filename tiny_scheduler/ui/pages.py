@@ -15,6 +15,7 @@ of the last hour is computed from the jobs themselves (`activity`), so it surviv
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import threading
 import time
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 
 from .. import errors, jobs, validation
 from ..jobs import Attempt, Job
+from ..schedules import Schedule
 from ..service import Scheduler
 from . import activity
 from .activity import Activity
@@ -450,3 +452,31 @@ def cancel(service: Scheduler, job_id: str) -> str:
     except errors.Conflict:
         return "conflict"
     return "cancelled"
+
+
+# --- schedules --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScheduleRow:
+    schedule: Schedule
+    last_job: Job | None  # None when it has not fired, or retention removed that job
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScheduleList:
+    now: int
+    rows: list[ScheduleRow]
+
+
+def schedule_list(service: Scheduler) -> ScheduleList:
+    """Every schedule with its next and last fire, and the status of the last job it made."""
+    rows = []
+    for schedule in service.list_schedules():
+        last_job = None
+        # A job removed by retention is not found; the row says so.
+        with contextlib.suppress(errors.NotFound):
+            if schedule.last_job_id is not None:
+                last_job = service.get(schedule.last_job_id)
+        rows.append(ScheduleRow(schedule, last_job))
+    return ScheduleList(now=jobs.now_us(), rows=rows)
