@@ -30,15 +30,19 @@ import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
+
+if TYPE_CHECKING:
+    from flask import Flask
 
 # The checks in helpers.py are plain asserts: have pytest explain them when they fail.
 pytest.register_assert_rewrite("helpers")
 
 from helpers import DEFAULT_NODES, Api, set_nodes, unique_node  # noqa: E402
 
+from tiny_scheduler import Settings, create_app, stop_background  # noqa: E402
 from tiny_scheduler.dev.daemon import SchedulerProcess  # noqa: E402
 from tiny_scheduler.dev.registry import FakeRegistry  # noqa: E402
 
@@ -126,6 +130,27 @@ def registry_server(request: pytest.FixtureRequest) -> Iterator[FakeRegistry]:
     reset_registry(registry)
     yield registry
     registry.stop()
+
+
+AppFactory = Callable[..., "Flask"]
+
+
+@pytest.fixture
+def make_app(tmp_path: Path, registry: FakeRegistry) -> Iterator[AppFactory]:
+    """`make_app(name="scheduler", **settings)`: an in-process app (no gunicorn, loops not
+    started) on `tmp_path/<name>.db` and the module's registry, for narrow tests with Flask's
+    test client. Every app made is stopped and its store closed when the test ends."""
+    made: list[Flask] = []
+
+    def make(name: str = "scheduler", **settings: object) -> Flask:
+        defaults = {"db_path": str(tmp_path / f"{name}.db"), "registry_url": registry.url}
+        app = create_app(Settings(**{**defaults, **settings}))
+        made.append(app)
+        return app
+
+    yield make
+    for app in made:
+        stop_background(app)
 
 
 @pytest.fixture

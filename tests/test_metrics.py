@@ -13,12 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 import requests
-from conftest import SchedulerFactory
+from conftest import AppFactory, SchedulerFactory
 from helpers import Agent, Api, compact, set_nodes, unique_node, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from tiny_scheduler import create_app
-from tiny_scheduler.config import Settings
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.dev.sns import FakeSns
@@ -251,50 +249,33 @@ def test_timeouts_moves_lost_nodes_and_peer_calls(
         sns.stop()
 
 
-def test_two_schedulers_in_one_process_keep_separate_numbers(
-    tmp_path, registry: FakeRegistry
-) -> None:
+def test_two_schedulers_in_one_process_keep_separate_numbers(make_app: AppFactory) -> None:
     """Narrow, in-process: each app has its own registry of metrics."""
-    apps = [
-        create_app(Settings(db_path=str(tmp_path / f"{name}.db"), registry_url=registry.url))
-        for name in ("one", "two")
-    ]
-    try:
-        one, two = (app.test_client() for app in apps)
-        assert one.post("/jobs", data=compact({"command": "true"})).status_code == 201
-        first = parse(one.get("/metrics").get_data(as_text=True))
-        second = parse(two.get("/metrics").get_data(as_text=True))
-        submitted = "tiny_scheduler_jobs_submitted_total"
-        assert value(first, submitted, source="http") == 1
-        assert value(second, submitted, source="http") == 0
-        assert value(first, "tiny_scheduler_jobs", status="pending") == 1
-        assert value(second, "tiny_scheduler_jobs", status="pending") == 0
-        assert metrics_of(apps[0]).registry is not metrics_of(apps[1]).registry
-    finally:
-        for app in apps:
-            app.extensions["tiny_scheduler.store"].close()
+    apps = [make_app("one"), make_app("two")]
+    one, two = (app.test_client() for app in apps)
+    assert one.post("/jobs", data=compact({"command": "true"})).status_code == 201
+    first = parse(one.get("/metrics").get_data(as_text=True))
+    second = parse(two.get("/metrics").get_data(as_text=True))
+    submitted = "tiny_scheduler_jobs_submitted_total"
+    assert value(first, submitted, source="http") == 1
+    assert value(second, submitted, source="http") == 0
+    assert value(first, "tiny_scheduler_jobs", status="pending") == 1
+    assert value(second, "tiny_scheduler_jobs", status="pending") == 0
+    assert metrics_of(apps[0]).registry is not metrics_of(apps[1]).registry
 
 
-def test_sns_queue_depth_reads_the_publisher(tmp_path, registry: FakeRegistry) -> None:
+def test_sns_queue_depth_reads_the_publisher(make_app: AppFactory) -> None:
     """Narrow, in-process: with SNS on, the gauge is the publisher's queue, not a constant 0.
 
     The background threads are never started, so the final-state event stays queued."""
-    settings = Settings(
-        db_path=str(tmp_path / "sns.db"),
-        registry_url=registry.url,
-        sns_url="http://127.0.0.1:9/never-contacted",
-    )
-    app = create_app(settings)
-    try:
-        client = app.test_client()
-        created = client.post("/jobs", data=compact({"command": "true"}))
-        assert created.status_code == 201
-        job_id = created.get_json()["job_id"]
-        assert client.post(f"/jobs/{job_id}/cancel").status_code == 200
-        samples = parse(client.get("/metrics").get_data(as_text=True))
-        assert value(samples, "tiny_scheduler_sns_queue_depth") == 1
-    finally:
-        app.extensions["tiny_scheduler.store"].close()
+    app = make_app("sns", sns_url="http://127.0.0.1:9/never-contacted")
+    client = app.test_client()
+    created = client.post("/jobs", data=compact({"command": "true"}))
+    assert created.status_code == 201
+    job_id = created.get_json()["job_id"]
+    assert client.post(f"/jobs/{job_id}/cancel").status_code == 200
+    samples = parse(client.get("/metrics").get_data(as_text=True))
+    assert value(samples, "tiny_scheduler_sns_queue_depth") == 1
 
 
 def test_no_created_series(scheduler: SchedulerProcess, keyed_api: Api) -> None:

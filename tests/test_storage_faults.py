@@ -541,10 +541,6 @@ def next_schema(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def open_app(db_path: Path, registry: FakeRegistry) -> Any:
-    return create_app(Settings(db_path=str(db_path), registry_url=registry.url))
-
-
 def test_a_file_of_the_previous_version_is_migrated_keeping_every_job(
     tmp_path: Path, registry: FakeRegistry, next_schema: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -559,7 +555,9 @@ def test_a_file_of_the_previous_version_is_migrated_keeping_every_job(
         "ALTER TABLE jobs ADD COLUMN note TEXT; CREATE INDEX jobs_by_node ON jobs (node_id)",
     )
 
-    app = open_app(db_path, registry)
+    # Not the make_app fixture: the app must be stopped (its file let go) before the file is
+    # read back below.
+    app = create_app(Settings(db_path=str(db_path), registry_url=registry.url))
     with app.test_client() as http:
         listed = http.get("/jobs").get_json()
     stop_background(app)
