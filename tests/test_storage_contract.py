@@ -10,12 +10,14 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pg_helpers
 import pytest
 
 from tiny_scheduler import jobs
 from tiny_scheduler.errors import StoreError
 from tiny_scheduler.jobs import Attempt, Job
 from tiny_scheduler.storage import JobStore, OutboxEvent, Writer
+from tiny_scheduler.storage.postgres import PostgresStore
 from tiny_scheduler.storage.sqlite import SqliteStore
 
 T0 = 1_764_498_030_123_456
@@ -27,7 +29,15 @@ def _sqlite(tmp_path: Path) -> Callable[[], JobStore]:
     return lambda: SqliteStore(str(tmp_path / "jobs.db"))
 
 
-BACKENDS: dict[str, Callable[[Path], Callable[[], JobStore]]] = {"sqlite": _sqlite}
+def _postgres(tmp_path: Path) -> Callable[[], JobStore]:
+    url = pg_helpers.fresh_database()  # skipped, visibly, without a server
+    return lambda: PostgresStore(url)
+
+
+BACKENDS: dict[str, Callable[[Path], Callable[[], JobStore]]] = {
+    "sqlite": _sqlite,
+    "postgres": _postgres,
+}
 """Backend name -> (the test's temporary folder -> a function opening that test's store)."""
 
 
@@ -95,6 +105,18 @@ def test_every_field_survives_a_round_trip(open_store: OpenStore) -> None:
     loaded, last_seq = reopen(store, open_store)
     assert loaded == [full_job(1), minimal, zero_exit]
     assert last_seq == 3
+
+
+def test_any_text_comes_back_exactly(open_store: OpenStore) -> None:
+    # A job's output is whatever its process printed: NUL (which PostgreSQL text cannot
+    # hold), every other control character, the noncharacter U+FFFF, astral characters.
+    weird = "".join(map(chr, range(32))) + "\x7f \uffff\uffff0 \U0001f600 \\0 end"
+    job = Job(seq=1, node_id="n", command="x", created_at=T0, stdout=weird, stderr="\x00")
+    retried = jobs.retry(jobs.finish(jobs.start(job, T0), jobs.FAILED, 1, weird, "", T0), "m")
+    store = open_store()
+    store.save(job, retried.evolve(seq=2, env_vars={"K": weird}))
+    loaded, _ = reopen(store, open_store)
+    assert loaded == [job, retried.evolve(seq=2, env_vars={"K": weird})]
 
 
 def test_timestamps_keep_every_microsecond(open_store: OpenStore) -> None:

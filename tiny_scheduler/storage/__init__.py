@@ -18,14 +18,25 @@ __all__ = [
     "StoreOpenError",
     "Writer",
     "check",
+    "is_postgres",
     "open_store",
 ]
 
 
-def open_store(db: str, wait_secs: float = 0.0) -> JobStore:
+def is_postgres(db: str) -> bool:
+    """Whether a SCHEDULER_DB value names a PostgreSQL database rather than a SQLite file."""
+    return db.startswith(("postgresql://", "postgres://"))
+
+
+def open_store(db: str, wait_secs: float = 0.0, lease_secs: float = 5.0) -> JobStore:
     """The backend for a SCHEDULER_DB value, opened (and migrated when needed). A SQLite file
     is this process's alone until the store is closed; another scheduler holding it is waited
-    for up to `wait_secs`, then refused (StoreOpenError)."""
+    for up to `wait_secs`, then refused (StoreOpenError). A PostgreSQL database is shared by
+    every daemon: its store is fenced, writing only once the leadership gave it an epoch."""
+    if is_postgres(db):
+        from .postgres import PostgresStore
+
+        return PostgresStore(db, lease_secs=lease_secs, fenced=True)
     from .sqlite import SqliteStore
 
     return SqliteStore(db, wait_secs)
@@ -33,6 +44,11 @@ def open_store(db: str, wait_secs: float = 0.0) -> JobStore:
 
 def check(db: str, wait_secs: float = 0.0) -> None:
     """Open the database once to find out whether it can be used (StoreOpenError if not)."""
+    if is_postgres(db):
+        from . import postgres
+
+        postgres.check(db)
+        return
     from . import sqlite
 
     sqlite.check(db, wait_secs)

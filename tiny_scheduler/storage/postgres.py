@@ -1,0 +1,429 @@
+"""The PostgreSQL backend: one database shared by every scheduler daemon, written by the leader.
+
+Owns the schema (its own small version number, and the jobs table's columns derived from the
+job declaration), the writer's connection and its session limits, and the fence: when the
+store has been given an epoch (`fence_with`), every write transaction checks, last before its
+COMMIT, that the lease row still carries that epoch, holding a share lock on the row until the
+commit. A takeover (`leadership.py`) updates that row, so it waits for a write in flight to end
+and every later write sees the new epoch and rolls back: a deposed leader can never commit.
+
+It does not elect anyone: `leadership.py` owns the lease row's protocol and tells this store
+its epoch. Called from one thread at a time (the writer, or start-up code), except
+`interrupt()`, which any thread may call to break a connection that hangs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import types
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+from ..jobs import Job
+from . import rows
+from .base import Batch, Loaded, StoreOpenError
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+"""The version of the tables below; the jobs table's columns are not counted in it: they follow
+the job declaration by themselves (`_missing_columns`)."""
+
+_SCHEMA_V1 = (
+    "CREATE TABLE schema_version (version INTEGER NOT NULL)",
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL)",
+    """CREATE TABLE leadership (
+        id          INTEGER PRIMARY KEY CHECK (id = 1),
+        epoch       BIGINT NOT NULL,      -- one more at every takeover: fences old leaders
+        leader_url  TEXT,                 -- SCHEDULER_ADVERTISE_URL of the holder
+        session_pid INTEGER,              -- backend pid of the holder's lease session
+        expires_at  TIMESTAMPTZ NOT NULL  -- database clock
+    )""",
+    "INSERT INTO leadership VALUES (1, 0, NULL, NULL, '-infinity')",
+    # The other columns come from the job declaration (`_missing_columns`).
+    "CREATE TABLE jobs (seq BIGINT PRIMARY KEY)",
+)
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: _SCHEMA_V1}
+"""Each entry upgrades a database from version N-1 to N, one statement at a time."""
+
+_MIGRATION_LOCK = 7_461_205_311
+"""Advisory lock key: daemons starting together migrate one after the other."""
+
+_UNIQUE = frozenset({"dedupe_key"})
+"""Columns with a unique constraint: a dedupe key creates one job, also across leaders."""
+
+_SELECT = sql.SQL("SELECT {} FROM jobs ORDER BY seq").format(
+    sql.SQL(", ").join(map(sql.Identifier, rows.COLUMNS))
+)
+_UPSERT = sql.SQL(
+    "INSERT INTO jobs ({cols}) VALUES ({marks}) ON CONFLICT (seq) DO UPDATE SET {sets}"
+).format(
+    cols=sql.SQL(", ").join(map(sql.Identifier, rows.COLUMNS)),
+    marks=sql.SQL(", ").join(sql.Placeholder() for _ in rows.COLUMNS),
+    sets=sql.SQL(", ").join(
+        sql.SQL("{0} = excluded.{0}").format(sql.Identifier(c)) for c in rows.COLUMNS if c != "seq"
+    ),
+)
+_HIGH_WATER = (
+    "INSERT INTO meta (key, value) VALUES ('last_seq', %s) "
+    "ON CONFLICT (key) DO UPDATE SET value = greatest(meta.value, excluded.value)"
+)
+_PROBE = (
+    "INSERT INTO meta (key, value) VALUES ('probe', %s) "
+    "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+# Last before COMMIT, so the share lock on the lease row is held only for the commit itself.
+_FENCE = "SELECT epoch FROM leadership WHERE id = 1 AND epoch = %s FOR SHARE"
+
+STATEMENT_TIMEOUT_SECS = 30.0
+"""Seconds one statement of the writer may run (e.g. wait for a lock) before it fails."""
+
+
+class NotLeader(RuntimeError):
+    """A write was refused: this scheduler is not the leader (it holds no epoch)."""
+
+
+class Fenced(NotLeader):
+    """A write rolled back: another scheduler took the lease since this one's epoch."""
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def connect(url: str, lease_secs: float, purpose: str) -> psycopg.Connection[Any]:
+    """An autocommit connection whose death is noticed within the lease: TCP keepalives and a
+    user timeout for a peer that vanished, a connect timeout for one that does not answer.
+    Values given in the URL win over these defaults."""
+    params = psycopg.conninfo.conninfo_to_dict(url)
+    defaults = {
+        "connect_timeout": max(2, round(lease_secs)),  # libpq's minimum is 2 s
+        "keepalives": 1,
+        "keepalives_idle": max(1, int(lease_secs / 4)),
+        "keepalives_interval": 1,
+        "keepalives_count": 2,
+        "tcp_user_timeout": int(lease_secs * 1000),
+        "application_name": f"tiny-scheduler {purpose}",
+    }
+    for name, value in defaults.items():
+        params.setdefault(name, value)
+    try:
+        return psycopg.connect(**params, autocommit=True)
+    except psycopg.Error as exc:
+        raise StoreOpenError(f"cannot connect to job database {redacted(url)}: {exc}") from exc
+
+
+def interrupt(conn: psycopg.Connection[Any] | None) -> None:
+    """Break `conn` from any thread: a thread blocked on it gets an error at once.
+
+    Shutting the socket down wakes its waiter whatever the network does; this matters when
+    the path to the server has gone silent (no reset, no answer), which keepalives behind a
+    proxy that still acknowledges never notice.
+    """
+    if conn is None or conn.closed:
+        return
+    try:
+        fd = conn.pgconn.socket
+    except psycopg.Error:
+        return
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+class PostgresStore:
+    """A `JobStore` in a PostgreSQL database.
+
+    Unfenced (`fenced=False`) it writes as the only writer (tests, tools). Fenced, it refuses
+    every write until `fence_with(epoch)` and afterwards commits only while the lease row
+    holds that epoch.
+    """
+
+    def __init__(
+        self, url: str, lease_secs: float = 5.0, fenced: bool = False, migrate: bool = True
+    ) -> None:
+        self.location = redacted(url)
+        self._url = url
+        self._lease_secs = lease_secs
+        self._fenced = fenced
+        self._epoch: int | None = None
+        self.on_fenced: Callable[[int], None] | None = None
+        """Called (from the writer thread) when a write found its epoch gone."""
+        self._conn_lock = threading.Lock()  # guards swapping the connection, not its use
+        self._conn: psycopg.Connection[Any] | None = None
+        self._conn = self._connection()
+        if migrate:
+            try:
+                _migrate(self._conn, self.location)
+            except BaseException:
+                self._conn.close()
+                raise
+
+    # --- fencing ------------------------------------------------------------------------------
+
+    def fence_with(self, epoch: int | None) -> None:
+        """Write only under `epoch` from now on; None refuses every write."""
+        self._epoch = epoch
+
+    @property
+    def epoch(self) -> int | None:
+        return self._epoch
+
+    def interrupt(self) -> None:
+        """Break the connection (from any thread): a write hanging on it fails now."""
+        with self._conn_lock:
+            conn = self._conn
+        interrupt(conn)
+
+    # --- the JobStore protocol ----------------------------------------------------------------
+
+    def load(self) -> Loaded:
+        conn = self._connection()
+        collecting = gc.isenabled()
+        gc.disable()  # see SqliteStore.load: a million rows, no cycles among them
+        try:
+            with conn.transaction():
+                # One snapshot for the jobs and the high-water mark.
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                loaded: list[Job] = []
+                with conn.cursor(name="load_jobs") as cursor:
+                    cursor.itersize = 10000
+                    cursor.execute(_SELECT)
+                    for row in cursor:
+                        loaded.append(rows.from_row(_unescaped(row)))
+                found = conn.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
+        finally:
+            if collecting:
+                gc.enable()
+        last_seq = max(found[0] if found else 0, loaded[-1].seq if loaded else 0)
+        return Loaded(loaded, last_seq)
+
+    def write(self, batch: Batch) -> None:
+        epoch = self._epoch
+        if self._fenced and epoch is None:
+            raise NotLeader("this scheduler is not the leader")
+        upserts = [_escaped(rows.to_row(job)) for job in batch.upserts]
+        high = max((job.seq for job in batch.upserts), default=0)
+        conn = self._connection()
+        with conn.transaction():
+            cursor = conn.cursor()
+            if upserts:
+                cursor.executemany(_UPSERT, upserts)
+            if batch.deletes:
+                cursor.execute("DELETE FROM jobs WHERE seq = ANY(%s)", (list(batch.deletes),))
+            if high:
+                cursor.execute(_HIGH_WATER, (high,))
+            if batch.probe:
+                cursor.execute(_PROBE, (time.time_ns(),))
+            if epoch is not None and self._fenced:
+                cursor.execute(_FENCE, (epoch,))
+                if cursor.fetchone() is None:
+                    # Raising inside the block rolls the transaction back.
+                    self._deposed(epoch)
+                    raise Fenced(f"epoch {epoch} is over: another scheduler took the lease")
+
+    def is_fault(self, error: BaseException) -> bool:
+        # Not being the leader says nothing about the database; text that cannot be encoded
+        # (a lone surrogate) fails in the driver, before the database sees it.
+        return isinstance(error, psycopg.Error)
+
+    def close(self) -> None:
+        with self._conn_lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    # --- the connection -----------------------------------------------------------------------
+
+    def _deposed(self, epoch: int) -> None:
+        if self._epoch == epoch:
+            self._epoch = None
+        if self.on_fenced is not None:
+            self.on_fenced(epoch)
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        """The writer's connection, opened again after it broke (a restarted server, a cut)."""
+        with self._conn_lock:
+            conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        if conn is not None:
+            conn.close()
+        conn = connect(self._url, self._lease_secs, "writer")
+        # A session stuck inside a transaction (its process paused, its network cut) holds the
+        # share lock on the lease row; the server ends it well within the lease, so a takeover
+        # never waits for it longer.
+        idle_ms = max(500, int(self._lease_secs * 1000 / 2))
+        conn.execute(f"SET idle_in_transaction_session_timeout = {idle_ms}")
+        conn.execute(f"SET statement_timeout = {int(STATEMENT_TIMEOUT_SECS * 1000)}")
+        with self._conn_lock:
+            self._conn = conn
+        return conn
+
+
+def check(url: str) -> None:
+    """Connect once, creating or migrating the schema, and disconnect; StoreOpenError when the
+    database cannot be used."""
+    PostgresStore(url).close()
+
+
+# --- text the database cannot hold ------------------------------------------------------------
+
+_ESCAPE = "\uffff"
+_ESCAPED = re.compile("\uffff(.)", re.DOTALL)
+
+
+def _escape_text(value: str) -> str:
+    # PostgreSQL text cannot hold NUL, which a job's output may contain. U+FFFF (a noncharacter)
+    # is the escape: NUL is stored as U+FFFF '0', U+FFFF itself doubled. Only text containing
+    # either is touched, so every other value reads plainly in SQL.
+    return value.replace(_ESCAPE, _ESCAPE * 2).replace("\x00", _ESCAPE + "0")
+
+
+def _unescape_text(value: str) -> str:
+    return _ESCAPED.sub(lambda m: "\x00" if m.group(1) == "0" else m.group(1), value)
+
+
+def _escaped(row: Sequence[object]) -> tuple[object, ...]:
+    return tuple(
+        _escape_text(v) if isinstance(v, str) and ("\x00" in v or _ESCAPE in v) else v for v in row
+    )
+
+
+def _unescaped(row: Sequence[Any]) -> Sequence[Any]:
+    if not any(isinstance(v, str) and _ESCAPE in v for v in row):
+        return row
+    return [_unescape_text(v) if isinstance(v, str) else v for v in row]
+
+
+# --- the schema ---------------------------------------------------------------------------------
+
+
+def _migrate(conn: psycopg.Connection[Any], location: str) -> None:
+    """Bring the database to SCHEMA_VERSION and the jobs table to the declaration's columns,
+    in one transaction; StoreOpenError for a database this scheduler must not touch."""
+    try:
+        if _version(conn, location) == SCHEMA_VERSION and not _missing_columns(conn):
+            return  # the usual start: nothing to lock
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            version = _version(conn, location)  # again: another daemon may have migrated
+            for step in range(version + 1, SCHEMA_VERSION + 1):
+                log.info("migrating job database %s to schema version %d", location, step)
+                for statement in MIGRATIONS[step]:
+                    conn.execute(statement)
+            if version != SCHEMA_VERSION:
+                conn.execute("DELETE FROM schema_version")
+                conn.execute("INSERT INTO schema_version VALUES (%s)", (SCHEMA_VERSION,))
+            for field in _missing_columns(conn):
+                log.info("job database %s: adding column %s", location, field.name)
+                conn.execute(_add_column(field))
+    except psycopg.Error as exc:
+        raise StoreOpenError(f"cannot prepare job database {location}: {exc}") from exc
+
+
+def _version(conn: psycopg.Connection[Any], location: str) -> int:
+    tables = {
+        row[0]
+        for row in conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+        )
+    }
+    if "schema_version" in tables:
+        row = conn.execute("SELECT version FROM schema_version").fetchone()
+        version = row[0] if row else 0
+    elif tables:
+        raise StoreOpenError(f"{location} is a PostgreSQL database but not a tiny-scheduler one")
+    else:
+        version = 0
+    if version > SCHEMA_VERSION:
+        raise StoreOpenError(
+            f"job database {location} has schema version {version}, newer than the "
+            f"{SCHEMA_VERSION} this tiny-scheduler understands; run a newer tiny-scheduler"
+        )
+    return version
+
+
+def _missing_columns(conn: psycopg.Connection[Any]) -> list[dataclasses.Field[Any]]:
+    """Fields of the job declaration the jobs table has no column for yet."""
+    present = {
+        row[0]
+        for row in conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = 'jobs'"
+        )
+    }
+    if not present:
+        return []  # no table yet: the migration creates it, then this runs again
+    return [field for field in dataclasses.fields(Job) if field.name not in present]
+
+
+def _add_column(field: dataclasses.Field[Any]) -> sql.Composed:
+    """`ALTER TABLE jobs ADD COLUMN …` for a field, its type read from its annotation."""
+    sql_type, nullable = column_type(_HINTS[field.name])
+    parts = [sql.SQL("ALTER TABLE jobs ADD COLUMN {} ").format(sql.Identifier(field.name))]
+    parts.append(sql.SQL(sql_type))
+    default = field.default
+    if not nullable:
+        parts.append(sql.SQL(" NOT NULL"))
+        if default is not dataclasses.MISSING and isinstance(default, (str, int, float)):
+            # Rows written before the field existed read as the declaration's default.
+            parts.append(sql.SQL(" DEFAULT {}").format(sql.Literal(_plain(default))))
+    if field.name in _UNIQUE:
+        parts.append(sql.SQL(" UNIQUE"))
+    return sql.Composed(parts)
+
+
+_HINTS = typing.get_type_hints(Job)
+
+
+def column_type(hint: Any) -> tuple[str, bool]:
+    """The SQL type of a field's annotation, and whether the column takes NULL. What SQL has no
+    type for (a dict, a tuple of attempts) is JSON text, NULL when empty (see `rows`)."""
+    nullable = False
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        nullable = len(args) < len(typing.get_args(hint))
+        hint = args[0] if len(args) == 1 else object
+    if hint is bool:
+        return "BOOLEAN", nullable
+    if isinstance(hint, type) and issubclass(hint, str):  # str enums too: stored as their value
+        return "TEXT", nullable
+    if isinstance(hint, type) and issubclass(hint, int):  # times are microseconds
+        return "BIGINT", nullable
+    if hint is float:
+        return "DOUBLE PRECISION", nullable
+    return "TEXT", True
+
+
+def _plain(value: str | int | float) -> str | int | float:
+    # A str enum's default is stored as its plain value, as rows.to_row writes it.
+    if isinstance(value, str):
+        return str.__str__(value)
+    return value
