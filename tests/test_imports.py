@@ -109,6 +109,7 @@ def test_no_import_circles() -> None:
 
 
 COLLABORATORS = (
+    "tiny_scheduler.leadership",
     "tiny_scheduler.table",
     "tiny_scheduler.storage",
     "tiny_scheduler.registry",

@@ -15,12 +15,14 @@ from flask import Flask
 
 from . import storage
 from .config import Settings
+from .leadership import Leadership
 from .loops import Background
 from .peers import CallObserver
 from .placement import Placement
 from .registry import Registry
 from .schedule_table import ScheduleTable
 from .service import Scheduler
+from .storage.postgres import PostgresStore
 from .table import JobTable
 
 __all__ = ["Settings", "create_app", "start_background", "stop_background"]
@@ -36,24 +38,30 @@ def create_app(settings: Settings | None = None, owner_wait_secs: float = 0.0) -
     from . import api, metrics, ui
 
     settings = settings or Settings.from_env()
-    store = storage.Writer(storage.open_store(settings.db_path, owner_wait_secs))
-    try:
-        loaded = store.load()
-    except BaseException:
-        store.close()  # lets go of the file
-        raise
+    backend = storage.open_store(settings.db_path, owner_wait_secs, settings.leader_lease_secs)
+    store = storage.Writer(backend)
+    leadership = _leadership(settings, backend)
+    if leadership is None:
+        try:
+            loaded = store.load()
+        except BaseException:
+            store.close()  # lets go of the file
+            raise
+        table = JobTable(loaded.jobs, loaded.last_seq)
+        schedule_table = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
+        last_seq = loaded.last_seq
+        del loaded
+        # The loaded jobs live as long as the process: move them out of the cycle collector's
+        # sight, or every full collection walks a million objects (a latency spike each time).
+        gc.freeze()
+        log.info("loaded %d jobs from %s (last id job-%d)", len(table), store.location, last_seq)
+    else:
+        # A standby holds no jobs and no schedules: each term as leader loads them.
+        table, schedule_table = JobTable(), ScheduleTable()
     store.start()
-    table = JobTable(loaded.jobs, loaded.last_seq)
-    schedule_table = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
-    last_seq = loaded.last_seq
-    del loaded
-    # The loaded jobs live as long as the process: move them out of the cycle collector's
-    # sight, or every full collection walks a million objects (a latency spike each time).
-    gc.freeze()
     peer_calls: list[CallObserver] = []  # told of every call to a peer (the metrics count them)
     placement = Placement(Registry(settings, peer_calls))
-    service = Scheduler(settings, store, table, placement, schedule_table)
-    log.info("loaded %d jobs from %s (last id job-%d)", len(table), store.location, last_seq)
+    service = Scheduler(settings, store, table, placement, schedule_table, leadership)
     if store.events_waiting and not settings.sns_url:
         log.warning(
             "%d SNS events of an earlier run wait in the outbox; SNS_URL is unset, so they stay "
@@ -73,15 +81,53 @@ def create_app(settings: Settings | None = None, owner_wait_secs: float = 0.0) -
     app_metrics.watch_background(background)
     app.extensions["tiny_scheduler.background"] = background
     app.extensions["tiny_scheduler.store"] = store
+    if leadership is not None:
+        _run_terms(leadership, service, background)
+        app.extensions["tiny_scheduler.leadership"] = leadership
     return app
 
 
+def _leadership(settings: Settings, backend: storage.JobStore) -> Leadership | None:
+    """With PostgreSQL, this daemon's part in the election (None with SQLite)."""
+    if not isinstance(backend, PostgresStore):
+        return None
+    assert settings.advertise_url is not None  # Settings insists on it with PostgreSQL
+    return Leadership(settings.db_path, settings.advertise_url, settings.leader_lease_secs, backend)
+
+
+def _run_terms(leadership: Leadership, service: Scheduler, background: Background) -> None:
+    """What a term as leader begins and ends with: the jobs, and the loops."""
+
+    def elected(epoch: int) -> None:
+        service.take_over()
+        gc.freeze()  # as for SQLite's load above
+        background.start()
+
+    def deposed(epoch: int) -> None:
+        background.stop()
+        service.hand_over()
+
+    leadership.on_elected = elected
+    leadership.on_deposed = deposed
+
+
 def start_background(app: Flask) -> None:
-    """Start the daemon threads (timeouts, lost nodes, SQS, SNS, retention, schedules)."""
-    app.extensions["tiny_scheduler.background"].start()
+    """Start the daemon threads (timeouts, lost nodes, SQS, SNS, retention, schedules); with
+    PostgreSQL, the election, which starts them whenever this daemon becomes the leader."""
+    leadership = app.extensions.get("tiny_scheduler.leadership")
+    if leadership is not None:
+        leadership.start()
+    else:
+        app.extensions["tiny_scheduler.background"].start()
 
 
 def stop_background(app: Flask) -> None:
-    """Stop the daemon threads, then commit what is queued and close the store."""
+    """Stop the daemon threads, then commit what is queued and close the store; a leader
+    then gives up its lease, so that a standby takes over at once."""
+    leadership = app.extensions.get("tiny_scheduler.leadership")
+    if leadership is not None:
+        leadership.stop_serving()
     app.extensions["tiny_scheduler.background"].stop()
     app.extensions["tiny_scheduler.store"].close()
+    if leadership is not None:
+        leadership.close()

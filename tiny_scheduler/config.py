@@ -68,6 +68,12 @@ DEFAULT_SQS_POLL_INTERVAL_SECS = 5.0
 DEFAULT_SNS_TOPIC = "job-status"
 """Topic that final job states are published to."""
 
+DEFAULT_LEADER_LEASE_SECS = 5.0
+"""Seconds a PostgreSQL leader's lease lasts without renewal; a standby takes over after it."""
+
+MIN_LEADER_LEASE_SECS = 1.0
+"""The shortest lease LEADER_LEASE_SECS accepts: renewals and checks run at fractions of it."""
+
 REGISTRY_DEADLINE_SECS = 3.0
 """Seconds one registry call may take in all (connect, send, the whole answer) before the
 request that needed it gets 503: a hung or trickling registry."""
@@ -120,14 +126,21 @@ class Settings:
     sns_topic: str = DEFAULT_SNS_TOPIC
     threads: int = DEFAULT_THREADS
     log_level: str = "info"
+    advertise_url: str | None = None
+    leader_lease_secs: float = DEFAULT_LEADER_LEASE_SECS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from the environment; an empty variable counts as unset."""
         env = _Env(os.environ if environ is None else environ)
+        db_path = env.text("SCHEDULER_DB", DEFAULT_DB)
+        advertise_url = env.optional_url("SCHEDULER_ADVERTISE_URL")
+        if advertise_url is None and db_path.startswith(("postgresql://", "postgres://")):
+            # Standbys send clients to the leader's advertised URL: without one they could not.
+            raise ConfigError("SCHEDULER_ADVERTISE_URL must be set when SCHEDULER_DB is PostgreSQL")
         return cls(
             bind=env.text("SCHEDULER_BIND", DEFAULT_BIND),
-            db_path=env.text("SCHEDULER_DB", DEFAULT_DB),
+            db_path=db_path,
             registry_url=env.url("REGISTRY_URL", DEFAULT_REGISTRY_URL),
             registry_cache_secs=env.number("REGISTRY_CACHE_SECS", DEFAULT_REGISTRY_CACHE_SECS, 0),
             api_key=env.optional("TINYAWS_API_KEY"),
@@ -151,6 +164,10 @@ class Settings:
             sns_topic=env.text("SNS_TOPIC", DEFAULT_SNS_TOPIC),
             threads=env.integer("SCHEDULER_THREADS", DEFAULT_THREADS, 1),
             log_level=env.choice("SCHEDULER_LOG_LEVEL", LOG_LEVELS, "info"),
+            advertise_url=advertise_url,
+            leader_lease_secs=env.number(
+                "LEADER_LEASE_SECS", DEFAULT_LEADER_LEASE_SECS, MIN_LEADER_LEASE_SECS
+            ),
         )
 
 

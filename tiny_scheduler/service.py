@@ -16,6 +16,7 @@ from enum import Enum
 from . import errors, jobs, schedules
 from .config import Settings
 from .jobs import Job
+from .leadership import Leadership, LeaderView
 from .placement import Placement
 from .registry import Nodes
 from .schedule_table import ScheduleTable
@@ -69,6 +70,7 @@ class Scheduler:
         table: JobTable,
         placement: Placement,
         schedule_table: ScheduleTable | None = None,
+        leadership: Leadership | None = None,
     ) -> None:
         self.settings = settings
         self._store = store
@@ -76,7 +78,40 @@ class Scheduler:
         self._placement = placement
         self._final_event: Callable[[Job], str] | None = None  # see keep_final_events
         self._schedules = schedule_table or ScheduleTable()
+        self._leadership = leadership  # None with SQLite: the one daemon always serves
         self.listeners: list[Listener] = []
+
+    # --- leadership (PostgreSQL) -------------------------------------------------------------
+
+    def is_serving(self) -> bool:
+        """Whether this daemon answers the API itself: always with SQLite; with PostgreSQL
+        only while it leads (a standby sends clients to the leader)."""
+        return self._leadership is None or self._leadership.is_serving()
+
+    def leader(self) -> LeaderView | None:
+        """Who leads; None with SQLite, where this daemon is the only one."""
+        return None if self._leadership is None else self._leadership.view()
+
+    def take_over(self) -> int:
+        """Begin a term as leader: every job and schedule from the store in fresh tables, so
+        nothing of an earlier term survives; ids go on after the store's high-water marks.
+        Returns the number of jobs."""
+        loaded = self._store.reload()
+        self._table = JobTable(loaded.jobs, loaded.last_seq)
+        self._schedules = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
+        log.info(
+            "loaded %d jobs (last id job-%d), %d schedules, %d SNS events waiting",
+            len(loaded.jobs),
+            loaded.last_seq,
+            len(loaded.schedules),
+            loaded.events,
+        )
+        return len(loaded.jobs)
+
+    def hand_over(self) -> None:
+        """End a term: forget the jobs and schedules (a standby holds none)."""
+        self._table = JobTable()
+        self._schedules = ScheduleTable()
 
     # --- reads ----------------------------------------------------------------------------
 
@@ -139,14 +174,21 @@ class Scheduler:
         return self._placement.place()
 
     def health(self) -> dict[str, object]:
+        body: dict[str, object] = {"service": "scheduler"}
+        if self._leadership is not None and not self._leadership.is_serving():
+            # A standby writes nothing: it is healthy while it can reach the database.
+            reachable, error = self._leadership.health()
+            body.update(status="healthy" if reachable else "unhealthy", role="standby")
+            if error is not None:
+                body["error"] = f"job database cannot be reached: {error}"
+            return body
         # The store's own probe keeps its verdict fresh: nothing here touches the disk, so
         # load balancers may poll as often as they like.
         healthy, error = self._store.health()
-        body: dict[str, object] = {
-            "service": "scheduler",
-            "status": "healthy" if healthy else "unhealthy",
-            "jobs": self._table.counts(),
-        }
+        body["status"] = "healthy" if healthy else "unhealthy"
+        if self._leadership is not None:
+            body["role"] = "leader"
+        body["jobs"] = self._table.counts()
         if not healthy:
             body["error"] = f"job store cannot be written: {error}"
         # The registry's state as last seen (never a call from here: a health check must not

@@ -1,4 +1,5 @@
-"""The HTTP API: blueprints for jobs, schedule, schedules, health and the OpenAPI document,
+"""The HTTP API: blueprints for jobs, schedule, schedules, health, the leader and the OpenAPI
+document,
 authentication, and error replies.
 
 Views only translate between HTTP and the service: read the request, call one service method,
@@ -9,14 +10,16 @@ from __future__ import annotations
 
 from flask import Flask
 
-from . import auth, health, jobs, metrics, openapi, replies, schedule, schedules
+from . import auth, health, jobs, leader, metrics, openapi, replies, schedule, schedules
 
 
 def init_app(app: Flask) -> None:
     """Register the blueprints, the auth check and the error handlers on `app`."""
     replies.init_app(app)
+    leader.init_app(app)  # first: a standby sends every request on, the leader checks the key
     auth.init_app(app)
     app.register_blueprint(health.bp)
+    app.register_blueprint(leader.bp)
     app.register_blueprint(schedule.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(schedules.bp)

@@ -1,7 +1,7 @@
 """Authentication: the shared bearer token, and which calls are exempt from it.
 
 When `TINYAWS_API_KEY` is set every request needs `Authorization: Bearer <key>`, compared in
-constant time. Exempt: the health check, the metrics, the OpenAPI document, and (while
+constant time. Exempt: the health check, /leader, the metrics, the OpenAPI document, and (while
 `AUTH_AGENT_EXEMPT` is on, because the real agent sends no header) the agent's poll and its
 PATCH. A plain listing of jobs is not exempt: it shows every job's command, environment and
 output.
@@ -20,7 +20,7 @@ from flask import Flask, Response, request
 from .. import errors, validation
 from .replies import scheduler, text_reply
 
-_ALWAYS_OPEN = frozenset({"health.health", "metrics.metrics", "openapi.openapi"})
+_ALWAYS_OPEN = frozenset({"health.health", "leader.leader", "metrics.metrics", "openapi.openapi"})
 _UI_PATH = "/ui"
 _UI_CHALLENGE = {"WWW-Authenticate": 'Basic realm="tiny-scheduler", charset="UTF-8"'}
 

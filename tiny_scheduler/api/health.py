@@ -1,4 +1,5 @@
-"""GET /health: whether the scheduler can take work (its store can be written)."""
+"""GET /health (and /health/scheduler, the path the API gateway forwards): whether the scheduler
+can take work (its store can be written); with PostgreSQL also its role."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ bp = Blueprint("health", __name__)
 
 
 @bp.get("/health")
+@bp.get("/health/scheduler")
 def health() -> Response:
-    """200 healthy, or 503 unhealthy when the job store cannot be written."""
+    """200 healthy, or 503 unhealthy when the job store cannot be written (a standby: when
+    the database cannot be reached)."""
     body = scheduler().health()
     return json_reply(body, 200 if body["status"] == "healthy" else 503)

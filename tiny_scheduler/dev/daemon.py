@@ -53,6 +53,9 @@ class SchedulerProcess:
 
     def start(self, timeout: float = 20.0, wait: bool = True) -> SchedulerProcess:
         env = {**os.environ, "SCHEDULER_DB": self.db_path, "SCHEDULER_BIND": self._bind}
+        if self.db_path.startswith(("postgresql://", "postgres://")):
+            # Daemons sharing a database send clients to each other at this URL.
+            env["SCHEDULER_ADVERTISE_URL"] = self.url
         env.update(self.extra_env)
         if self.log_path:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process

@@ -33,6 +33,7 @@ class Loop:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        self._stop = threading.Event()  # fresh: a loop stopped at the end of a term may start again
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
@@ -85,6 +86,9 @@ class Background:
         if self._started:
             return
         self._started = True
+        # A new leader's term (PostgreSQL) starts the loops again: every node counts as
+        # freshly seen, so no job fails for an absence the previous leader was timing.
+        self.scan.reset()
         if self.sns is not None:
             self.sns.start()
         self.schedules.start()
@@ -97,3 +101,4 @@ class Background:
             loop.stop()
         if self.sns is not None:
             self.sns.stop()
+        self._started = False

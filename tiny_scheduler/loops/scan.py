@@ -38,6 +38,10 @@ class Scan:
         self.settings = service.settings
         self._down_since: dict[str, float] = {}  # node id -> monotonic time first seen down
 
+    def reset(self) -> None:
+        """Count every node as freshly seen: its lost-node clock starts again."""
+        self._down_since.clear()
+
     def tick(self) -> None:
         self.expire_timeouts()
         self.handle_lost_nodes()

@@ -89,6 +89,8 @@ class SnsPublisher:
             self._wake.set()
 
     def start(self) -> None:
+        self._stop.clear()  # started again when this daemon leads again (PostgreSQL)
+        self._drain_until = float("inf")
         self._thread = threading.Thread(target=self._run, name="sns-publisher", daemon=True)
         self._thread.start()
 

@@ -322,7 +322,7 @@ def _unescaped(row: Sequence[Any]) -> Sequence[Any]:
     return [_unescape_text(v) if isinstance(v, str) else v for v in row]
 
 
-# --- the schema ---------------------------------------------------------------------------------
+# --- the schema -------------------------------------------------------------------------------
 
 
 def _migrate(conn: psycopg.Connection[Any], location: str) -> None:

@@ -81,6 +81,13 @@ class Writer:
         self.events_waiting = loaded.events
         return loaded
 
+    def reload(self) -> Loaded:
+        """Every stored job and schedule again, read on the writer thread between commits (a
+        new leader's term, PostgreSQL), so the backend stays one thread's at a time."""
+        loaded: Loaded = self._submit(Batch(), read=lambda backend: backend.load())
+        self.events_waiting = loaded.events
+        return loaded
+
     def health(self) -> tuple[bool, str | None]:
         """Whether the store can be written, as found by the latest write or probe (at most
         `STORE_PROBE_INTERVAL_SECS` old while the writer runs), and the error when not."""

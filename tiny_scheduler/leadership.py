@@ -1,0 +1,323 @@
+"""Leadership among the daemons that share one PostgreSQL database: a lease, an epoch, a fence.
+
+One row (`leadership`, made by `storage.postgres`) says who leads: its epoch, the leader's
+advertised URL, the backend pid of its lease session and when the lease expires, by the
+database's clock. This module runs the protocol on that row, on a connection of its own:
+
+- a **standby** reads the row every `poll_secs`; it takes over when the lease has expired, or at
+  once when the leader's lease session is gone from the server (its process died), by raising
+  the epoch in one conditional UPDATE: of several standbys only one can win;
+- the **leader** renews the lease every `renew_secs`, and counts it valid only until a little
+  before the database would let a standby take over, measured from when it sent the renewal;
+- a **watchdog** thread steps the leader down the moment its lease runs out locally (a renewal
+  that hangs on a cut network, a process that was paused) and breaks connections that hang;
+- the **fence** is what correctness rests on: the store (`PostgresStore.fence_with`) commits
+  only while the row still holds this leader's epoch, so whatever this process believes, a
+  deposed leader never commits. The local checks only make it stop sooner.
+
+Terms begin and end on a thread of their own (`on_elected` loads the jobs and starts the loops,
+which may take seconds while the lease must go on being renewed; `on_deposed` stops them), one
+after the other. No HTTP here, and no job logic: the service asks `view()` and `is_serving()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from .storage.base import StoreOpenError
+from .storage.postgres import PostgresStore, connect, interrupt
+
+log = logging.getLogger(__name__)
+
+VALID_FRACTION = 0.9
+"""The leader serves for this fraction of the lease after sending a renewal, so that it stops
+before the database's clock lets a standby take over (and clocks that run a little apart)."""
+
+RENEW_FRACTION = 0.25
+"""The leader renews every this fraction of the lease: a lost renewal or two do not cost it."""
+
+POLL_SECS = 0.2
+"""Seconds between a standby's looks at the lease row (at most a tenth of the lease): how soon
+it notices that the leader's session is gone."""
+
+WATCH_SECS = 0.05
+"""Seconds between two checks of the watchdog."""
+
+_READ = """
+SELECT epoch, leader_url, expires_at < now(), {gone}
+FROM leadership WHERE id = 1
+"""
+_SESSION_GONE = (
+    "(session_pid IS NULL OR NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = session_pid))"
+)
+_TAKE_OVER = f"""
+UPDATE leadership
+SET epoch = epoch + 1, leader_url = %(url)s, session_pid = pg_backend_pid(),
+    expires_at = now() + make_interval(secs => %(lease)s)
+WHERE id = 1 AND epoch = %(seen)s AND (expires_at < now() OR {_SESSION_GONE})
+RETURNING epoch
+"""
+_RENEW = """
+UPDATE leadership
+SET expires_at = now() + make_interval(secs => %(lease)s), session_pid = pg_backend_pid()
+WHERE id = 1 AND epoch = %(epoch)s
+RETURNING epoch
+"""
+_RESIGN = """
+UPDATE leadership SET expires_at = '-infinity', session_pid = NULL
+WHERE id = 1 AND epoch = %(epoch)s
+"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaderView:
+    """What this daemon knows of the leadership."""
+
+    serving: bool  # this daemon leads and serves
+    leader_url: str | None  # the leader's advertised URL, None when no leader is known
+    epoch: int  # the epoch of the lease row as last seen
+
+
+Callback = Callable[[int], None]
+"""Told the epoch of the term that begins or ends."""
+
+
+def _nothing(epoch: int) -> None:
+    pass
+
+
+class Leadership:
+    """This daemon's part in the election; `start()` it once, `close()` it at shutdown."""
+
+    def __init__(
+        self,
+        url: str,
+        advertise_url: str,
+        lease_secs: float,
+        store: PostgresStore,
+    ) -> None:
+        self._url = url
+        self.advertise_url = advertise_url
+        self.lease_secs = lease_secs
+        self._store = store
+        self.on_elected: Callback = _nothing
+        """Begins a term (load the jobs, start the loops); runs before the leader serves."""
+        self.on_deposed: Callback = _nothing
+        """Ends a term (stop the loops); runs after the leader stopped serving."""
+        self.renew_secs = lease_secs * RENEW_FRACTION
+        self.poll_secs = min(POLL_SECS, lease_secs / 10)
+        self._lock = threading.Lock()
+        self._epoch: int | None = None  # ours, while we lead (serving or starting a term)
+        self._serving = False
+        self._valid_until = 0.0  # monotonic
+        self._seen = LeaderView(False, None, 0)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._call_deadline: float | None = None  # monotonic, while a lease call runs
+        self._last_contact = 0.0  # monotonic, the last answer on the lease connection
+        self._last_error: str | None = "not connected yet"
+        self._terms: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        store.on_fenced = lambda epoch: self.step_down(epoch, "a write found the lease taken")
+
+    # --- what the service asks ----------------------------------------------------------------
+
+    def is_serving(self) -> bool:
+        """Whether this daemon leads, has loaded its term, and its lease is valid right now."""
+        return self._serving and time.monotonic() < self._valid_until
+
+    def view(self) -> LeaderView:
+        with self._lock:
+            if self._epoch is not None:
+                serving = self.is_serving()
+                return LeaderView(serving, self.advertise_url if serving else None, self._epoch)
+            return self._seen
+
+    def health(self) -> tuple[bool, str | None]:
+        """Whether the lease connection answered within the lease, and the error if not."""
+        if time.monotonic() - self._last_contact <= self.lease_secs:
+            return True, None
+        return False, self._last_error or "no answer from the database"
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for name, target in (
+            ("leadership", self._run),
+            ("lease-watchdog", self._watch),
+            ("leader-terms", self._run_terms),
+        ):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop_serving(self) -> None:
+        """Stop answering as the leader (shutdown: new requests are redirected), keeping the
+        epoch so that writes already queued still commit."""
+        self._serving = False
+
+    def close(self) -> None:
+        """Give the lease up so that a standby takes over at once, and stop."""
+        self._stop.set()
+        self._serving = False
+        self._terms.put(("stop", 0))
+        for thread in self._threads:
+            thread.join(self.lease_secs + 5)
+        epoch, self._epoch = self._epoch, None
+        if epoch is not None and self._conn is not None and not self._conn.broken:
+            try:
+                self._conn.execute(_RESIGN, {"epoch": epoch})
+                log.info("leadership: resigned epoch %d", epoch)
+            except psycopg.Error as exc:
+                log.warning("leadership: could not resign epoch %d: %s", epoch, exc)
+        if self._conn is not None:
+            self._conn.close()
+
+    def step_down(self, epoch: int | None, reason: str) -> None:
+        """Stop leading at once (from any thread): no more serving, no more writes, a write
+        hanging on the network broken; the term's loops are stopped on the terms thread."""
+        with self._lock:
+            if self._epoch is None or (epoch is not None and epoch != self._epoch):
+                return
+            ended, self._epoch = self._epoch, None
+            self._serving = False
+            self._seen = LeaderView(False, None, ended)
+        self._store.fence_with(None)
+        self._store.interrupt()
+        log.warning("leadership: stepped down from epoch %d: %s; now a standby", ended, reason)
+        self._terms.put(("deposed", ended))
+
+    # --- the lease thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            leading = self._epoch is not None
+            try:
+                if leading:
+                    self._renew()
+                else:
+                    self._look()
+                wait = self.renew_secs if leading else self.poll_secs
+            except (psycopg.Error, StoreOpenError) as exc:
+                self._last_error = str(exc).strip()
+                log.warning("leadership: lease connection failed: %s", self._last_error)
+                self._drop_connection()
+                wait = self.poll_secs  # the watchdog ends a term whose lease runs out meanwhile
+            self._stop.wait(wait)
+
+    def _look(self) -> None:
+        """A standby's round: note who leads; take over when the lease is free."""
+        epoch, url, expired, gone = self._call(_READ.format(gone=_SESSION_GONE)).fetchone()
+        known = not (expired or gone) and url != self.advertise_url
+        self._seen = LeaderView(False, url if known else None, epoch)
+        if not (expired or gone):
+            return
+        sent = time.monotonic()
+        won = self._call(
+            _TAKE_OVER, {"url": self.advertise_url, "lease": self.lease_secs, "seen": epoch}
+        ).fetchone()
+        if won is None:
+            return  # another standby was quicker, or the leader renewed
+        with self._lock:
+            self._epoch = won[0]
+            self._valid_until = sent + self.lease_secs * VALID_FRACTION
+        self._store.fence_with(won[0])
+        why = "its session is gone" if gone else "its lease expired"
+        log.warning("leadership: took over as leader, epoch %d (%s)", won[0], why)
+        self._terms.put(("elected", won[0]))
+
+    def _renew(self) -> None:
+        epoch = self._epoch
+        if epoch is None:
+            return
+        sent = time.monotonic()
+        renewed = self._call(_RENEW, {"lease": self.lease_secs, "epoch": epoch}).fetchone()
+        if renewed is None:
+            self.step_down(epoch, "another scheduler holds the lease")
+            return
+        with self._lock:
+            if self._epoch == epoch:
+                self._valid_until = sent + self.lease_secs * VALID_FRACTION
+
+    def _call(self, query: str, params: dict[str, object] | None = None) -> psycopg.Cursor[Any]:
+        """One statement on the lease connection, broken by the watchdog if it hangs."""
+        conn = self._connection()
+        self._call_deadline = time.monotonic() + self.lease_secs / 2 + 0.5
+        try:
+            cursor = conn.execute(query, params)
+        finally:
+            self._call_deadline = None
+        self._last_contact = time.monotonic()
+        return cursor
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is not None and not self._conn.closed and not self._conn.broken:
+            return self._conn
+        self._drop_connection()
+        conn = connect(self._url, self.lease_secs, "lease")
+        # A takeover that waits on a row lock, or a statement the server cannot answer, ends
+        # within the lease rather than keeping this thread from its next renewal.
+        timeout_ms = int(self.lease_secs * 1000 / 2)
+        conn.execute(f"SET statement_timeout = {timeout_ms}")
+        conn.execute(f"SET lock_timeout = {timeout_ms}")
+        self._conn = conn
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+
+    # --- the watchdog -------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_SECS):
+            now = time.monotonic()
+            epoch = self._epoch
+            if epoch is not None and now >= self._valid_until:
+                self.step_down(epoch, "the lease was not renewed in time")
+            deadline = self._call_deadline
+            if deadline is not None and now >= deadline:
+                self._call_deadline = None
+                log.warning("leadership: the database did not answer in time; reconnecting")
+                interrupt(self._conn)
+
+    # --- terms --------------------------------------------------------------------------------
+
+    def _run_terms(self) -> None:
+        while True:
+            kind, epoch = self._terms.get()
+            if kind == "stop":
+                return
+            try:
+                if kind == "elected":
+                    self._begin(epoch)
+                else:
+                    self.on_deposed(epoch)
+            except Exception:
+                log.exception("leadership: %s term %d failed", kind, epoch)
+                self.step_down(epoch, "its term could not start")
+
+    def _begin(self, epoch: int) -> None:
+        if self._epoch != epoch:
+            return  # deposed before the term could start
+        started = time.monotonic()
+        self.on_elected(epoch)
+        with self._lock:
+            if self._epoch == epoch:
+                self._serving = True
+        log.warning(
+            "leadership: serving as leader, epoch %d (ready in %.2fs)",
+            epoch,
+            time.monotonic() - started,
+        )
