@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import json
 import os
 import signal
 import threading
@@ -25,11 +26,13 @@ import pg_helpers
 import psycopg
 import pytest
 import requests
+from click.testing import CliRunner
 from conftest import start_scheduler, stop_scheduler
 from helpers import Api, compact, expect_error, expect_json, set_nodes, wait_for
 
+from tiny_scheduler.cli import main
 from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, parse_poll_reply, report_update
-from tiny_scheduler.dev.daemon import SchedulerProcess
+from tiny_scheduler.dev.daemon import SchedulerProcess, free_port
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.storage.postgres import PostgresStore
 
@@ -54,9 +57,14 @@ class Ha:
         self.daemons: list[SchedulerProcess] = []
         self._numbers = itertools.count(1)
 
-    def start(self, lease: float = SHORT_LEASE, db_url: str | None = None) -> SchedulerProcess:
+    def start(
+        self,
+        lease: float = SHORT_LEASE,
+        db_url: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> SchedulerProcess:
         log_path = self.folder / f"scheduler-{next(self._numbers)}.log"
-        env = {"LEADER_LEASE_SECS": str(lease)}
+        env = {"LEADER_LEASE_SECS": str(lease), **(env or {})}
         proc = start_scheduler(db_url or self.db_url, log_path, self.registry_url, env)  # type: ignore[arg-type]
         self.daemons.append(proc)
         return proc
@@ -158,13 +166,12 @@ def test_exactly_one_leader_and_the_standbys_send_clients_to_it(ha: Ha, count: i
     assert expect_json(requests.get(leader.url + "/health", timeout=5), 200)["role"] == "leader"
 
     standby = Api(standbys[0].url)
-    moved = standby.post(
-        "/jobs?from=standby", {"command": "echo via standby"}, allow_redirects=False
-    )
+    request = {"command": "echo via standby"}
+    moved = standby.post("/jobs?from=standby", request, allow_redirects=False)
     assert moved.status_code == 307
     assert moved.headers["Location"] == leader.url + "/jobs?from=standby"
     # Followed, the method and the body go along (307), and the leader does the work.
-    created = expect_json(standby.post("/jobs", body), 201)
+    created = expect_json(standby.post("/jobs", request), 201)
     assert expect_json(standby.get(f"/jobs/{created['job_id']}"), 200) == created
     claimed = standby.patch(f"/jobs/{created['job_id']}", compact(RUNNING_UPDATE))
     assert expect_json(claimed, 200)["status"] == "running"
@@ -200,6 +207,23 @@ def test_a_standby_with_no_known_leader_answers_503_and_takes_over_when_its_sess
         holder.close()  # the "leader" dies: its session is gone, its lease far from over
     assert ha.wait_leader() is standby
     assert leader_reply(standby) == (200, {"leader": standby.url, "epoch": 8})
+
+
+def test_the_cli_takes_several_urls_and_follows_the_leader_with_the_key(ha: Ha) -> None:
+    key = "ha-sekrit"
+    first = ha.start(env={"TINYAWS_API_KEY": key})
+    second = ha.start(env={"TINYAWS_API_KEY": key})
+    assert ha.wait_leader() is first
+    wait_for(lambda: leader_reply(second)[1]["leader"] == first.url)
+    nobody = f"http://127.0.0.1:{free_port()}"  # a daemon that is down
+    urls = ",".join([nobody, second.url, first.url])
+    env = {"SCHEDULER_URL": urls, "TINYAWS_API_KEY": key}
+    submitted = CliRunner().invoke(main, ["submit", "-q", "echo hi"], env=env)
+    assert submitted.exit_code == 0, submitted.output
+    job_id = submitted.output.strip()
+    shown = CliRunner().invoke(main, ["status", "--json", job_id], env=env)
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.output)["command"] == "echo hi"
 
 
 # --- a crash ----------------------------------------------------------------------------------

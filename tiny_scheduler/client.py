@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import parse_qs, quote, urljoin, urlsplit
 
 import requests
 
@@ -41,6 +41,10 @@ WAIT_REMIND_SECS = 15.0
 """Seconds without any change after which a wait says again where the job stands, so that a
 long wait never looks like a hang."""
 
+FAILOVER_WAIT_SECS = 10.0
+"""Seconds a client of several daemons (a comma-separated SCHEDULER_URL) keeps going round
+them while none answers as the leader: a takeover takes a few."""
+
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 # Placement error texts of the wire contract (api.md, "Placement").
@@ -58,6 +62,11 @@ def base_url(text: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{text!r} is not an http:// or https:// URL")
     return url
+
+
+def _is_no_leader(response: requests.Response) -> bool:
+    """A standby's answer while no leader is known (a takeover under way)."""
+    return response.text.strip() == "no leader"
 
 
 def session(url: str, key: str | None = None) -> requests.Session:
@@ -99,27 +108,26 @@ class Unreachable(ClientError):
 
 
 class Client:
-    """A small client of one scheduler's HTTP API; every failure is a ClientError."""
+    """A small client of the scheduler's HTTP API; every failure is a ClientError.
+
+    `url` may list several daemons, comma-separated (PostgreSQL: a leader and its standbys):
+    a call goes to each in turn until one is reached, a standby's 307 is followed to the
+    leader with the key (requests would drop it on the way to another port), and while none
+    leads (a takeover) the list is tried again for up to FAILOVER_WAIT_SECS.
+    """
 
     def __init__(self, url: str, key: str | None = None) -> None:
-        self.base_url = url.rstrip("/")
+        self.base_urls = [part.strip().rstrip("/") for part in url.split(",") if part.strip()]
+        self.base_url = self.base_urls[0] if self.base_urls else DEFAULT_URL
         self.key = key
         self.session = session(self.base_url, key)
 
     def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         """One call; a reply that is not 2xx is an ApiError, no reply at all Unreachable."""
         kwargs.setdefault("timeout", HTTP_TIMEOUT)
-        try:
-            response = self.session.request(method, self.base_url + path, **kwargs)
-        except requests.Timeout:
-            raise Unreachable(
-                f"the scheduler at {self.base_url} did not answer within {HTTP_TIMEOUT[1]:.0f}s"
-            ) from None
-        except requests.RequestException:
-            raise Unreachable(
-                f"cannot reach the scheduler at {self.base_url} (is it running? is SCHEDULER_URL"
-                " right?)"
-            ) from None
+        deadline = time.monotonic() + (FAILOVER_WAIT_SECS if len(self.base_urls) > 1 else 0)
+        while (response := self._first_answer(method, path, kwargs, deadline)) is None:
+            time.sleep(0.2)  # a takeover is under way: go round the daemons again
         if response.ok:
             return response
         text = _error_text(response)
@@ -137,6 +145,44 @@ class Client:
             if text in _REGISTRY_TEXTS:
                 context += "; check the registry at its REGISTRY_URL"
         raise ApiError(response.status_code, text, context)
+
+    def _first_answer(
+        self, method: str, path: str, kwargs: dict[str, Any], deadline: float
+    ) -> requests.Response | None:
+        """Ask each daemon in turn; the first real answer, or None to go round again."""
+        others = [url for url in self.base_urls if url != self.base_url]
+        for number, base in enumerate([self.base_url, *others]):
+            last = number == len(others) and time.monotonic() >= deadline
+            try:
+                response = self._follow(method, base + path, kwargs)
+            except requests.Timeout as exc:
+                if not isinstance(exc, requests.ConnectionError) or last:
+                    raise Unreachable(
+                        f"the scheduler at {base} did not answer within {HTTP_TIMEOUT[1]:.0f}s"
+                    ) from None
+                continue  # never connected: the request did not arrive, the next may take it
+            except requests.RequestException:
+                if not last:
+                    continue
+                raise Unreachable(
+                    f"cannot reach the scheduler at {base} (is it running? is SCHEDULER_URL right?)"
+                ) from None
+            if not last and response.status_code == 503 and _is_no_leader(response):
+                continue
+            self.base_url = base  # the one that answered: ask it first next time
+            return response
+        return None
+
+    def _follow(self, method: str, url: str, kwargs: dict[str, Any]) -> requests.Response:
+        """One request, following a standby's 307 to the leader (a few hops at most)."""
+        response = self.session.request(method, url, allow_redirects=False, **kwargs)
+        kwargs = {name: value for name, value in kwargs.items() if name != "params"}
+        for _ in range(3):
+            if response.status_code != 307 or "Location" not in response.headers:
+                break
+            url = urljoin(url, response.headers["Location"])  # its query is already in it
+            response = self.session.request(method, url, allow_redirects=False, **kwargs)
+        return response
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         response = self.request(method, path, **kwargs)

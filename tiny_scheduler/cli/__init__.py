@@ -51,7 +51,8 @@ class _Group(click.Group):
     envvar="SCHEDULER_URL",
     default=DEFAULT_URL,
     show_default=True,
-    help="The scheduler's base URL (env SCHEDULER_URL); http:// when no scheme is given.",
+    help="The scheduler's base URL (env SCHEDULER_URL); http:// when no scheme is given;"
+    " several, comma-separated, for a leader and its standbys.",
 )
 @click.pass_context
 def main(ctx: click.Context, url: str) -> None:

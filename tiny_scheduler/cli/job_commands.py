@@ -44,7 +44,8 @@ def client_from(ctx: click.Context) -> Client:
     """The client of the scheduler the command line was pointed at (--url / SCHEDULER_URL)."""
     given = ctx.find_root().obj or DEFAULT_URL
     try:
-        url = base_url(given)
+        # Several daemons, comma-separated: a leader and its standbys (PostgreSQL).
+        url = ",".join(base_url(part) for part in given.split(",") if part.strip())
     except ValueError as exc:
         raise CliError(f"SCHEDULER_URL / --url: {exc}") from None
     return Client(url, os.environ.get("TINYAWS_API_KEY") or None)
