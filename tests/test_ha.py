@@ -31,7 +31,9 @@ from conftest import start_scheduler, stop_scheduler
 from helpers import Api, compact, expect_error, expect_json, set_nodes, wait_for
 
 from tiny_scheduler.cli import main
+from tiny_scheduler.client import Client, wait_for_job
 from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, parse_poll_reply, report_update
+from tiny_scheduler.dev.cluster import ClusterConfig, DevCluster
 from tiny_scheduler.dev.daemon import SchedulerProcess, free_port
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.storage.postgres import PostgresStore
@@ -224,6 +226,25 @@ def test_the_cli_takes_several_urls_and_follows_the_leader_with_the_key(ha: Ha) 
     shown = CliRunner().invoke(main, ["status", "--json", job_id], env=env)
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.output)["command"] == "echo hi"
+
+
+def test_the_dev_cluster_with_a_standby_keeps_jobs_flowing_when_the_leader_dies() -> None:
+    pg_helpers.require_server()
+    config = ClusterConfig.quick(agents=2, standbys=1, postgres_url=pg_helpers.server_url())
+    with DevCluster(config) as cluster:
+        client = Client(cluster.scheduler_urls)
+        first = client.submit({"command": "echo one"})
+        assert wait_for_job(client, first["job_id"], interval=0.1)["status"] == "done"
+        assert cluster.scheduler is not None
+        cluster.scheduler.kill()
+        # The agents and the client find the standby by themselves.
+        second = client.submit({"command": "echo two"})
+        assert wait_for_job(client, second["job_id"], interval=0.1)["status"] == "done"
+        assert client.base_url == cluster.standbys[0].url
+        database = cluster.database
+    with psycopg.connect(pg_helpers.server_url(), autocommit=True) as conn:
+        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
+        assert left.fetchone() is None, "the dev cluster left its database behind"
 
 
 # --- a crash ----------------------------------------------------------------------------------

@@ -59,6 +59,19 @@ def _run_until_interrupted(what: str, body: Callable[[], None], stop: Callable[[
 @click.option("--node-lost-secs", type=click.FloatRange(min=0), help="NODE_LOST_SECS")
 @click.option("--quick", is_flag=True, help="Short intervals everywhere, as `make demo` uses.")
 @click.option(
+    "--standby",
+    "standbys",
+    type=click.IntRange(0, 8),
+    default=0,
+    help="Run N standby daemons beside the leader, on a PostgreSQL database of the cluster's own.",
+)
+@click.option(
+    "--postgres",
+    "postgres_url",
+    metavar="URL",
+    help="The PostgreSQL server for --standby [postgresql://postgres@127.0.0.1:5432/postgres].",
+)
+@click.option(
     "--work-dir",
     type=click.Path(file_okay=False),
     help="Keep the database, logs and scratch dirs here (default: a temp dir, removed).",
@@ -75,6 +88,8 @@ def dev(
     scan_secs: float | None,
     node_lost_secs: float | None,
     quick: bool,
+    standbys: int,
+    postgres_url: str | None,
     work_dir: str | None,
 ) -> None:
     """Run a local dev cluster until Ctrl-C: a registry, AGENTS dev agents and the scheduler,
@@ -110,6 +125,8 @@ def dev(
         "registry_port": registry_port,
         "api_key": os.environ.get("TINYAWS_API_KEY") or None,
         "work_dir": work_dir,
+        "standbys": standbys,
+        "postgres_url": postgres_url,
         **{name: value for name, value in given_secs.items() if value is not None},
     }
     config = ClusterConfig.quick(**settings) if quick else ClusterConfig(**settings)
@@ -122,7 +139,10 @@ def dev(
         click.echo("starting the dev cluster…", err=True)
         cluster.start()
         _print_cluster_banner(cluster)
+        leader = None
         while not (problems := cluster.problems()):
+            if standbys:
+                leader = _show_leader(cluster, leader)
             time.sleep(0.5)
         for problem in problems:
             click.echo(f"error: {problem}", err=True)
@@ -136,17 +156,39 @@ def dev(
 
 def _print_cluster_banner(cluster: Any) -> None:
     config = cluster.config
+    lines = [f"scheduler  {cluster.scheduler_url}  (log {cluster.scheduler_log})"]
+    lines += [f"standby    {proc.url}  (log {proc.log_path})" for proc in cluster.standbys]
+    if cluster.standbys:
+        lines.append(f"database   {cluster.database} (dropped at the end)")
+    kill = "kill -9 -PID  # the leader's PID, printed below: watch a standby take over\n"
     click.echo(
-        f"scheduler  {cluster.scheduler_url}  (log {cluster.scheduler_log})\n"
+        "\n".join(lines) + "\n"
         f"registry   {cluster.registry_url}\n"
         f"agents     {' '.join(cluster.node_ids)}  (poll every {config.poll_secs:g}s,"
         f" logs in {cluster.work_dir})\n"
         "\n"
-        f"export SCHEDULER_URL={cluster.scheduler_url}\n"
+        f"export SCHEDULER_URL={cluster.scheduler_urls}\n"
         "tiny-scheduler submit --wait 'echo hello from $TINY_NODE_ID'\n"
-        "\n"
-        "Ctrl-C stops everything."
+        + (kill if cluster.standbys else "")
+        + "\nCtrl-C stops everything."
     )
+
+
+def _show_leader(cluster: Any, shown: str | None) -> str | None:
+    """Print who leads when that changed (so a takeover can be watched); returns it."""
+    import requests
+
+    for daemon in cluster.daemons:
+        try:
+            reply = requests.get(daemon.url + "/leader", timeout=1)
+        except requests.RequestException:
+            continue
+        if reply.status_code == 200:
+            leader = f"{daemon.url} (epoch {reply.json()['epoch']}, pid {daemon.proc.pid})"
+            if leader != shown:
+                click.echo(f"leader: {leader}", err=True)
+            return leader
+    return shown
 
 
 def _parse_nodes(

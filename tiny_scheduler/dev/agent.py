@@ -81,7 +81,10 @@ class Agent:
         exit_with_parent: bool = False,
     ) -> None:
         self.node_id = node_id
-        self.scheduler_url = scheduler_url.rstrip("/")
+        # Several URLs, comma-separated (a leader and its standbys): the agent asks the next
+        # one when a poll cannot reach the current one, as a VIP would move to a live daemon.
+        self.scheduler_urls = [url.strip().rstrip("/") for url in scheduler_url.split(",")]
+        self.scheduler_url = self.scheduler_urls[0]
         self.registry_url = registry_url.rstrip("/")
         self.poll_secs = poll_secs
         self.heartbeat_secs = heartbeat_secs
@@ -202,6 +205,9 @@ class Agent:
         except (requests.RequestException, ValueError) as exc:
             # The real agent silently does nothing when it cannot read the reply.
             log.debug("%s: poll gave nothing usable: %s", self.node_id, exc)
+            if isinstance(exc, requests.ConnectionError) and len(self.scheduler_urls) > 1:
+                at = self.scheduler_urls.index(self.scheduler_url)
+                self.scheduler_url = self.scheduler_urls[(at + 1) % len(self.scheduler_urls)]
             return None
         if not polled:
             return None
@@ -392,7 +398,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tiny_scheduler.dev.agent", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--node", required=True, help="node id (the real agent uses its hostname)")
-    parser.add_argument("--scheduler", required=True, help="scheduler base URL")
+    parser.add_argument(
+        "--scheduler", required=True, help="scheduler base URL (several: comma-separated)"
+    )
     parser.add_argument("--registry", required=True, help="registry base URL")
     parser.add_argument("--poll-secs", type=float, default=DEFAULT_POLL_SECS)
     parser.add_argument("--heartbeat-secs", type=float, default=DEFAULT_HEARTBEAT_SECS)

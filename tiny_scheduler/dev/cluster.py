@@ -1,11 +1,13 @@
 """The local dev cluster: a registry, N dev agents and the scheduler, started and stopped as one.
 
 `DevCluster` owns the lifecycle of those parts on loopback: the `FakeRegistry` in this process,
-the scheduler under real gunicorn (`SchedulerProcess`), and each agent as its own process
-(`python -m tiny_scheduler.dev.agent`), so that SIGKILLing one is a real node failure. It leaves
-no orphans: every child runs in its own process group, `stop()` ends them all and is registered
-with `atexit`, a start-up that fails halfway stops what it had started, and a watchdog process
-kills every part should this process die without stopping them (SIGKILL, a crash).
+the scheduler under real gunicorn (`SchedulerProcess`; with `standbys`, several daemons on a
+PostgreSQL database made for the cluster, the first one leading at start), and each agent as
+its own process (`python -m tiny_scheduler.dev.agent`), so that SIGKILLing one is a real node
+failure. It leaves no orphans: every child runs in its own process group, `stop()` ends them all
+and is registered with `atexit`, a start-up that fails halfway stops what it had started, and a
+watchdog process kills every part should this process die without stopping them (SIGKILL, a
+crash).
 `tiny-scheduler dev`, `make demo` and the end-to-end tests all run it.
 
 It does not schedule anything or talk to the scheduler's API beyond waiting for it to be up.
@@ -26,6 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from urllib.parse import urlsplit, urlunsplit
 
 from .agent import DEFAULT_HEARTBEAT_SECS, DEFAULT_POLL_SECS, kill_groups, kill_recorded_children
 from .daemon import SchedulerProcess, free_port
@@ -38,6 +41,10 @@ AGENT_STOP_SECS = 5.0
 
 START_TIMEOUT_SECS = 30.0
 """Seconds the whole cluster may take to come up (scheduler healthy, every node registered)."""
+
+
+DEV_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+"""The PostgreSQL server a cluster with standbys uses unless told another (the tests' default)."""
 
 
 class ClusterError(RuntimeError):
@@ -61,6 +68,10 @@ class ClusterConfig:
     scheduler_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     work_dir: str | None = None  # logs, database, scratch dirs; None: a temp dir removed at stop
     node_prefix: str = "node-"
+    # With standbys, the daemons share a PostgreSQL database of the cluster's own, made on
+    # this server (DEV_POSTGRES_URL when None) and dropped at stop.
+    standbys: int = 0
+    postgres_url: str | None = None
 
     @classmethod
     def quick(cls, **changes: object) -> ClusterConfig:
@@ -95,7 +106,9 @@ class DevCluster:
         self.work_dir = self.config.work_dir or tempfile.mkdtemp(prefix="tiny-dev-")
         os.makedirs(self.work_dir, exist_ok=True)
         self.registry: FakeRegistry | None = None
-        self.scheduler: SchedulerProcess | None = None
+        self.scheduler: SchedulerProcess | None = None  # the first daemon: the leader at start
+        self.standbys: list[SchedulerProcess] = []
+        self.database: str | None = None  # the PostgreSQL database made for this cluster
         self.agents: dict[str, _AgentProcess] = {}
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._stopped = False
@@ -113,6 +126,16 @@ class DevCluster:
     @property
     def scheduler_log(self) -> str:
         return os.path.join(self.work_dir, "scheduler.log")
+
+    @property
+    def daemons(self) -> list[SchedulerProcess]:
+        """Every scheduler daemon: the first, then the standbys."""
+        return [proc for proc in [self.scheduler, *self.standbys] if proc is not None]
+
+    @property
+    def scheduler_urls(self) -> str:
+        """Every daemon's URL, comma-separated: SCHEDULER_URL for the CLI, and the agents'."""
+        return ",".join(proc.url for proc in self.daemons)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -148,13 +171,16 @@ class DevCluster:
             except subprocess.TimeoutExpired:
                 log.warning("agent %s did not stop in time; killing it", agent.node_id)
             self._kill_agent_group(agent)
-        if self.scheduler is not None:
+        for daemon in reversed(self.daemons):  # standbys first: no takeover on the way out
             try:
-                self.scheduler.stop()
+                daemon.stop()
             except Exception:
                 log.exception("stopping the scheduler failed; killing it")
                 with contextlib.suppress(Exception):
-                    self.scheduler.kill()
+                    daemon.kill()
+        if self.database is not None:
+            with contextlib.suppress(Exception):
+                _drop_database(self._postgres_server(), self.database)
         if self.registry is not None:
             with contextlib.suppress(Exception):
                 self.registry.stop()
@@ -208,19 +234,52 @@ class DevCluster:
         }
         env.update({name: str(value) for name, value in optional.items() if value is not None})
         env.update(self.config.scheduler_env)
-        self.scheduler = SchedulerProcess(
-            db_path=os.path.join(self.work_dir, "scheduler.db"),
-            env=env,
-            port=port or free_port(),
-            log_path=self.scheduler_log,
-        )
+        db_path = os.path.join(self.work_dir, "scheduler.db")
+        if self.config.standbys:
+            db_path = self._make_database()
+        ports = [port or free_port()]
+        for number in range(1, self.config.standbys + 1):
+            wanted = port + number if port else free_port()
+            if port and not _port_free(wanted):
+                raise ClusterError(f"port {wanted} is already in use; choose another port")
+            ports.append(wanted)
+        for number, daemon_port in enumerate(ports):
+            log_name = "scheduler.log" if number == 0 else f"scheduler-standby-{number}.log"
+            proc = SchedulerProcess(
+                db_path=db_path,
+                env=env,
+                port=daemon_port,
+                log_path=os.path.join(self.work_dir, log_name),
+            )
+            if number == 0:
+                self.scheduler = proc
+            else:
+                self.standbys.append(proc)
+            try:
+                # One after the other: the first is up, and leads, before the standbys come.
+                proc.start(wait=False)
+                assert proc.proc is not None
+                self._tell_watchdog(f"group {proc.proc.pid}")  # gunicorn's own session
+                proc.wait_ready(timeout=START_TIMEOUT_SECS)
+            except (RuntimeError, TimeoutError) as exc:
+                raise ClusterError(f"the scheduler did not start: {exc}") from None
+
+    def _postgres_server(self) -> str:
+        return self.config.postgres_url or DEV_POSTGRES_URL
+
+    def _make_database(self) -> str:
+        """A fresh PostgreSQL database for this cluster; its URL."""
+        import psycopg
+
+        server = self._postgres_server()
+        name = f"tiny_scheduler_dev_{os.getpid()}_{int(time.time())}"
         try:
-            self.scheduler.start(wait=False)
-            assert self.scheduler.proc is not None
-            self._tell_watchdog(f"group {self.scheduler.proc.pid}")  # gunicorn's own session
-            self.scheduler.wait_ready(timeout=START_TIMEOUT_SECS)
-        except (RuntimeError, TimeoutError) as exc:
-            raise ClusterError(f"the scheduler did not start: {exc}") from None
+            with psycopg.connect(server, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(f'CREATE DATABASE "{name}"')
+        except psycopg.Error as exc:
+            raise ClusterError(f"cannot make a database on {server}: {exc}".strip()) from None
+        self.database = name
+        return urlunsplit(urlsplit(server)._replace(path=f"/{name}"))
 
     def start_agent(self, node_id: str) -> None:
         """Start (or restart) the agent process of one node."""
@@ -236,7 +295,7 @@ class DevCluster:
             "--node",
             node_id,
             "--scheduler",
-            self.scheduler.url,
+            self.scheduler_urls,
             "--registry",
             self.registry.url,
             "--poll-secs",
@@ -311,17 +370,28 @@ class DevCluster:
             time.sleep(0.05)
 
     def problems(self) -> list[str]:
-        """Parts that died on their own (for `tiny-scheduler dev`'s watch loop)."""
+        """Parts that died on their own (for `tiny-scheduler dev`'s watch loop). With standbys
+        a dead daemon is what they are for: only every daemon dead is a problem."""
         found = []
-        if self.scheduler is not None and self.scheduler.proc is not None:
-            code = self.scheduler.proc.poll()
-            if code is not None:
-                found.append(f"the scheduler exited with {code}; see {self.scheduler_log}")
+        exited = [
+            f"the scheduler {proc.url} exited with {proc.proc.poll()}; see {proc.log_path}"
+            for proc in self.daemons
+            if proc.proc is not None and proc.proc.poll() is not None
+        ]
+        if exited and (not self.standbys or len(exited) == len(self.daemons)):
+            found += exited
         for agent in self.agents.values():
             code = agent.proc.poll()
             if code is not None:
                 found.append(f"agent {agent.node_id} exited with {code}; see {agent.log_path}")
         return found
+
+
+def _drop_database(server: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(server, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _port_free(port: int, host: str = "127.0.0.1") -> bool:
