@@ -41,6 +41,9 @@ SCHEMA_VERSION = 1
 """The version of the tables below; the jobs table's columns are not counted in it: they follow
 the job declaration by themselves (`_missing_columns`)."""
 
+FENCED_SQLSTATE = "TSF01"
+"""The error `check_epoch` raises when the writer's epoch is over."""
+
 _SCHEMA_V1 = (
     "CREATE TABLE schema_version (version INTEGER NOT NULL)",
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL)",
@@ -52,6 +55,18 @@ _SCHEMA_V1 = (
         expires_at  TIMESTAMPTZ NOT NULL  -- database clock
     )""",
     "INSERT INTO leadership VALUES (1, 0, NULL, NULL, '-infinity')",
+    # The fence, as a function so that a write is one round trip: it fails the transaction
+    # (and so its COMMIT) unless the lease row still holds the writer's epoch, and keeps a
+    # share lock on the row until the transaction ends, so a takeover waits for the commit.
+    f"""CREATE FUNCTION check_epoch(mine BIGINT) RETURNS void LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM 1 FROM leadership WHERE id = 1 AND epoch = mine FOR SHARE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'epoch % is over: another scheduler took the lease', mine
+                USING ERRCODE = '{FENCED_SQLSTATE}';
+        END IF;
+    END
+    $$""",
     # The other columns come from the job declaration (`_missing_columns`).
     "CREATE TABLE jobs (seq BIGINT PRIMARY KEY)",
 )
@@ -86,7 +101,7 @@ _PROBE = (
     "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )
 # Last before COMMIT, so the share lock on the lease row is held only for the commit itself.
-_FENCE = "SELECT epoch FROM leadership WHERE id = 1 AND epoch = %s FOR SHARE"
+_FENCE = "SELECT check_epoch(%s)"
 
 STATEMENT_TIMEOUT_SECS = 30.0
 """Seconds one statement of the writer may run (e.g. wait for a lock) before it fails."""
@@ -231,22 +246,26 @@ class PostgresStore:
         upserts = [_escaped(rows.to_row(job)) for job in batch.upserts]
         high = max((job.seq for job in batch.upserts), default=0)
         conn = self._connection()
-        with conn.transaction():
-            cursor = conn.cursor()
-            if upserts:
-                cursor.executemany(_UPSERT, upserts)
-            if batch.deletes:
-                cursor.execute("DELETE FROM jobs WHERE seq = ANY(%s)", (list(batch.deletes),))
-            if high:
-                cursor.execute(_HIGH_WATER, (high,))
-            if batch.probe:
-                cursor.execute(_PROBE, (time.time_ns(),))
-            if epoch is not None and self._fenced:
-                cursor.execute(_FENCE, (epoch,))
-                if cursor.fetchone() is None:
-                    # Raising inside the block rolls the transaction back.
-                    self._deposed(epoch)
-                    raise Fenced(f"epoch {epoch} is over: another scheduler took the lease")
+        try:
+            # One round trip for the whole transaction: the writer gives up the GIL at every
+            # wait for the server and must win it back from the request threads.
+            with conn.pipeline(), conn.transaction():
+                cursor = conn.cursor()
+                if upserts:
+                    cursor.executemany(_UPSERT, upserts)
+                if batch.deletes:
+                    cursor.execute("DELETE FROM jobs WHERE seq = ANY(%s)", (list(batch.deletes),))
+                if high:
+                    cursor.execute(_HIGH_WATER, (high,))
+                if batch.probe:
+                    cursor.execute(_PROBE, (time.time_ns(),))
+                if epoch is not None and self._fenced:
+                    cursor.execute(_FENCE, (epoch,))
+        except psycopg.Error as exc:
+            if epoch is not None and exc.sqlstate == FENCED_SQLSTATE:
+                self._deposed(epoch)
+                raise Fenced(f"epoch {epoch} is over: another scheduler took the lease") from exc
+            raise
 
     def is_fault(self, error: BaseException) -> bool:
         # Not being the leader says nothing about the database; text that cannot be encoded
