@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import profile, report, scenarios
+from . import ha, profile, report, scenarios
 from .history import node_names
 from .procs import RegistryProcess
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-SCENARIOS = ("submit", "history", "cycle", "floor")
+SCENARIOS = ("submit", "history", "cycle", "floor", "postgres")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             "history": scenarios.history_and_restart,
             "cycle": scenarios.cycle,
             "floor": scenarios.floor,
+            "postgres": ha.postgres,
         }
         for name in SCENARIOS:
             if name in args.only:

@@ -24,6 +24,9 @@ TARGET_CYCLE_RATE = 400
 TARGET_RESTART_S = {100_000: 1.0, 1_000_000: 8.0}
 TARGET_BYTES_PER_JOB = 600
 TARGET_FLOOR_RATIO = 1.3  # issue 16: server CPU per request at most this times the floor's
+TARGET_PG_SHARE = 0.7  # PostgreSQL within 30 % of SQLite (issue 12)
+TARGET_FAILOVER_KILL_S = 3.0
+FAILOVER_STOP_MARGIN_S = 2.0  # after a hang: the lease plus this (the spec)
 
 
 @dataclasses.dataclass
@@ -159,6 +162,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
         out.append(Row("", "submit -> done p50 / p99 ms", _ms(m)))
 
     out += _floor_rows(results, sizes)
+    out += _postgres_rows(results)
 
     restarts = sorted(int(key.split("_")[1]) for key in results if key.startswith("restart_"))
     for size in restarts:
@@ -252,6 +256,60 @@ def _floor_rows(results: dict[str, Any], sizes: list[int]) -> list[Row]:
                 f"CPU per job ({requests:.1f} requests); x floor",
                 _us_per_request(cycle["median"]),
                 floor_job,
+            )
+        )
+    return out
+
+
+def _postgres_rows(results: dict[str, Any]) -> list[Row]:
+    """Submissions on PostgreSQL beside SQLite's, and the failover times (issue 12)."""
+    out: list[Row] = []
+    for clients in (1, 8):
+        case = results.get(f"pg_submit_{clients}")
+        if not case:
+            continue
+        m = case["median"]
+        sqlite = results.get(f"submit_{clients}")
+        share = m["rate"] / sqlite["median"]["rate"] if sqlite else None
+        out.append(
+            Row(
+                f"submit on PostgreSQL, {clients} client{'s' if clients > 1 else ''}",
+                "submissions/s (of SQLite's)",
+                _num(m["rate"]) + (f" ({share:.0%})" if share is not None else ""),
+                target=f">= {TARGET_PG_SHARE:.0%} of SQLite",
+                met=share >= TARGET_PG_SHARE if share is not None else None,
+                cpu=_cpu(m),
+            )
+        )
+        out.append(Row("", "p50 / p99 ms", _ms(m)))
+    durable = results.get("pg_durability")
+    if durable:
+        stored, acked = durable["stored_after_sigkill"], durable["acknowledged"]
+        out.append(
+            Row(
+                "submit on PostgreSQL, then SIGKILL",
+                "acked jobs in the db",
+                f"{stored:,} of {acked:,}",
+                target="all",
+                met=stored >= acked,
+            )
+        )
+    for kind, limit in (
+        ("sigkill", TARGET_FAILOVER_KILL_S),
+        ("sigstop", None),
+    ):
+        case = results.get(f"failover_{kind}")
+        if not case:
+            continue
+        seconds = case["median"]["seconds"]
+        target = f"<= {limit:g}" if limit else f"lease + {FAILOVER_STOP_MARGIN_S:g}"
+        out.append(
+            Row(
+                f"failover after {kind.upper()}",
+                f"s to a serving standby (median of {len(case['runs'])})",
+                _num(seconds, 2),
+                target=target,
+                met=seconds <= limit if limit else None,
             )
         )
     return out
