@@ -10,9 +10,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-import pg_helpers
 import psycopg
 import pytest
+from conftest import PostgresDatabases
 from helpers import wait_for
 
 from tiny_scheduler.errors import StoreError
@@ -24,8 +24,8 @@ T0 = 1_764_498_030_123_456
 
 
 @pytest.fixture
-def db_url() -> str:
-    return pg_helpers.fresh_database()
+def db_url(postgres_database: PostgresDatabases) -> str:
+    return postgres_database.create()
 
 
 @pytest.fixture

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
-import pg_helpers
 import pytest
 
 from tiny_scheduler import jobs
@@ -25,26 +23,28 @@ T0 = 1_764_498_030_123_456
 OpenStore = Callable[[], Writer]
 
 
-def _sqlite(tmp_path: Path) -> Callable[[], JobStore]:
-    return lambda: SqliteStore(str(tmp_path / "jobs.db"))
+def _sqlite(request: pytest.FixtureRequest) -> Callable[[], JobStore]:
+    path = request.getfixturevalue("tmp_path") / "jobs.db"
+    return lambda: SqliteStore(str(path))
 
 
-def _postgres(tmp_path: Path) -> Callable[[], JobStore]:
-    url = pg_helpers.fresh_database()  # skipped, visibly, without a server
+def _postgres(request: pytest.FixtureRequest) -> Callable[[], JobStore]:
+    # A fresh database of the test's own (skipped, visibly, without a server).
+    url = request.getfixturevalue("postgres_database").create()
     return lambda: PostgresStore(url)
 
 
-BACKENDS: dict[str, Callable[[Path], Callable[[], JobStore]]] = {
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Callable[[], JobStore]]] = {
     "sqlite": _sqlite,
     "postgres": _postgres,
 }
-"""Backend name -> (the test's temporary folder -> a function opening that test's store)."""
+"""Backend name -> (the test's fixtures -> a function opening that test's store)."""
 
 
 @pytest.fixture(params=sorted(BACKENDS))
-def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenStore]:
+def open_store(request: pytest.FixtureRequest) -> Iterator[OpenStore]:
     """Open (and start) a store on the test's database; all are closed at the end."""
-    open_backend = BACKENDS[request.param](tmp_path)
+    open_backend = BACKENDS[request.param](request)
     opened: list[Writer] = []
 
     def open_() -> Writer:
