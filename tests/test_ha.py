@@ -22,13 +22,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import pg_helpers
 import psycopg
 import pytest
 import requests
 from click.testing import CliRunner
-from conftest import start_scheduler, stop_scheduler
+from conftest import PostgresDatabases, start_scheduler, stop_scheduler
 from helpers import Api, compact, expect_error, expect_json, set_nodes, wait_for
+from pg_proxy import SilentProxy
 
 from tiny_scheduler.cli import main
 from tiny_scheduler.client import Client, wait_for_job
@@ -100,8 +100,10 @@ class Ha:
 
 
 @pytest.fixture
-def ha(tmp_path: Path, registry: FakeRegistry) -> Iterator[Ha]:
-    cluster = Ha(pg_helpers.fresh_database(), tmp_path, registry.url)
+def ha(
+    tmp_path: Path, registry: FakeRegistry, postgres_database: PostgresDatabases
+) -> Iterator[Ha]:
+    cluster = Ha(postgres_database.create(), tmp_path, registry.url)
     yield cluster
     cluster.stop()
 
@@ -228,9 +230,10 @@ def test_the_cli_takes_several_urls_and_follows_the_leader_with_the_key(ha: Ha) 
     assert json.loads(shown.output)["command"] == "echo hi"
 
 
-def test_the_dev_cluster_with_a_standby_keeps_jobs_flowing_when_the_leader_dies() -> None:
-    pg_helpers.require_server()
-    config = ClusterConfig.quick(agents=2, standbys=1, postgres_url=pg_helpers.server_url())
+def test_the_dev_cluster_with_a_standby_keeps_jobs_flowing_when_the_leader_dies(
+    postgres_url: str,
+) -> None:
+    config = ClusterConfig.quick(agents=2, standbys=1, postgres_url=postgres_url)
     with DevCluster(config) as cluster:
         client = Client(cluster.scheduler_urls)
         first = client.submit({"command": "echo one"})
@@ -242,7 +245,7 @@ def test_the_dev_cluster_with_a_standby_keeps_jobs_flowing_when_the_leader_dies(
         assert wait_for_job(client, second["job_id"], interval=0.1)["status"] == "done"
         assert client.base_url == cluster.standbys[0].url
         database = cluster.database
-    with psycopg.connect(pg_helpers.server_url(), autocommit=True) as conn:
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
         left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
         assert left.fetchone() is None, "the dev cluster left its database behind"
 
@@ -350,39 +353,40 @@ def test_a_paused_leader_commits_nothing_after_a_takeover_and_becomes_a_standby(
         outcomes.append(reply.status_code)
         client.close()
 
-    sql = psycopg.connect(ha.db_url, autocommit=True)
-    try:
-        # Hold the leader's writes in the database, so that they are surely in flight when it
-        # is paused: a lock on the jobs table keeps their INSERT waiting.
+    def waiting_on_jobs() -> int:
+        query = "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'jobs'::regclass"
+        return sql.execute(query).fetchone()[0]
+
+    assert first.proc is not None
+    with psycopg.connect(ha.db_url, autocommit=True) as sql:
+        # Hold the leader's writes in the database across the takeover: a lock on the jobs
+        # table keeps their INSERT waiting while the leader is paused and the lease changes
+        # hands. Let go, they run on to their epoch check, which must fail.
         locker = psycopg.connect(ha.db_url)
-        locker.execute("LOCK TABLE jobs IN SHARE MODE")
-        threads = [threading.Thread(target=submit, args=(n,)) for n in range(4)]
-        for thread in threads:
-            thread.start()
-        wait_for(
-            lambda: sql.execute(
-                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'jobs'::regclass"
-            ).fetchone()[0],
-            message="the leader's writes to wait on the lock",
-        )
-        assert first.proc is not None
-        os.killpg(first.proc.pid, signal.SIGSTOP)
-        paused_at = time.monotonic()
-        locker.close()  # the writes could go on now, but their process is paused
-        assert ha.wait_leader([second]) is second
-        print(f"\nnew leader serving {time.monotonic() - paused_at:.2f}s after the SIGSTOP")
-    finally:
-        if first.proc is not None:
+        try:
+            locker.execute("LOCK TABLE jobs IN SHARE MODE")
+            threads = [threading.Thread(target=submit, args=(n,)) for n in range(4)]
+            for thread in threads:
+                thread.start()
+            wait_for(waiting_on_jobs, message="the leader's writes to wait on the lock")
+            os.killpg(first.proc.pid, signal.SIGSTOP)
+            paused_at = time.monotonic()
+            assert ha.wait_leader([second]) is second
+            print(f"\nnew leader serving {time.monotonic() - paused_at:.2f}s after the SIGSTOP")
+        finally:
+            locker.close()
+        try:
+            wait_for(lambda: not waiting_on_jobs(), message="the held writes to go on")
+        finally:
             os.killpg(first.proc.pid, signal.SIGCONT)
-    for thread in threads:
-        thread.join(60)
+        for thread in threads:
+            thread.join(60)
+        pending = sql.execute("SELECT count(*) FROM jobs WHERE command LIKE 'echo pending%'")
+        assert pending.fetchone()[0] == 0, "a write of the deposed leader committed"
     # The write in flight fails; one that had not reached the store yet may instead be sent
     # on to the new leader (307, not followed here). None is acknowledged.
     assert len(outcomes) == 4
     assert 503 in outcomes and set(outcomes) <= {503, 307}, outcomes
-    pending = sql.execute("SELECT count(*) FROM jobs WHERE command LIKE 'echo pending%'")
-    assert pending.fetchone()[0] == 0
-    sql.close()
     assert set(before) <= set(all_jobs(second.url))
     # The old leader knows it is one no more: it sends clients to the new one.
     wait_for(lambda: leader_reply(first) == (503, leader_reply(second)[1]))
@@ -392,13 +396,34 @@ def test_a_paused_leader_commits_nothing_after_a_takeover_and_becomes_a_standby(
     api.close()
 
 
+def test_a_writer_stuck_in_its_commit_cannot_hold_off_a_takeover(ha: Ha) -> None:
+    # The old leader's writer has checked its epoch (holding the lease row) and then gone
+    # silent before its COMMIT: a paused process, or a cut network the server cannot see.
+    # Nothing on the server ends such a session by itself; the takeover must.
+    PostgresStore(ha.db_url).close()
+    with (
+        psycopg.connect(ha.db_url, autocommit=True) as holder,
+        psycopg.connect(ha.db_url, application_name="tiny-scheduler writer") as stuck,
+    ):
+        holder.execute(
+            "UPDATE leadership SET epoch = 7, leader_url = 'http://old.example:9001',"
+            " session_pid = pg_backend_pid(), expires_at = now() + interval '2 seconds'"
+        )
+        stuck.execute("SELECT check_epoch(7)")  # inside a transaction that never ends
+        standby = ha.start(lease=SHORT_LEASE)
+        assert ha.wait_leader() is standby
+        assert leader_reply(standby) == (200, {"leader": standby.url, "epoch": 8})
+        with pytest.raises(psycopg.OperationalError):
+            stuck.execute("SELECT 1")  # its session was ended: it can never commit
+
+
 # --- a cut network ----------------------------------------------------------------------------
 
 
 def test_a_leader_cut_off_from_the_database_stops_and_a_standby_takes_over(ha: Ha) -> None:
-    proxy = pg_helpers.SilentProxy()
+    proxy = SilentProxy(ha.db_url)
     try:
-        first = ha.start(db_url=proxy.url(ha.db_url))
+        first = ha.start(db_url=proxy.url)
         second = ha.start()
         assert ha.wait_leader() is first
         api = Api(first.url)

@@ -32,9 +32,10 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import psycopg.errors
 
 from .storage.base import StoreOpenError
-from .storage.postgres import PostgresStore, connect, interrupt
+from .storage.postgres import PostgresStore, application_name, connect, interrupt
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,10 @@ it notices that the leader's session is gone."""
 
 WATCH_SECS = 0.05
 """Seconds between two checks of the watchdog."""
+
+LOCK_WAIT_SECS = 0.5
+"""Seconds a takeover (or a renewal) waits for the lease row's lock. A commit holds it for
+milliseconds; longer means a writer that cannot finish (its process paused, its network cut)."""
 
 _READ = """
 SELECT epoch, leader_url, expires_at < now(), {gone}
@@ -71,6 +76,15 @@ UPDATE leadership
 SET expires_at = now() + make_interval(secs => %(lease)s), session_pid = pg_backend_pid()
 WHERE id = 1 AND epoch = %(epoch)s
 RETURNING epoch
+"""
+# The lease is over (a takeover only waits for the row when it may take it), so the writer
+# sessions of the old leader still holding the row in a transaction are ended: their commit
+# can never come. Only writers: a standby's lease session is never in the way for long.
+_END_STUCK_WRITERS = """
+SELECT activity.pid, pg_terminate_backend(activity.pid)
+FROM pg_locks AS lock JOIN pg_stat_activity AS activity ON activity.pid = lock.pid
+WHERE lock.relation = 'leadership'::regclass AND lock.granted
+  AND activity.application_name = %(writer)s AND activity.pid <> pg_backend_pid()
 """
 _RESIGN = """
 UPDATE leadership SET expires_at = '-infinity', session_pid = NULL
@@ -222,9 +236,15 @@ class Leadership:
         if not (expired or gone):
             return
         sent = time.monotonic()
-        won = self._call(
-            _TAKE_OVER, {"url": self.advertise_url, "lease": self.lease_secs, "seen": epoch}
-        ).fetchone()
+        try:
+            won = self._call(
+                _TAKE_OVER, {"url": self.advertise_url, "lease": self.lease_secs, "seen": epoch}
+            ).fetchone()
+        except psycopg.errors.LockNotAvailable:
+            ended = self._call(_END_STUCK_WRITERS, {"writer": application_name("writer")})
+            pids = [row[0] for row in ended.fetchall()]
+            log.warning("leadership: ended stuck writer sessions %s of the old leader", pids)
+            return  # the next look takes over
         if won is None:
             return  # another standby was quicker, or the leader renewed
         with self._lock:
@@ -266,9 +286,8 @@ class Leadership:
         conn = connect(self._url, self.lease_secs, "lease")
         # A takeover that waits on a row lock, or a statement the server cannot answer, ends
         # within the lease rather than keeping this thread from its next renewal.
-        timeout_ms = int(self.lease_secs * 1000 / 2)
-        conn.execute(f"SET statement_timeout = {timeout_ms}")
-        conn.execute(f"SET lock_timeout = {timeout_ms}")
+        conn.execute(f"SET statement_timeout = {int(self.lease_secs * 1000 / 2)}")
+        conn.execute(f"SET lock_timeout = {int(LOCK_WAIT_SECS * 1000)}")
         self._conn = conn
         return conn
 

@@ -125,6 +125,11 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
+def application_name(purpose: str) -> str:
+    """The application_name of this scheduler's connections for `purpose` (writer, lease)."""
+    return f"tiny-scheduler {purpose}"
+
+
 def connect(url: str, lease_secs: float, purpose: str) -> psycopg.Connection[Any]:
     """An autocommit connection whose death is noticed within the lease: TCP keepalives and a
     user timeout for a peer that vanished, a connect timeout for one that does not answer.
@@ -137,10 +142,11 @@ def connect(url: str, lease_secs: float, purpose: str) -> psycopg.Connection[Any
         "keepalives_interval": 1,
         "keepalives_count": 2,
         "tcp_user_timeout": int(lease_secs * 1000),
-        "application_name": f"tiny-scheduler {purpose}",
     }
     for name, value in defaults.items():
         params.setdefault(name, value)
+    # Always ours: a takeover finds the old leader's writer sessions by this name.
+    params["application_name"] = application_name(purpose)
     try:
         return psycopg.connect(**params, autocommit=True)
     except psycopg.Error as exc:
