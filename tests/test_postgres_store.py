@@ -76,6 +76,13 @@ def test_the_jobs_table_has_the_declared_columns_with_their_types(
     assert found["exit_code"] == ("bigint", True)
     assert found["env_vars"] == ("text", True)  # JSON, NULL when empty
     assert found["dedupe_key"] == ("text", True)
+    schedule_columns = {
+        row[0]
+        for row in sql.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'schedules'"
+        )
+    }
+    assert schedule_columns == set(rows.SCHEDULE_COLUMNS)
 
 
 def test_a_field_added_to_the_declaration_becomes_a_column_with_its_default(
@@ -100,7 +107,7 @@ def test_column_types_come_from_annotations() -> None:
     assert column_type(int) == ("BIGINT", False)
     assert column_type(int | None) == ("BIGINT", True)
     assert column_type(str) == ("TEXT", False)
-    assert column_type(bool) == ("BOOLEAN", False)
+    assert column_type(bool) == ("BIGINT", False)  # 0 or 1, as the row codec writes flags
     assert column_type(dict[str, str] | None) == ("TEXT", True)
     assert column_type(tuple[int, ...]) == ("TEXT", True)  # e.g. the attempts: JSON text
 

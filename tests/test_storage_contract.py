@@ -14,9 +14,11 @@ import pytest
 from tiny_scheduler import jobs
 from tiny_scheduler.errors import StoreError
 from tiny_scheduler.jobs import Attempt, Job
+from tiny_scheduler.schedules import Overlap, Schedule
 from tiny_scheduler.storage import JobStore, OutboxEvent, Writer
 from tiny_scheduler.storage.postgres import PostgresStore
 from tiny_scheduler.storage.sqlite import SqliteStore
+from tiny_scheduler.validation import JobRequest
 
 T0 = 1_764_498_030_123_456
 
@@ -117,6 +119,29 @@ def test_any_text_comes_back_exactly(open_store: OpenStore) -> None:
     store.save(job, retried.evolve(seq=2, env_vars={"K": weird}))
     loaded, _ = reopen(store, open_store)
     assert loaded == [job, retried.evolve(seq=2, env_vars={"K": weird})]
+
+
+def _schedule(seq: int, name: str, **changes: object) -> Schedule:
+    request = JobRequest(command="echo 'it' \"is\" time", env_vars={"A": "€"}, delay_secs=5)
+    schedule = Schedule(
+        seq, name, "0 3 * * *", "Europe/Berlin", request, Overlap.SKIP, False, False, T0
+    )
+    return schedule.evolve(**changes)
+
+
+def test_schedules_survive_a_restart_and_their_ids_are_never_reused(open_store: OpenStore) -> None:
+    store = open_store()
+    nightly = _schedule(1, "nightly", next_run_at=T0 + 7, catch_up=True)
+    hourly = _schedule(2, "hourly", paused=True, overlap=Overlap.ALLOW)
+    fired = Job(seq=1, node_id="n", command="x", created_at=T0, dedupe_key="sched:1:7")
+    store.save_schedule(nightly)
+    store.save_schedule(hourly.evolve(last_run_at=T0 + 1, last_job_seq=1), fired)
+    store.delete_schedule(2)
+    store.close()
+    loaded = open_store().load()
+    assert loaded.schedules == [nightly]
+    assert loaded.last_schedule_seq == 2
+    assert loaded.jobs == [fired]
 
 
 def test_timestamps_keep_every_microsecond(open_store: OpenStore) -> None:

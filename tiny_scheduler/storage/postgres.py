@@ -32,8 +32,9 @@ import psycopg
 from psycopg import sql
 
 from ..jobs import Job
+from ..schedules import Schedule
 from . import rows
-from .base import Batch, Loaded, StoreOpenError
+from .base import Batch, Loaded, OutboxEvent, StoreOpenError
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,15 @@ _SCHEMA_V1 = (
         END IF;
     END
     $$""",
-    # The other columns come from the job declaration (`_missing_columns`).
+    # The other columns come from the declarations of a job and a schedule (`_missing_columns`).
     "CREATE TABLE jobs (seq BIGINT PRIMARY KEY)",
+    "CREATE TABLE schedules (seq BIGINT PRIMARY KEY)",
+    # The SNS outbox: events stored with the change that caused them, deleted once delivered.
+    """CREATE TABLE outbox (
+        id      BIGSERIAL PRIMARY KEY,  -- delivery order (one writer: the leader)
+        seq     BIGINT NOT NULL,        -- N of the job-N it is about
+        message TEXT NOT NULL           -- exactly what is published
+    )""",
 )
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {1: _SCHEMA_V1}
@@ -77,23 +85,36 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {1: _SCHEMA_V1}
 _MIGRATION_LOCK = 7_461_205_311
 """Advisory lock key: daemons starting together migrate one after the other."""
 
-_UNIQUE = frozenset({"dedupe_key"})
-"""Columns with a unique constraint: a dedupe key creates one job, also across leaders."""
+_UNIQUE = frozenset({"jobs.dedupe_key", "schedules.name"})
+"""Columns with a unique constraint: a dedupe key creates one job (and a schedule's fire one
+job per fire time), also across leaders; a schedule's name is taken once."""
 
-_SELECT = sql.SQL("SELECT {} FROM jobs ORDER BY seq").format(
-    sql.SQL(", ").join(map(sql.Identifier, rows.COLUMNS))
-)
-_UPSERT = sql.SQL(
-    "INSERT INTO jobs ({cols}) VALUES ({marks}) ON CONFLICT (seq) DO UPDATE SET {sets}"
-).format(
-    cols=sql.SQL(", ").join(map(sql.Identifier, rows.COLUMNS)),
-    marks=sql.SQL(", ").join(sql.Placeholder() for _ in rows.COLUMNS),
-    sets=sql.SQL(", ").join(
-        sql.SQL("{0} = excluded.{0}").format(sql.Identifier(c)) for c in rows.COLUMNS if c != "seq"
-    ),
-)
+
+def _select(table: str, columns: tuple[str, ...]) -> sql.Composed:
+    return sql.SQL("SELECT {} FROM {} ORDER BY seq").format(
+        sql.SQL(", ").join(map(sql.Identifier, columns)), sql.Identifier(table)
+    )
+
+
+def _upsert(table: str, columns: tuple[str, ...]) -> sql.Composed:
+    return sql.SQL(
+        "INSERT INTO {table} ({cols}) VALUES ({marks}) ON CONFLICT (seq) DO UPDATE SET {sets}"
+    ).format(
+        table=sql.Identifier(table),
+        cols=sql.SQL(", ").join(map(sql.Identifier, columns)),
+        marks=sql.SQL(", ").join(sql.Placeholder() for _ in columns),
+        sets=sql.SQL(", ").join(
+            sql.SQL("{0} = excluded.{0}").format(sql.Identifier(c)) for c in columns if c != "seq"
+        ),
+    )
+
+
+_SELECT = _select("jobs", rows.COLUMNS)
+_UPSERT = _upsert("jobs", rows.COLUMNS)
+_SELECT_SCHEDULES = _select("schedules", rows.SCHEDULE_COLUMNS)
+_UPSERT_SCHEDULE = _upsert("schedules", rows.SCHEDULE_COLUMNS)
 _HIGH_WATER = (
-    "INSERT INTO meta (key, value) VALUES ('last_seq', %s) "
+    "INSERT INTO meta (key, value) VALUES (%s, %s) "
     "ON CONFLICT (key) DO UPDATE SET value = greatest(meta.value, excluded.value)"
 )
 _PROBE = (
@@ -197,6 +218,9 @@ class PostgresStore:
         self.on_fenced: Callable[[int], None] | None = None
         """Called (from the writer thread) when a write found its epoch gone."""
         self._conn_lock = threading.Lock()  # guards swapping the connection, not its use
+        # One operation at a time on the connection: the writer's periodic probe may come
+        # while a start-up load runs on another thread, and a transaction must not interleave.
+        self._use = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
         self._conn = self._connection()
         if migrate:
@@ -225,27 +249,58 @@ class PostgresStore:
     # --- the JobStore protocol ----------------------------------------------------------------
 
     def load(self) -> Loaded:
+        with self._use:
+            return self._load()
+
+    def _load(self) -> Loaded:
         conn = self._connection()
         collecting = gc.isenabled()
         gc.disable()  # see SqliteStore.load: a million rows, no cycles among them
         try:
             with conn.transaction():
-                # One snapshot for the jobs and the high-water mark.
+                # One snapshot for the jobs, the schedules, the outbox and the high-water marks.
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 loaded: list[Job] = []
                 with conn.cursor(name="load_jobs") as cursor:
                     cursor.itersize = 10000
                     cursor.execute(_SELECT)
                     for row in cursor:
-                        loaded.append(rows.from_row(_unescaped(row)))
-                found = conn.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
+                        loaded.append(self._job(_unescaped(row)))
+                schedules = [
+                    rows.schedule_from_row(_unescaped(row))
+                    for row in conn.execute(_SELECT_SCHEDULES)
+                ]
+                marks = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+                events = conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
         finally:
             if collecting:
                 gc.enable()
-        last_seq = max(found[0] if found else 0, loaded[-1].seq if loaded else 0)
-        return Loaded(loaded, last_seq)
+        last_seq = max(marks.get("last_seq", 0), loaded[-1].seq if loaded else 0)
+        last_schedule_seq = max(
+            marks.get("last_schedule_seq", 0), schedules[-1].seq if schedules else 0
+        )
+        return Loaded(loaded, last_seq, events, schedules, last_schedule_seq)
+
+    def _job(self, row: Sequence[Any]) -> Job:
+        try:
+            return rows.from_row(row)
+        except Exception:  # one bad row: name it, rather than a traceback
+            raise StoreOpenError(
+                f"job database {self.location}: job-{row[0]} cannot be read: {rows.problem(row)}"
+            ) from None
+
+    def outbox(self, limit: int) -> list[OutboxEvent]:
+        with self._use:
+            found = self._connection().execute(
+                "SELECT id, seq, message FROM outbox ORDER BY id LIMIT %s", (limit,)
+            )
+            return [OutboxEvent(seq, _unescape_text(message), id_) for id_, seq, message in found]
 
     def write(self, batch: Batch) -> None:
+        with self._use:
+            self._write(batch)
+
+    def _write(self, batch: Batch) -> None:
         epoch = self._epoch
         if self._fenced and epoch is None:
             raise NotLeader("this scheduler is not the leader")
@@ -262,7 +317,27 @@ class PostgresStore:
                 if batch.deletes:
                     cursor.execute("DELETE FROM jobs WHERE seq = ANY(%s)", (list(batch.deletes),))
                 if high:
-                    cursor.execute(_HIGH_WATER, (high,))
+                    cursor.execute(_HIGH_WATER, ("last_seq", high))
+                if batch.schedules:
+                    cursor.executemany(
+                        _UPSERT_SCHEDULE,
+                        [_escaped(rows.schedule_to_row(s)) for s in batch.schedules],
+                    )
+                    top = max(schedule.seq for schedule in batch.schedules)
+                    cursor.execute(_HIGH_WATER, ("last_schedule_seq", top))
+                if batch.schedule_deletes:
+                    cursor.execute(
+                        "DELETE FROM schedules WHERE seq = ANY(%s)", (list(batch.schedule_deletes),)
+                    )
+                if batch.events:
+                    cursor.executemany(
+                        "INSERT INTO outbox (seq, message) VALUES (%s, %s)",
+                        [(event.seq, _escape_text(event.message)) for event in batch.events],
+                    )
+                if batch.delivered:
+                    cursor.execute(
+                        "DELETE FROM outbox WHERE id = ANY(%s)", (list(batch.delivered),)
+                    )
                 if batch.probe:
                     cursor.execute(_PROBE, (time.time_ns(),))
                 if epoch is not None and self._fenced:
@@ -354,7 +429,7 @@ def _migrate(conn: psycopg.Connection[Any], location: str) -> None:
     """Bring the database to SCHEMA_VERSION and the jobs table to the declaration's columns,
     in one transaction; StoreOpenError for a database this scheduler must not touch."""
     try:
-        if _version(conn, location) == SCHEMA_VERSION and not _missing_columns(conn):
+        if _version(conn, location) == SCHEMA_VERSION and not any(_missing_columns(conn)):
             return  # the usual start: nothing to lock
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
@@ -366,9 +441,9 @@ def _migrate(conn: psycopg.Connection[Any], location: str) -> None:
             if version != SCHEMA_VERSION:
                 conn.execute("DELETE FROM schema_version")
                 conn.execute("INSERT INTO schema_version VALUES (%s)", (SCHEMA_VERSION,))
-            for field in _missing_columns(conn):
-                log.info("job database %s: adding column %s", location, field.name)
-                conn.execute(_add_column(field))
+            for table, field in _missing_columns(conn):
+                log.info("job database %s: adding column %s.%s", location, table, field.name)
+                conn.execute(_add_column(table, field))
     except psycopg.Error as exc:
         raise StoreOpenError(f"cannot prepare job database {location}: {exc}") from exc
 
@@ -395,37 +470,49 @@ def _version(conn: psycopg.Connection[Any], location: str) -> int:
     return version
 
 
-def _missing_columns(conn: psycopg.Connection[Any]) -> list[dataclasses.Field[Any]]:
-    """Fields of the job declaration the jobs table has no column for yet."""
-    present = {
-        row[0]
-        for row in conn.execute(
-            "SELECT column_name FROM information_schema.columns "
-            "WHERE table_schema = current_schema() AND table_name = 'jobs'"
-        )
-    }
-    if not present:
-        return []  # no table yet: the migration creates it, then this runs again
-    return [field for field in dataclasses.fields(Job) if field.name not in present]
+_DECLARED: dict[str, type] = {"jobs": Job, "schedules": Schedule}
+"""Each table whose columns follow a declaration (`dataclasses.fields`)."""
+
+_HINTS = {table: typing.get_type_hints(cls) for table, cls in _DECLARED.items()}
 
 
-def _add_column(field: dataclasses.Field[Any]) -> sql.Composed:
-    """`ALTER TABLE jobs ADD COLUMN …` for a field, its type read from its annotation."""
-    sql_type, nullable = column_type(_HINTS[field.name])
-    parts = [sql.SQL("ALTER TABLE jobs ADD COLUMN {} ").format(sql.Identifier(field.name))]
-    parts.append(sql.SQL(sql_type))
+def _missing_columns(conn: psycopg.Connection[Any]) -> list[tuple[str, dataclasses.Field[Any]]]:
+    """(table, field) for every declared field its table has no column for yet."""
+    present: dict[str, set[str]] = {}
+    for table, column in conn.execute(
+        "SELECT table_name, column_name FROM information_schema.columns "
+        "WHERE table_schema = current_schema() AND table_name = ANY(%s)",
+        (list(_DECLARED),),
+    ):
+        present.setdefault(table, set()).add(column)
+    # A table not made yet is made by the migration; then this runs again.
+    return [
+        (table, field)
+        for table, cls in _DECLARED.items()
+        if table in present
+        for field in dataclasses.fields(cls)
+        if field.name not in present[table]
+    ]
+
+
+def _add_column(table: str, field: dataclasses.Field[Any]) -> sql.Composed:
+    """`ALTER TABLE … ADD COLUMN …` for a field, its type read from its annotation."""
+    sql_type, nullable = column_type(_HINTS[table][field.name])
+    parts = [
+        sql.SQL("ALTER TABLE {} ADD COLUMN {} ").format(
+            sql.Identifier(table), sql.Identifier(field.name)
+        ),
+        sql.SQL(sql_type),
+    ]
     default = field.default
     if not nullable:
         parts.append(sql.SQL(" NOT NULL"))
         if default is not dataclasses.MISSING and isinstance(default, (str, int, float)):
             # Rows written before the field existed read as the declaration's default.
             parts.append(sql.SQL(" DEFAULT {}").format(sql.Literal(_plain(default))))
-    if field.name in _UNIQUE:
+    if f"{table}.{field.name}" in _UNIQUE:
         parts.append(sql.SQL(" UNIQUE"))
     return sql.Composed(parts)
-
-
-_HINTS = typing.get_type_hints(Job)
 
 
 def column_type(hint: Any) -> tuple[str, bool]:
@@ -436,8 +523,8 @@ def column_type(hint: Any) -> tuple[str, bool]:
         args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
         nullable = len(args) < len(typing.get_args(hint))
         hint = args[0] if len(args) == 1 else object
-    if hint is bool:
-        return "BOOLEAN", nullable
+    if hint is bool:  # 0 or 1, as the row codec writes flags (SQLite has no boolean)
+        return "BIGINT", nullable
     if isinstance(hint, type) and issubclass(hint, str):  # str enums too: stored as their value
         return "TEXT", nullable
     if isinstance(hint, type) and issubclass(hint, int):  # times are microseconds
@@ -448,7 +535,10 @@ def column_type(hint: Any) -> tuple[str, bool]:
 
 
 def _plain(value: str | int | float) -> str | int | float:
-    # A str enum's default is stored as its plain value, as rows.to_row writes it.
+    # A str enum's default is stored as its plain value, as rows.to_row writes it; a flag as
+    # 0 or 1.
     if isinstance(value, str):
         return str.__str__(value)
+    if isinstance(value, bool):
+        return int(value)
     return value
