@@ -13,8 +13,8 @@ import logging
 
 from flask import Flask
 
-from . import storage
-from .config import Settings
+from . import jobs, storage
+from .config import SCHEDULE_TICK_SECS, Settings
 from .leadership import Leadership
 from .loops import Background
 from .peers import CallObserver
@@ -101,7 +101,10 @@ def _run_terms(leadership: Leadership, service: Scheduler, background: Backgroun
     def elected(epoch: int) -> None:
         service.take_over()
         gc.freeze()  # as for SQLite's load above
-        background.start()
+        # The previous leader ran the schedules until at most a lease (and a look) ago: fire
+        # times since then are due, not missed. A fire it committed moved its schedule on.
+        gap = leadership.lease_secs + 2 * SCHEDULE_TICK_SECS
+        background.start(schedules_since=jobs.now_us() - int(gap * 1_000_000))
 
     def deposed(epoch: int) -> None:
         background.stop()

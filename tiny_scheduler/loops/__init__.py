@@ -82,7 +82,9 @@ class Background:
             service.listeners.append(self.sns.listener)
         self._started = False
 
-    def start(self) -> None:
+    def start(self, schedules_since: int | None = None) -> None:
+        """Start the loops; `schedules_since` (microseconds) is when schedules last ran, when
+        another scheduler ran them until a moment ago (a new leader's term)."""
         if self._started:
             return
         self._started = True
@@ -91,7 +93,7 @@ class Background:
         self.scan.reset()
         if self.sns is not None:
             self.sns.start()
-        self.schedules.start()
+        self.schedules.start(schedules_since)
         for loop in self.loops:
             loop.start()
             log.info("started the %s loop (every %.2fs)", loop.name, loop.interval)

@@ -55,9 +55,10 @@ class ScheduleFiring:
         self.observers: list[FireObserver] = []
         self._failures: dict[int, tuple[int, SkipCause]] = {}  # seq -> (fire time, cause)
 
-    def start(self) -> None:
-        """Schedules run from now: fire times before this were missed while none ran."""
-        self.since = self.clock()
+    def start(self, since: int | None = None) -> None:
+        """Schedules run from now, or from `since`: fire times before it were missed while
+        none ran."""
+        self.since = self.clock() if since is None else since
 
     def tick(self) -> int:
         """Look at every due schedule once; returns how many jobs were made."""
