@@ -36,6 +36,8 @@ from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, parse_poll_reply, 
 from tiny_scheduler.dev.cluster import ClusterConfig, DevCluster
 from tiny_scheduler.dev.daemon import SchedulerProcess, free_port
 from tiny_scheduler.dev.registry import FakeRegistry
+from tiny_scheduler.dev.sns import FakeSns
+from tiny_scheduler.dev.sqs import FakeSqs
 from tiny_scheduler.storage.postgres import PostgresStore
 
 LIVENESS_SECS = 20.0
@@ -333,6 +335,71 @@ def test_sigkill_of_the_leader_under_load_loses_nothing_acknowledged(
     assert [job_id for job_id, count in claims.items() if count > 1] == [], "claimed twice"
     assert all(stored[job_id]["status"] in ("running", "done") for job_id in claims)
     assert all(stored[job_id]["status"] == "done" for job_id in finished)
+
+
+def test_sqs_exactly_once_and_sns_at_least_once_across_a_failover(
+    ha: Ha, registry: FakeRegistry
+) -> None:
+    sqs, sns = FakeSqs(visibility_secs=1.0).start(), FakeSns().start()
+    stop = threading.Event()
+    node = "ha-queue-node"
+    set_nodes(registry, [node])
+
+    def agent() -> None:
+        # Finishes every job it is given, following the leader like the one behind a VIP.
+        client = FollowingClient(urls)
+        while not stop.is_set():
+            poll = client.request("GET", "/jobs", params={"node_id": node, "status": "pending"})
+            if poll is None or poll.status_code != 200:
+                continue
+            for job in parse_poll_reply(poll.content)[:1]:
+                claim = client.request("PATCH", f"/jobs/{job.job_id}", data=compact(RUNNING_UPDATE))
+                if claim is not None and claim.status_code == 200:
+                    client.request(
+                        "PATCH", f"/jobs/{job.job_id}", data=compact(report_update(0, "ok"))
+                    )
+        client.close()
+
+    def done_jobs() -> dict[str, dict[str, Any]]:
+        for daemon in ha.leaders():
+            return {i: j for i, j in all_jobs(daemon.url).items() if j["status"] == "done"}
+        return {}
+
+    env = {"SQS_URL": sqs.url, "SNS_URL": sns.url, "SQS_POLL_INTERVAL_SECS": "0.1"}
+    first, second = ha.start(LONG_LEASE, env=env), ha.start(LONG_LEASE, env=env)
+    urls = [first.url, second.url]
+    worker = threading.Thread(target=agent)
+    try:
+        assert ha.wait_leader() is first
+        worker.start()
+        for number in range(20):
+            sqs.send("jobs", json.dumps({"command": f"echo {number}"}))
+        wait_for(lambda: len(done_jobs()) >= 5, timeout=LIVENESS_SECS)
+        first.kill()  # with messages still queued, and events maybe still in the outbox
+        assert ha.wait_leader([second]) is second
+        for number in range(20, 40):
+            sqs.send("jobs", json.dumps({"command": f"echo {number}"}))
+        wait_for(lambda: len(done_jobs()) == 40, timeout=LIVENESS_SECS, message="40 jobs done")
+        wait_for(lambda: not sqs.messages("jobs"), message="every message deleted")
+        stored = all_jobs(second.url)
+        # Exactly once: one job per message, whatever was redelivered across the takeover.
+        assert sorted(job["command"] for job in stored.values()) == sorted(
+            f"echo {number}" for number in range(40)
+        )
+
+        # At least once: every final state was published, by one leader or the other.
+        def published() -> set[str]:
+            events = [json.loads(message) for message in sns.published("job-status")]
+            return {event["job_id"] for event in events if event["status"] == "done"}
+
+        wait_for(lambda: published() >= set(stored), message="an SNS event for every job")
+    finally:
+        stop.set()
+        if worker.is_alive():
+            worker.join(LIVENESS_SECS + 10)
+        ha.stop()
+        sqs.stop()
+        sns.stop()
 
 
 # --- a pause ----------------------------------------------------------------------------------
