@@ -37,8 +37,8 @@ TEXT_TYPE = "text/plain; charset=utf-8"
 # tiny_scheduler.jobs, so that a change there cannot quietly change what the tests expect.
 WIRE_ORDER = (
     *("job_id", "node_id", "instance_id", "command", "deploy_url", "job_type", "port"),
-    *("env_vars", "timeout_secs", "not_before", "schedule_id", "status", "retry_count"),
-    *("exit_code", "stdout", "stderr"),
+    *("env_vars", "timeout_secs", "not_before", "schedule_id", "status", "reason"),
+    *("retry_count", "exit_code", "stdout", "stderr"),
     *("created_at", "running_at", "finished_at", "attempts"),
 )
 """Every field a job may show, in the order the spec gives them on the wire."""

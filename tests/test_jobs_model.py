@@ -36,6 +36,7 @@ def full_job() -> Job:
         not_before=T0 + 60_000_000,
         schedule_id="sched-2",
         status=jobs.FAILED,
+        reason=jobs.Reason.EXIT,
         retry_count=1,
         exit_code=3,
         stdout="out",
@@ -79,7 +80,9 @@ def test_full_job_lists_every_field_in_the_spec_order() -> None:
             "finished_at": "2025-11-30T10:20:30.123460Z",
         }
     ]
-    assert "dedupe_key" not in wire
+    assert wire["reason"] == "exit"
+    for hidden in ("dedupe_key", "holds_slot", "moved_from"):
+        assert hidden not in wire
 
 
 def test_attempts_only_when_asked_for() -> None:
@@ -232,7 +235,7 @@ def test_output_one_byte_over_the_cap() -> None:
 
 # The spec's statuses, written out: taken from jobs.STATUSES, a status dropped there would
 # silently drop its cases here too.
-STATUSES = ("pending", "running", "done", "failed", "cancelled")
+STATUSES = ("pending", "running", "done", "failed")
 UPDATE_STATUSES = ("running", "done", "failed")  # what a PATCH may ask for
 ALLOWED = {("pending", "running"), ("running", "done"), ("running", "failed")}
 
@@ -254,8 +257,16 @@ def test_only_a_pending_job_can_be_cancelled(current: str) -> None:
     job = new_job(status=current)
     if current == "pending":
         cancelled = jobs.cancel(job, T0 + 9)
-        assert (cancelled.status, cancelled.finished_at) == ("cancelled", T0 + 9)
+        assert cancelled.to_wire() == {
+            **job.to_wire(),
+            "status": "failed",
+            "reason": "cancelled",
+            "exit_code": -1,
+            "stderr": "job cancelled",
+            "finished_at": jobs.format_time(T0 + 9),
+        }
         assert cancelled.is_final
+        assert not jobs.should_retry(cancelled, 5), "a cancel is final"
     else:
         with pytest.raises(TransitionError) as caught:
             jobs.cancel(job, T0 + 9)
@@ -293,22 +304,88 @@ def test_a_finished_job_never_runs_again() -> None:
 
 
 @pytest.mark.parametrize(
-    ("status", "retry_count", "max_retries", "expected"),
+    ("status", "reason", "retry_count", "max_retries", "expected"),
     [
-        (jobs.FAILED, 0, 1, True),
-        (jobs.FAILED, 1, 1, False),
-        (jobs.FAILED, 0, 0, False),
-        (jobs.FAILED, 2, 3, True),
-        (jobs.DONE, 0, 1, False),
+        (jobs.FAILED, "exit", 0, 1, True),
+        (jobs.FAILED, "exit", 1, 1, False),
+        (jobs.FAILED, "exit", 0, 0, False),
+        (jobs.FAILED, "exit", 2, 3, True),
+        (jobs.FAILED, "node_lost", 0, 1, True),
+        (jobs.FAILED, "timeout", 0, 1, False),
+        (jobs.FAILED, "cancelled", 0, 1, False),
+        (jobs.DONE, None, 0, 1, False),
     ],
 )
-def test_should_retry(status: str, retry_count: int, max_retries: int, expected: bool) -> None:
-    job = new_job(status=status, retry_count=retry_count)
+def test_should_retry(
+    status: str, reason: str | None, retry_count: int, max_retries: int, expected: bool
+) -> None:
+    job = new_job(
+        status=status,
+        reason=jobs.Reason(reason) if reason else None,
+        retry_count=retry_count,
+    )
     assert jobs.should_retry(job, max_retries) is expected
 
 
-def test_retry_records_the_attempt_and_clears_the_attempt_fields() -> None:
+def test_a_failure_says_why_and_a_success_does_not() -> None:
     running = jobs.start(new_job(), T0 + 1)
+    assert jobs.finish(running, jobs.FAILED, 2, "", "", T0 + 2).reason == "exit"
+    assert jobs.finish(running, jobs.DONE, 0, "", "", T0 + 2).reason is None
+    lost = jobs.fail_by_scheduler(running, jobs.Reason.NODE_LOST, T0 + 2)
+    assert (lost.status, lost.reason, lost.exit_code, lost.stderr) == (
+        "failed",
+        "node_lost",
+        -1,
+        "node lost",
+    )
+    assert not lost.holds_slot, "whatever ran on a lost node is gone with it"
+    retried = jobs.retry(lost, "node-b")
+    assert retried.reason is None and "reason" not in retried.to_wire()
+
+
+def test_a_timed_out_run_job_keeps_its_slot_until_its_late_report() -> None:
+    running = jobs.start(new_job(), T0 + 1)
+    timed_out = jobs.fail_by_scheduler(running, jobs.Reason.TIMEOUT, T0 + 9)
+    assert (timed_out.status, timed_out.reason, timed_out.exit_code, timed_out.stderr) == (
+        "failed",
+        "timeout",
+        -1,
+        "job timed out",
+    )
+    assert timed_out.holds_slot and timed_out.uses_slot
+    for status in ("done", "failed"):
+        assert jobs.is_late_report(timed_out, status)
+    assert not jobs.is_late_report(timed_out, "running"), "a timed-out job never runs again"
+    freed = jobs.release_slot(timed_out)
+    assert not freed.uses_slot
+    assert freed.to_wire() == timed_out.to_wire(), "the late report leaves the job as it was"
+    exited = jobs.finish(running, jobs.FAILED, 1, "", "", T0 + 9)
+    assert not jobs.is_late_report(exited, "done"), "only a timeout's attempt can end late"
+
+
+def test_a_timed_out_service_keeps_no_slot() -> None:
+    # Services take no slot while they run, so there is none to keep (and the scan never
+    # times them out; this is the model's own consistency).
+    running = jobs.start(new_job(job_type=jobs.SERVICE), T0)
+    assert not jobs.fail_by_scheduler(running, jobs.Reason.TIMEOUT, T0 + 1).holds_slot
+
+
+@pytest.mark.parametrize(
+    ("fields", "movable"),
+    [
+        ({}, True),
+        ({"instance_id": "i-1"}, False),
+        ({"job_type": jobs.SERVICE}, False),
+        ({"status": jobs.RUNNING}, False),
+        ({"status": jobs.DONE}, False),
+    ],
+)
+def test_which_waiting_jobs_an_idle_node_may_take(fields: dict, movable: bool) -> None:
+    assert jobs.can_move(new_job(**fields)) is movable
+
+
+def test_retry_records_the_attempt_and_clears_the_attempt_fields() -> None:
+    running = jobs.start(new_job(moved_from="node-z"), T0 + 1)
     failed = jobs.finish(running, jobs.FAILED, 2, "o", "e", T0 + 2)
     retried = jobs.retry(failed, "node-b")
     assert retried.status == jobs.PENDING
@@ -316,6 +393,7 @@ def test_retry_records_the_attempt_and_clears_the_attempt_fields() -> None:
     assert retried.retry_count == 1
     assert retried.attempts == (Attempt("node-a", 2, "o", "e", T0 + 1, T0 + 2),)
     assert (retried.exit_code, retried.stdout, retried.stderr) == (None, "", "")
+    assert (retried.reason, retried.moved_from) == (None, "")
     assert (retried.running_at, retried.finished_at) == (None, None)
     assert retried.created_at == T0
     assert list(retried.to_wire()) == list(ALWAYS_PRESENT)

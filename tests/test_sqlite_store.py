@@ -13,7 +13,7 @@ import pytest
 
 from tiny_scheduler.jobs import Job
 from tiny_scheduler.storage import Batch, OutboxEvent, StoreOpenError, rows, sqlite
-from tiny_scheduler.storage.sqlite import SCHEMA_VERSION, SqliteStore
+from tiny_scheduler.storage.sqlite import MIGRATIONS, SCHEMA_VERSION, SqliteStore
 
 
 def test_the_table_has_exactly_the_declared_columns(tmp_path: Path) -> None:
@@ -254,4 +254,75 @@ def test_a_file_of_schema_version_1_gets_the_outbox_and_keeps_its_jobs(tmp_path:
         store.close()
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+
+
+# --- version 2: reasons, no `cancelled` status --------------------------------------------------
+
+_V1_COLUMNS = (
+    "seq, node_id, command, created_at, instance_id, deploy_url, job_type, port, env_vars, "
+    "timeout_secs, status, retry_count, exit_code, stdout, stderr, running_at, finished_at, "
+    "attempts, dedupe_key"
+)
+
+
+def _v1_row(seq: int, status: str, exit_code: int | None, stderr: str) -> tuple[object, ...]:
+    finished = 3_000 if status in ("done", "failed", "cancelled") else None
+    running = None if status in ("pending", "cancelled") else 2_000
+    head = (seq, "node-a", f"cmd {seq}", 1_000, "", "", "run", 0, None, 0, status, 0)
+    return (*head, exit_code, "", stderr, running, finished, None, None)
+
+
+def test_a_version_1_file_is_migrated_cancelled_rows_become_failures_with_reasons(
+    tmp_path: Path,
+) -> None:
+    """Version 1 had a `cancelled` status and no reasons. Its cancelled rows become the form
+    every client understands, and each stored failure (final, in version 1) gets its reason
+    from the fixed texts the scheduler wrote for its own failures."""
+    path = tmp_path / "v1.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(MIGRATIONS[1])
+        conn.execute("INSERT INTO schema_version (version) VALUES (1)")
+        rows_v1 = [
+            _v1_row(1, "cancelled", None, ""),
+            _v1_row(2, "failed", 3, "boom"),
+            _v1_row(3, "failed", -1, "job timed out"),
+            _v1_row(4, "failed", -1, "node lost"),
+            _v1_row(5, "failed", -1, "download error: 404"),  # the agent's -1: an exit
+            _v1_row(6, "done", 0, ""),
+            _v1_row(7, "pending", None, ""),
+            _v1_row(8, "running", None, ""),
+        ]
+        conn.executemany(
+            f"INSERT INTO jobs ({_V1_COLUMNS}) VALUES ({', '.join('?' * 19)})", rows_v1
+        )
+    conn.close()
+
+    store = SqliteStore(str(path))
+    try:
+        loaded = {job.seq: job for job in store.load().jobs}
+    finally:
+        store.close()
+    cancelled = loaded[1]
+    assert (cancelled.status, cancelled.reason, cancelled.exit_code, cancelled.stderr) == (
+        "failed",
+        "cancelled",
+        -1,
+        "job cancelled",
+    )
+    assert cancelled.finished_at == 3_000, "it keeps when it was cancelled"
+    assert {seq: (job.status, job.reason) for seq, job in loaded.items() if seq > 1} == {
+        2: ("failed", "exit"),
+        3: ("failed", "timeout"),
+        4: ("failed", "node_lost"),
+        5: ("failed", "exit"),
+        6: ("done", None),
+        7: ("pending", None),
+        8: ("running", None),
+    }
+    assert not any(job.holds_slot or job.moved_from for job in loaded.values())
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+        assert conn.execute("SELECT count(*) FROM jobs WHERE status = 'cancelled'").fetchone() == (
+            0,
+        )
     conn.close()

@@ -85,6 +85,7 @@ def full_job(seq: int = 1) -> Job:
         not_before=T0 - 1,
         schedule_id="sched-12",
         status=jobs.FAILED,
+        reason=jobs.Reason.TIMEOUT,
         retry_count=2,
         exit_code=-1,
         stdout="out\n" * 3,
@@ -96,6 +97,8 @@ def full_job(seq: int = 1) -> Job:
             Attempt("node-b", None, "", "", None, None),
         ),
         dedupe_key="http:key-1",
+        holds_slot=True,
+        moved_from="node-z",
     )
 
 
@@ -107,6 +110,9 @@ def test_every_field_survives_a_round_trip(open_store: OpenStore) -> None:
     loaded, last_seq = reopen(store, open_store)
     assert loaded == [full_job(1), minimal, zero_exit]
     assert last_seq == 3
+    # Equal is not enough: "timeout" == Reason.TIMEOUT and 1 == True.
+    assert type(loaded[0].reason) is jobs.Reason and type(loaded[0].holds_slot) is bool
+    assert (loaded[1].reason, loaded[1].holds_slot, loaded[1].moved_from) == (None, False, "")
 
 
 def test_any_text_comes_back_exactly(open_store: OpenStore) -> None:

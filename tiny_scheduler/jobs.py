@@ -4,8 +4,11 @@ Jobs are treated as immutable values: a change makes a new `Job` with `evolve()`
 table swaps it in. A reader that holds a `Job` therefore always sees one consistent version
 and can serialize it without a lock. No I/O here: the store and the table own that.
 
-The state machine (`pending → running → done | failed`, `pending → cancelled`, and the retry
-of a failed attempt back to `pending`) lives only in this module.
+The state machine lives only in this module: `pending → running → done | failed`, a cancel
+(`pending → failed` with reason `cancelled`), the scheduler's own failures (timeout, lost node),
+the retry of a failed attempt back to `pending`, and the slot a timed-out attempt keeps until
+its agent's late report. There are exactly four statuses, because every existing client waits
+for `done` or `failed`; *why* a job failed for good is its `reason`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ class Status(_WireEnum):
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
+
+
+class Reason(_WireEnum):
+    """Why a job is `failed` for good (set only on a failure that will not be retried)."""
+
+    EXIT = "exit"  # a non-zero exit, or an error the agent reported before the command ran
+    TIMEOUT = "timeout"
+    NODE_LOST = "node_lost"
     CANCELLED = "cancelled"
 
 
@@ -41,10 +52,13 @@ class JobType(_WireEnum):
     SERVICE = "service"
 
 
-PENDING, RUNNING, DONE, FAILED, CANCELLED = Status
+PENDING, RUNNING, DONE, FAILED = Status
 STATUSES = tuple(status.value for status in Status)
 """The statuses' wire names, in lifecycle order (for choices, filters and counts)."""
-FINAL_STATUSES = frozenset((DONE, FAILED, CANCELLED))
+FINAL_STATUSES = frozenset((DONE, FAILED))
+
+REASONS = tuple(reason.value for reason in Reason)
+"""The reasons' wire names (for filters and metric labels)."""
 
 RUN, SERVICE = JobType
 JOB_TYPES = tuple(job_type.value for job_type in JobType)
@@ -56,6 +70,16 @@ _ALLOWED_FROM = {RUNNING: PENDING, DONE: RUNNING, FAILED: RUNNING}
 JOB_ID_PREFIX = "job-"
 TIMED_OUT_STDERR = "job timed out"
 NODE_LOST_STDERR = "node lost"
+CANCELLED_STDERR = "job cancelled"
+CANCEL = "cancelled"
+"""What a cancel asks a job to become, as 409 texts name it (`… cannot become cancelled`)."""
+
+# The stderr the scheduler writes when it ends an attempt itself (exit code -1).
+_SCHEDULER_STDERR = {
+    Reason.TIMEOUT: TIMED_OUT_STDERR,
+    Reason.NODE_LOST: NODE_LOST_STDERR,
+    Reason.CANCELLED: CANCELLED_STDERR,
+}
 
 # How a field appears in the Job's JSON object (the `wire` metadata of each field below).
 ALWAYS = "always"  # always present, even when empty
@@ -128,6 +152,7 @@ class Job:
     not_before: int | None = _field(OPTIONAL, None, time=True)  # a delayed job's due time
     schedule_id: str = _field(OPTIONAL, "")  # the schedule whose fire created the job
     status: Status = _field(ALWAYS, PENDING)
+    reason: Reason | None = _field(OPTIONAL, None)  # only on a failure that is final
     retry_count: int = _field(ALWAYS, 0)
     exit_code: int | None = _field(OPTIONAL, None)
     stdout: str = _field(OPTIONAL, "")
@@ -138,6 +163,12 @@ class Job:
     attempts: tuple[Attempt, ...] = _field(DETAIL, ())
     # Where the job came from, for deduplication (an Idempotency-Key or an SQS message).
     dedupe_key: str | None = _field(HIDDEN, None)
+    # A timed-out `run` attempt whose process may still be running on its node: it keeps its
+    # slot until the agent's late report arrives or the node counts as lost.
+    holds_slot: bool = _field(HIDDEN, False)
+    # The node the job was last moved away from while it waited (stolen by an idle node, or
+    # taken off a lost one); cleared when it is placed afresh for a retry. For the job page.
+    moved_from: str = _field(HIDDEN, "")
 
     @property
     def job_id(self) -> str:
@@ -156,6 +187,12 @@ class Job:
     def takes_slot(self) -> bool:
         """Whether this job, while running, counts against its node's MAX_JOBS_PER_NODE."""
         return self.job_type != SERVICE
+
+    @property
+    def uses_slot(self) -> bool:
+        """Whether this job occupies one of its node's slots now: a running `run` job, or a
+        timed-out one whose process may still be running there."""
+        return (self.status == RUNNING and self.takes_slot) or self.holds_slot
 
     def evolve(self, **changes: Any) -> Job:
         return dataclasses.replace(self, **changes)
@@ -187,11 +224,21 @@ def start(job: Job, now: int) -> Job:
     return job.evolve(status=RUNNING, running_at=now)
 
 
-def finish(job: Job, status: str, exit_code: int | None, stdout: str, stderr: str, now: int) -> Job:
-    """End the running attempt as done or failed (before any retry decision)."""
+def finish(
+    job: Job,
+    status: str,
+    exit_code: int | None,
+    stdout: str,
+    stderr: str,
+    now: int,
+    reason: Reason = Reason.EXIT,
+) -> Job:
+    """End the running attempt as done or failed (before any retry decision). A failure
+    carries `reason` until a retry takes the job back to pending."""
     check_update(job, status)
     return job.evolve(
         status=status,
+        reason=reason if status == FAILED else None,
         exit_code=exit_code,
         stdout=stdout or job.stdout,
         stderr=stderr or job.stderr,
@@ -199,9 +246,35 @@ def finish(job: Job, status: str, exit_code: int | None, stdout: str, stderr: st
     )
 
 
+def fail_by_scheduler(job: Job, reason: Reason, now: int) -> Job:
+    """End the running attempt from the scheduler's side (`timeout` or `node_lost`): exit -1
+    and the reason's fixed stderr text. A timed-out `run` attempt keeps its slot: the
+    scheduler cannot stop the process on the node (see `is_late_report`)."""
+    failed = finish(job, FAILED, -1, "", _SCHEDULER_STDERR[reason], now, reason)
+    if reason == Reason.TIMEOUT and job.takes_slot:
+        failed = failed.evolve(holds_slot=True)
+    return failed
+
+
+def is_late_report(job: Job, status: str) -> bool:
+    """Whether a `done`/`failed` report is the late end of an attempt the scheduler already
+    timed out. It is answered 200 with the job unchanged (the timeout is final), and it
+    frees the slot the attempt kept (`release_slot`)."""
+    return status in (DONE, FAILED) and job.status == FAILED and job.reason == Reason.TIMEOUT
+
+
+def release_slot(job: Job) -> Job:
+    """The timed-out attempt's process is over (late report) or gone (lost node)."""
+    return job.evolve(holds_slot=False)
+
+
 def should_retry(job: Job, max_retries: int) -> bool:
-    """A failed attempt goes back to pending while retries are left."""
-    return job.status == FAILED and job.retry_count < max_retries
+    """A failed attempt goes back to pending while retries are left, unless it timed out (a
+    timeout is final: the same command would most likely time out again) or was cancelled."""
+    return job.status == FAILED and job.reason in _RETRIED_REASONS and job.retry_count < max_retries
+
+
+_RETRIED_REASONS = frozenset((Reason.EXIT, Reason.NODE_LOST))
 
 
 def retry(job: Job, node_id: str) -> Job:
@@ -216,7 +289,9 @@ def retry(job: Job, node_id: str) -> Job:
     )
     return job.evolve(
         status=PENDING,
+        reason=None,
         node_id=node_id,
+        moved_from="",
         retry_count=job.retry_count + 1,
         exit_code=None,
         stdout="",
@@ -233,9 +308,24 @@ def can_cancel(job: Job) -> bool:
 
 
 def cancel(job: Job, now: int) -> Job:
+    """A cancelled job ends as a failure every existing client understands: `failed`, reason
+    `cancelled`, exit -1, stderr `job cancelled`; it is never retried."""
     if not can_cancel(job):
-        raise TransitionError(job, CANCELLED)
-    return job.evolve(status=CANCELLED, finished_at=now)
+        raise TransitionError(job, CANCEL)
+    return job.evolve(
+        status=FAILED,
+        reason=Reason.CANCELLED,
+        exit_code=-1,
+        stderr=CANCELLED_STDERR,
+        finished_at=now,
+    )
+
+
+def can_move(job: Job) -> bool:
+    """Whether a waiting job may be handed to another node by an idle node's poll: a pending
+    `run` job not pinned to an instance (its instance lives on its node; a service belongs
+    where it was placed, under its port)."""
+    return job.status == PENDING and job.job_type == RUN and not job.instance_id
 
 
 def run_deadline(job: Job, default_timeout_secs: int) -> int | None:

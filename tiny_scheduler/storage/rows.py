@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from .. import validation
-from ..jobs import Attempt, Job, JobType, Status
+from ..jobs import Attempt, Job, JobType, Reason, Status
 from ..schedules import Overlap, Schedule
 
 COLUMNS = tuple(field.name for field in dataclasses.fields(Job))
@@ -45,6 +45,10 @@ def from_row(row: Sequence[Any]) -> Job:
     job.instance_id = intern(job.instance_id)
     job.job_type = JobType(job.job_type)
     job.status = Status(job.status)
+    if job.reason is not None:
+        job.reason = Reason(job.reason)
+    job.holds_slot = bool(job.holds_slot)
+    job.moved_from = intern(job.moved_from)
     if job.env_vars is not None:
         job.env_vars = orjson.loads(job.env_vars)
     if job.attempts is not None:
@@ -69,7 +73,7 @@ def problem(row: Sequence[Any]) -> str | None:
                 orjson.loads(value)
             except orjson.JSONDecodeError as exc:
                 return f"{name} is not valid JSON ({exc})"
-        if name in _ENUMS and value not in _ENUMS[name]:
+        if name in _ENUMS and value is not None and value not in _ENUMS[name]:
             return f"{name} {_short(value)} is none of {', '.join(_ENUMS[name])}"
         values.append(value)
     try:
@@ -79,7 +83,11 @@ def problem(row: Sequence[Any]) -> str | None:
     return None
 
 
-_ENUMS = {"status": tuple(s.value for s in Status), "job_type": tuple(t.value for t in JobType)}
+_ENUMS = {
+    "status": tuple(s.value for s in Status),
+    "job_type": tuple(t.value for t in JobType),
+    "reason": tuple(r.value for r in Reason),  # or NULL
+}
 
 
 def _short(value: object, limit: int = 60) -> str:

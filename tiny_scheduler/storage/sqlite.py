@@ -52,6 +52,25 @@ CREATE TABLE jobs (
 );
 """
 
+# Version 2 (placement and lifecycle, issue 13): there is no `cancelled` status any more. A
+# cancelled job is `failed` with reason `cancelled`, exit -1 and stderr `job cancelled`, and
+# every final failure says why (`reason`). Rows stored as `failed` by version 1 were final
+# failures; their reason is read from the fixed texts the scheduler wrote for its own
+# failures. A timed-out job of version 1 holds no slot: that scheduler never kept one.
+_SCHEMA_V2 = """
+ALTER TABLE jobs ADD COLUMN reason TEXT;
+ALTER TABLE jobs ADD COLUMN holds_slot INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN moved_from TEXT NOT NULL DEFAULT '';
+UPDATE jobs SET reason = CASE
+        WHEN exit_code = -1 AND stderr = 'job timed out' THEN 'timeout'
+        WHEN exit_code = -1 AND stderr = 'node lost' THEN 'node_lost'
+        ELSE 'exit'
+    END
+    WHERE status = 'failed';
+UPDATE jobs SET status = 'failed', reason = 'cancelled', exit_code = -1, stderr = 'job cancelled'
+    WHERE status = 'cancelled';
+"""
+
 # The SNS outbox: events stored with the change that caused them, deleted once delivered.
 _SCHEMA_V3 = """
 CREATE TABLE outbox (
@@ -84,9 +103,9 @@ CREATE TABLE schedules (
 );
 """
 
-# Version 2 (placement: `reason`) and version 4 (output kept off the heap) land from
-# work beside this; a file is taken through whichever entries exist above its version.
-MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 3: _SCHEMA_V3, 5: _SCHEMA_V5}
+# Version 4 (output kept off the heap) lands from work beside this; a file is taken through
+# whichever entries exist above its version.
+MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 5: _SCHEMA_V5}
 """Each entry upgrades a file to version N from the one before it. A new schema version adds
 one; a file is taken through every entry above its version, in order."""
 
