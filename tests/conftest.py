@@ -56,6 +56,9 @@ BASE_ENV = {
     # tests of the API; the loops have tests of their own that turn them on.
     "TIMEOUT_SCAN_INTERVAL_SECS": "3600",
     "JOB_RETENTION_SECS": "0",
+    # Tests sharing one scheduler leave waiting jobs on nodes that then leave the registry, and
+    # an idle node's poll would take them over; the tests of moving work turn it on.
+    "JOB_STEALING": "0",
     # Whatever the developer's shell holds, these peers and auth are off unless a test says so
     # (an empty variable counts as unset).
     "TINYAWS_API_KEY": "",

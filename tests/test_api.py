@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -64,12 +66,19 @@ def test_health(api: Api) -> None:
     assert (body["service"], body["status"]) == ("scheduler", "healthy")
 
 
-def test_schedule_picks_the_next_healthy_node(api: Api, registry: FakeRegistry) -> None:
+def test_schedule_names_the_node_the_next_submission_gets_and_moves_nothing(
+    api: Api, registry: FakeRegistry
+) -> None:
     first, second = unique_node(), unique_node()
     set_nodes(registry, [second, first], unhealthy=[unique_node()])
-    picked = [expect_json(api.get("/schedule"), 200) for _ in range(4)]
-    assert all(list(body) == ["node_id"] for body in picked)
-    assert sorted(body["node_id"] for body in picked) == sorted([first, second] * 2)
+    placed = []
+    for _ in range(4):
+        looks = [expect_json(api.get("/schedule"), 200) for _ in range(3)]
+        assert all(list(body) == ["node_id"] for body in looks)
+        assert len({body["node_id"] for body in looks}) == 1, "a GET has no side effects"
+        placed.append(api.submit()["node_id"])
+        assert placed[-1] == looks[0]["node_id"], "GET /schedule then POST /jobs: same node"
+    assert sorted(placed) == sorted([first, second] * 2)
 
 
 def test_schedule_without_healthy_nodes(api: Api, registry: FakeRegistry) -> None:
@@ -290,8 +299,13 @@ def test_filters(api: Api, node: str) -> None:
     assert listed(status="pending") == ids([pending])
     assert listed(status="running") == ids([service])
     assert listed(status="done") == ids([done])
-    assert listed(status="failed") == ids([failed])
-    assert listed(status="cancelled") == ids([cancelled])
+    assert listed(status="failed") == ids([failed, cancelled])
+    assert listed(status="failed", reason="cancelled") == ids([cancelled])
+    assert listed(reason="cancelled") == ids([cancelled])
+    assert listed(reason="exit") == ids([failed])
+    assert listed(status="pending", reason="exit") == []
+    assert listed(reason="timeout") == listed(reason="bogus") == []
+    assert listed(status="cancelled") == []  # not a status any more
     assert listed(job_type="service") == ids([service])
     assert listed(job_type="run") == ids([pending, done, failed, cancelled])
     assert listed(job_type="run", status="done") == ids([done])
@@ -448,7 +462,10 @@ def test_patch_forbidden_transitions_name_the_current_status(api: Api, node: str
 
     cancelled = api.submit()["job_id"]
     expect_json(api.post(f"/jobs/{cancelled}/cancel"), 200)
-    expect_conflict(api.patch(f"/jobs/{cancelled}", {"status": "running"}), "cancelled")
+    for wanted in ("running", "done", "failed"):
+        # Only a timed-out attempt may end late (200); a cancelled job never ran at all.
+        reply = api.patch(f"/jobs/{cancelled}", {"status": wanted, "exit_code": 0})
+        expect_conflict(reply, "failed")
 
     final = api.submit()["job_id"]
     for _ in range(2):
@@ -498,16 +515,64 @@ def test_a_retry_goes_to_another_node_even_when_the_rotation_points_back(
 def test_cancel(api: Api, agent: Agent) -> None:
     job = api.submit()
     cancelled = expect_json(api.post(f"/jobs/{job['job_id']}/cancel"), 200)
-    assert cancelled["status"] == "cancelled"
+    # The form every existing client understands: failed, and why.
+    assert {**cancelled, "finished_at": "set"} == {
+        **job,
+        "status": "failed",
+        "reason": "cancelled",
+        "exit_code": -1,
+        "stderr": "job cancelled",
+        "finished_at": "set",
+    }
+    assert list(cancelled) == in_wire_order(cancelled)
     assert TIME.match(cancelled["finished_at"])
     assert api.job(job["job_id"]) == cancelled
     assert agent.poll() == []
-    expect_conflict(api.post(f"/jobs/{job['job_id']}/cancel"), "cancelled")
+    expect_conflict(api.post(f"/jobs/{job['job_id']}/cancel"), "failed")
 
     running = api.submit()["job_id"]
     claim(api, running)
     expect_conflict(api.post(f"/jobs/{running}/cancel"), "running")
     expect_error(api.post("/jobs/job-999999999/cancel"), 404, "job not found")
+
+
+TINYAWS_WAIT_SECS = 2.0
+"""The tiny-aws CLI's `job status --wait` and the lambda runtime look at a job every 2 s."""
+
+
+def test_the_tiny_aws_wait_loop_returns_on_a_cancelled_job(
+    scheduler: SchedulerProcess, api: Api, node: str
+) -> None:
+    """The requests `tinyaws job status ID --wait` makes: `GET /jobs/{id}` every 2 s until
+    the status is `done` or `failed`, the only ends it knows. A job cancelled while a client
+    waits must end that loop (a `cancelled` status kept it printing forever)."""
+    job_id = api.submit()["job_id"]
+    seen: list[str] = []
+    first_look = threading.Event()
+    ended = threading.Event()
+
+    def tinyaws_wait() -> None:
+        client = Api(scheduler.url)
+        try:
+            for _ in range(5):  # the real client has no limit; five looks are plenty here
+                status = expect_json(client.get(f"/jobs/{job_id}"), 200)["status"]
+                seen.append(status)
+                first_look.set()
+                if status in ("done", "failed"):
+                    ended.set()
+                    return
+                time.sleep(TINYAWS_WAIT_SECS)  # the client's own interval, as it waits
+        finally:
+            client.close()
+
+    waiter = threading.Thread(target=tinyaws_wait, daemon=True)
+    waiter.start()
+    assert first_look.wait(10), "the waiting client never got an answer"
+    expect_json(api.post(f"/jobs/{job_id}/cancel"), 200)
+    waiter.join(5 * TINYAWS_WAIT_SECS + 10)
+    assert ended.is_set(), f"the wait loop never ended; it saw {seen}"
+    assert seen[0] == "pending" and seen[-1] == "failed"
+    assert api.job(job_id)["reason"] == "cancelled"
 
 
 # --- HTTP odds and ends ---------------------------------------------------------------------

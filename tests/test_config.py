@@ -18,6 +18,8 @@ EVERY_VARIABLE = {
     "TINYAWS_API_KEY": "s3cret",
     "AUTH_AGENT_EXEMPT": "0",
     "MAX_JOBS_PER_NODE": "4",
+    "PLACEMENT": "round-robin",
+    "JOB_STEALING": "0",
     "MAX_JOB_RETRIES": "0",
     "JOB_TIMEOUT_SECS": "60",
     "TIMEOUT_SCAN_INTERVAL_SECS": "0.25",
@@ -44,6 +46,8 @@ def test_defaults_match_the_spec() -> None:
         api_key=None,
         auth_agent_exempt=True,
         max_jobs_per_node=1,
+        placement="least-loaded",
+        job_stealing=True,
         max_job_retries=1,
         job_timeout_secs=3600,
         timeout_scan_interval_secs=10,
@@ -68,6 +72,8 @@ def test_every_variable_parses() -> None:
         api_key="s3cret",
         auth_agent_exempt=False,
         max_jobs_per_node=4,
+        placement="round-robin",
+        job_stealing=False,
         max_job_retries=0,
         job_timeout_secs=60,
         timeout_scan_interval_secs=0.25,
@@ -81,6 +87,11 @@ def test_every_variable_parses() -> None:
         sns_url="http://sns:9004",
         sns_topic="events",
     )
+
+
+@pytest.mark.parametrize("text", ["auto", "AUTO", " auto "])
+def test_slots_from_each_nodes_cpu_count(text: str) -> None:
+    assert Settings.from_env({"MAX_JOBS_PER_NODE": text}).max_jobs_per_node == "auto"
 
 
 @pytest.mark.parametrize("empty", ["", "  "])
@@ -102,6 +113,10 @@ def test_flags(text: str, value: bool) -> None:
         ("MAX_JOBS_PER_NODE", "abc"),
         ("MAX_JOBS_PER_NODE", "0"),
         ("MAX_JOBS_PER_NODE", "1.5"),
+        ("MAX_JOBS_PER_NODE", "automatic"),
+        ("PLACEMENT", "random"),
+        ("PLACEMENT", "least_loaded"),
+        ("JOB_STEALING", "sometimes"),
         ("MAX_JOB_RETRIES", "-1"),
         ("JOB_TIMEOUT_SECS", "1h"),
         ("JOB_RETENTION_SECS", "-1"),

@@ -149,7 +149,7 @@ def test_listings_and_the_node_view_show_delayed_jobs_as_pending() -> None:
     assert (seqs(found), more) == ([1, 2, 3], False)
     found, _ = table.query("node-a", jobs.PENDING, None, 1, 10)
     assert seqs(found) == [2]
-    assert seqs(table.on_node("node-a")[0]) == [1, 2]
+    assert seqs(table.on_node("node-a").pending) == [1, 2]
     assert table.busy_nodes() == {"node-a", "node-b"}
     assert table.counts()[jobs.PENDING] == 3
 

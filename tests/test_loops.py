@@ -111,18 +111,77 @@ def test_run_job_times_out_fails_without_retry_and_is_published(make_cluster) ->
     failed = wait_for(
         lambda: (j := cluster.job(job["job_id"]))["status"] == "failed" and j, timeout=15
     )
-    assert failed["exit_code"] == -1
-    assert failed["stderr"] == "job timed out"
+    assert (failed["exit_code"], failed["stderr"], failed["reason"]) == (
+        -1,
+        "job timed out",
+        "timeout",
+    )
     assert failed["retry_count"] == 0, "a timed-out job is not retried"
     assert "attempts" not in failed
     event = wait_for(lambda: [e for e in cluster.events() if e["job_id"] == job["job_id"]])
     assert event == [
-        {"job_id": job["job_id"], "status": "failed", "node_id": job["node_id"], "exit_code": -1}
+        {
+            "job_id": job["job_id"],
+            "status": "failed",
+            "node_id": job["node_id"],
+            "exit_code": -1,
+            "reason": "timeout",
+        }
     ]
-    # A late report from the agent cannot resurrect it.
-    late = cluster.patch(job["job_id"], {"status": "done", "exit_code": 0})
-    assert late.status_code == 409
-    assert "failed" in late.text
+    # The agent's late report ends the same attempt: accepted, and the job stays as it was.
+    late = cluster.patch(job["job_id"], {"status": "done", "exit_code": 0, "stdout": "late"})
+    assert (late.status_code, late.json()) == (200, failed)
+    assert cluster.job(job["job_id"]) == failed
+    assert cluster.patch(job["job_id"], {"status": "running"}).status_code == 409
+
+
+def poll(cluster: Cluster, node_id: str) -> list[str]:
+    reply = cluster.http.get(
+        cluster.server.url + "/jobs", params={"node_id": node_id, "status": "pending"}, timeout=10
+    )
+    assert reply.status_code == 200, reply.text
+    return [job["job_id"] for job in reply.json()]
+
+
+def overview_row(cluster: Cluster, node_id: str) -> str:
+    page = cluster.http.get(cluster.server.url + "/ui/", timeout=10).text
+    start = page.index(f'<tr data-node="{node_id}">')
+    return page[start : page.index("</tr>", start)]
+
+
+def test_a_timed_out_job_keeps_its_slot_until_its_late_report(make_cluster) -> None:
+    """Its process still runs on the node: no new work goes there until the agent reports
+    the end (MAX_JOBS_PER_NODE is 1), and the dashboard shows the node busy with it."""
+    cluster = make_cluster(nodes=("node-a",))
+    slow = cluster.submit(command="sleep 60", timeout_secs=1)["job_id"]
+    cluster.claim(slow)
+    waiting = cluster.submit(command="echo next")["job_id"]
+    timed_out = wait_for(lambda: (j := cluster.job(slow))["status"] == "failed" and j, 15)
+    assert poll(cluster, "node-a") == [], "the slot is still taken"
+    row = overview_row(cluster, "node-a")
+    assert "1 of 1 in use" in row and slow in row and "still running" in row
+
+    late = cluster.patch(slow, {"status": "failed", "exit_code": 137, "stderr": "killed"})
+    assert (late.status_code, late.json()) == (200, timed_out)
+    assert poll(cluster, "node-a") == [waiting], "the late report freed the slot"
+    row = overview_row(cluster, "node-a")
+    assert "0 of 1 in use" in row and slow not in row
+    assert "late failed report" in cluster.log_text()
+
+
+def test_a_timed_out_jobs_slot_is_freed_when_its_node_is_lost(make_cluster) -> None:
+    cluster = make_cluster({"NODE_LOST_SECS": "1"}, nodes=("node-a",))
+    slow = cluster.submit(command="sleep 60", timeout_secs=1)["job_id"]
+    cluster.claim(slow)
+    waiting = cluster.submit(command="echo next")["job_id"]
+    wait_for(lambda: cluster.job(slow)["status"] == "failed", 15)
+    assert poll(cluster, "node-a") == []
+
+    cluster.registry.set_node("node-a", status="unhealthy")
+    wait_for(lambda: f"job {slow}: slot on lost node node-a freed" in cluster.log_text(), 15)
+    cluster.registry.set_node("node-a")  # the node is back, whatever ran there is gone
+    assert poll(cluster, "node-a") == [waiting]
+    assert cluster.job(slow)["reason"] == "timeout", "freeing the slot changes nothing else"
 
 
 def test_the_timeout_counts_from_running_at_not_created_at(make_cluster) -> None:
@@ -192,10 +251,27 @@ def test_running_job_on_lost_node_fails_and_runs_again_elsewhere(make_cluster) -
     assert attempt["node_id"] == lost
     assert attempt["exit_code"] == -1
     assert attempt["stderr"] == "node lost"
+    assert "reason" not in retried, "a retried job has not failed for good"
 
     cluster.claim(job["job_id"])
     done = cluster.patch(job["job_id"], {"status": "done", "exit_code": 0, "stdout": "ok\n"})
     assert done.json()["status"] == "done"
+
+
+def test_a_lost_node_with_no_retry_left_fails_for_good_with_reason_node_lost(make_cluster) -> None:
+    cluster = make_cluster({"NODE_LOST_SECS": "1", "MAX_JOB_RETRIES": "0"})
+    job = cluster.submit(command="echo lost")
+    cluster.claim(job["job_id"])
+    cluster.registry.remove_node(job["node_id"])
+
+    failed = wait_for(lambda: (j := cluster.job(job["job_id"]))["status"] == "failed" and j, 15)
+    assert (failed["reason"], failed["exit_code"], failed["stderr"]) == (
+        "node_lost",
+        -1,
+        "node lost",
+    )
+    event = wait_for(lambda: [e for e in cluster.events() if e["job_id"] == job["job_id"]])
+    assert event[0]["reason"] == "node_lost"
 
 
 def test_running_job_survives_a_short_absence(make_cluster) -> None:
@@ -310,8 +386,12 @@ def test_sns_hanging_does_not_slow_updates_and_events_follow(make_cluster) -> No
 
     cluster.sns.fault = None
     cluster.sns.release()
-    expected = {(j["job_id"], "done") for j in jobs} | {(cancelled["job_id"], "cancelled")}
-    wait_for(lambda: {(e["job_id"], e["status"]) for e in cluster.events()} >= expected, 30)
+    expected = {(j["job_id"], "done", None) for j in jobs}
+    expected.add((cancelled["job_id"], "failed", "cancelled"))
+    wait_for(
+        lambda: {(e["job_id"], e["status"], e.get("reason")) for e in cluster.events()} >= expected,
+        30,
+    )
 
 
 def sns_depth(cluster: Cluster) -> int:

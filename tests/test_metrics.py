@@ -21,7 +21,7 @@ from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.dev.sns import FakeSns
 from tiny_scheduler.dev.sqs import FakeSqs
-from tiny_scheduler.metrics import metrics_of
+from tiny_scheduler.metrics import MAX_NODE_SERIES, OTHER_NODES, metrics_of
 
 KEY = "metrics-test-key"
 SCHEDULER_ENV = {"TINYAWS_API_KEY": KEY}
@@ -88,8 +88,12 @@ def test_metrics_follow_the_life_of_jobs(
     after = scrape(scheduler.url)
     assert grew(before, after, "tiny_scheduler_jobs_submitted_total", source="http") == 3
     assert grew(before, after, "tiny_scheduler_jobs_submitted_total", source="sqs") == 0
-    for status in ("done", "failed", "cancelled"):
-        assert grew(before, after, "tiny_scheduler_jobs_finished_total", status=status) == 1
+    finished = "tiny_scheduler_jobs_finished_total"
+    for status, reason in (("done", ""), ("failed", "exit"), ("failed", "cancelled")):
+        assert grew(before, after, finished, status=status, reason=reason) == 1
+    assert grew(before, after, finished, status="failed", reason="timeout") == 0
+    # No job waits on the node now: its series is gone, not left at zero.
+    assert ("tiny_scheduler_node_queue_depth", (("node", agent.node_id),)) not in after
     assert grew(before, after, "tiny_scheduler_job_retries_total") == 1
     assert grew(before, after, "tiny_scheduler_agent_polls_total") == 1
     assert grew(before, after, "tiny_scheduler_job_wait_seconds_count") == 3  # three claims
@@ -233,10 +237,11 @@ def test_timeouts_moves_lost_nodes_and_peer_calls(
 
         samples = wait_for(settled, message=lambda: f"SQS and SNS in the metrics: {counters()}")
         assert value(samples, "tiny_scheduler_job_timeouts_total") == 1
-        assert value(samples, "tiny_scheduler_jobs_moved_total") >= 1
+        assert value(samples, "tiny_scheduler_jobs_moved_total", why="node_down") >= 1
         assert value(samples, "tiny_scheduler_node_lost_failures_total") == 1
         assert value(samples, "tiny_scheduler_job_retries_total") == 1
-        assert value(samples, "tiny_scheduler_jobs_finished_total", status="failed") == 1
+        failed = {"status": "failed", "reason": "timeout"}
+        assert value(samples, "tiny_scheduler_jobs_finished_total", **failed) == 1
         sqs_ok = {"peer": "sqs", "result": "ok"}
         assert value(samples, "tiny_scheduler_peer_calls_total", endpoint="receive", **sqs_ok) >= 1
         assert value(samples, "tiny_scheduler_peer_calls_total", endpoint="delete", **sqs_ok) == 1
@@ -284,3 +289,25 @@ def test_no_created_series(scheduler: SchedulerProcess, keyed_api: Api) -> None:
     assert "tiny_scheduler_jobs_submitted_total" in names
     assert "tiny_scheduler_http_request_duration_seconds_count" in names
     assert sorted(name for name in names if name.endswith("_created")) == []
+
+
+def test_the_per_node_queue_gauge_has_a_bounded_number_of_series(
+    make_app: AppFactory, registry: FakeRegistry
+) -> None:
+    """Narrow, in-process: past MAX_NODE_SERIES nodes, the rest are added up in one series."""
+    nodes = [f"node-{n:03d}" for n in range(MAX_NODE_SERIES + 5)]
+    set_nodes(registry, nodes)
+    client = make_app("many", registry_cache_secs=60).test_client()
+    for _ in nodes:  # least-loaded: one job on every node
+        assert client.post("/jobs", data=compact({"command": "true"})).status_code == 201
+    assert client.post("/jobs", data=compact({"command": "true"})).status_code == 201
+    samples = parse(client.get("/metrics").get_data(as_text=True))
+    depths = {
+        dict(labels)["node"]: count
+        for (name, labels), count in samples.items()
+        if name == "tiny_scheduler_node_queue_depth"
+    }
+    assert len(depths) == MAX_NODE_SERIES + 1
+    assert depths[nodes[0]] == 2  # the extra job: the rotation came round again
+    assert depths[OTHER_NODES] == 5
+    assert sum(depths.values()) == len(nodes) + 1

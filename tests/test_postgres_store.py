@@ -231,3 +231,48 @@ def waiting_on_locks(sql: psycopg.Connection) -> bool:
         "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'jobs'::regclass"
     ).fetchone()
     return bool(row and row[0])
+
+
+def test_a_version_1_database_is_migrated_cancelled_rows_become_failures_with_reasons(
+    db_url: str, sql: psycopg.Connection
+) -> None:
+    """Version 1 had a `cancelled` status and no reasons (as test_sqlite_store checks for
+    SQLite): its cancelled rows become failed with reason cancelled, its failures get theirs."""
+    store = Writer(PostgresStore(db_url))
+    store.start()
+    store.save(*(job(seq) for seq in range(1, 6)))
+    store.close()
+    # Back to what a version-1 database held.
+    for column in ("reason", "holds_slot", "moved_from"):
+        sql.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
+    sql.execute("UPDATE schema_version SET version = 1")
+    sql.execute("UPDATE jobs SET status = 'cancelled', finished_at = 9 WHERE seq = 1")
+    sql.execute("UPDATE jobs SET status = 'failed', exit_code = 3, stderr = 'boom' WHERE seq = 2")
+    sql.execute(
+        "UPDATE jobs SET status = 'failed', exit_code = -1, stderr = 'job timed out' WHERE seq = 3"
+    )
+    sql.execute(
+        "UPDATE jobs SET status = 'failed', exit_code = -1, stderr = 'node lost' WHERE seq = 4"
+    )
+
+    reopened = PostgresStore(db_url)
+    try:
+        loaded = {found.seq: found for found in reopened.load().jobs}
+    finally:
+        reopened.close()
+    cancelled = loaded[1]
+    assert (cancelled.status, cancelled.reason, cancelled.exit_code, cancelled.stderr) == (
+        "failed",
+        "cancelled",
+        -1,
+        "job cancelled",
+    )
+    assert cancelled.finished_at == 9
+    assert {seq: (found.status, found.reason) for seq, found in loaded.items() if seq > 1} == {
+        2: ("failed", "exit"),
+        3: ("failed", "timeout"),
+        4: ("failed", "node_lost"),
+        5: ("pending", None),
+    }
+    assert not any(found.holds_slot or found.moved_from for found in loaded.values())
+    assert sql.execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)

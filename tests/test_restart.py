@@ -61,12 +61,12 @@ def test_sigterm_then_start_again_keeps_every_job_and_continues_ids(
     agents = {node: Agent(first.url, node) for node in ("node-a", "node-b", "node-c")}
     job_ids = build_history(api, agents, registry)
     before = snapshot(api, job_ids)
-    assert {job["status"] for job in before[0]} == {
-        "pending",
-        "running",
-        "done",
-        "failed",
-        "cancelled",
+    assert {(job["status"], job.get("reason")) for job in before[0]} == {
+        ("pending", None),
+        ("running", None),
+        ("done", None),
+        ("failed", "exit"),
+        ("failed", "cancelled"),
     }
     assert before[0][3]["attempts"] and before[0][4]["attempts"]
     api.close()

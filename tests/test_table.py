@@ -76,13 +76,21 @@ def test_a_claimed_or_moved_job_leaves_its_nodes_queue() -> None:
 
 @pytest.fixture
 def mixed() -> JobTable:
-    """Twelve jobs over two nodes in every status, some services."""
-    statuses = [jobs.PENDING, jobs.RUNNING, jobs.DONE, jobs.FAILED, jobs.CANCELLED, jobs.PENDING]
+    """Twelve jobs over two nodes in every status, failures with two reasons, some services."""
+    states = [
+        (jobs.PENDING, None),
+        (jobs.RUNNING, None),
+        (jobs.DONE, None),
+        (jobs.FAILED, jobs.Reason.EXIT),
+        (jobs.FAILED, jobs.Reason.CANCELLED),
+        (jobs.PENDING, None),
+    ]
     return table_of(
         make(
             s,
             "node-a" if s <= 6 else "node-b",
-            status=statuses[(s - 1) % 6],
+            status=states[(s - 1) % 6][0],
+            reason=states[(s - 1) % 6][1],
             job_type=jobs.SERVICE if s % 3 == 0 else jobs.RUN,
         )
         for s in range(1, 13)
@@ -90,26 +98,36 @@ def mixed() -> JobTable:
 
 
 @pytest.mark.parametrize(
-    ("node_id", "status", "job_type", "expected"),
+    ("node_id", "status", "job_type", "reason", "expected"),
     [
-        (None, None, None, list(range(1, 13))),
-        ("node-a", None, None, [1, 2, 3, 4, 5, 6]),
-        (None, jobs.PENDING, None, [1, 6, 7, 12]),
-        (None, jobs.RUNNING, None, [2, 8]),
-        (None, jobs.DONE, None, [3, 9]),
-        (None, jobs.CANCELLED, None, [5, 11]),
-        ("node-b", jobs.PENDING, None, [7, 12]),
-        (None, None, jobs.SERVICE, [3, 6, 9, 12]),
-        (None, jobs.PENDING, jobs.SERVICE, [6, 12]),
-        ("node-a", jobs.DONE, jobs.SERVICE, [3]),
-        (None, "bogus", None, []),
-        ("node-z", None, None, []),
+        (None, None, None, None, list(range(1, 13))),
+        ("node-a", None, None, None, [1, 2, 3, 4, 5, 6]),
+        (None, jobs.PENDING, None, None, [1, 6, 7, 12]),
+        (None, jobs.RUNNING, None, None, [2, 8]),
+        (None, jobs.DONE, None, None, [3, 9]),
+        (None, jobs.FAILED, None, None, [4, 5, 10, 11]),
+        (None, jobs.FAILED, None, "cancelled", [5, 11]),
+        (None, None, None, "exit", [4, 10]),
+        ("node-b", None, None, "cancelled", [11]),
+        (None, jobs.PENDING, None, "cancelled", []),
+        (None, None, None, "bogus", []),
+        ("node-b", jobs.PENDING, None, None, [7, 12]),
+        (None, None, jobs.SERVICE, None, [3, 6, 9, 12]),
+        (None, jobs.PENDING, jobs.SERVICE, None, [6, 12]),
+        ("node-a", jobs.DONE, jobs.SERVICE, None, [3]),
+        (None, "bogus", None, None, []),
+        ("node-z", None, None, None, []),
     ],
 )
 def test_query_filters_oldest_first(
-    mixed: JobTable, node_id: str | None, status: str | None, job_type: str | None, expected: list
+    mixed: JobTable,
+    node_id: str | None,
+    status: str | None,
+    job_type: str | None,
+    reason: str | None,
+    expected: list,
 ) -> None:
-    found, more = mixed.query(node_id, status, job_type, 0, 1000)
+    found, more = mixed.query(node_id, status, job_type, 0, 1000, reason)
     assert (seqs(found), more) == (expected, False)
 
 
@@ -132,7 +150,7 @@ def test_query_pages_with_after_limit_and_has_more(mixed: JobTable, status: str 
 def test_query_scans_history_beyond_one_chunk() -> None:
     # The scan lets go of its lock every few thousand jobs; matches must survive the seams.
     table = table_of(
-        make(s, status=jobs.DONE if s % 1000 == 0 else jobs.CANCELLED) for s in range(1, 10_001)
+        make(s, status=jobs.DONE if s % 1000 == 0 else jobs.FAILED) for s in range(1, 10_001)
     )
     found, more = table.query(None, jobs.DONE, None, 0, 5)
     assert (seqs(found), more) == ([1000, 2000, 3000, 4000, 5000], True)
@@ -142,7 +160,7 @@ def test_query_scans_history_beyond_one_chunk() -> None:
 
 
 def test_counts(mixed: JobTable) -> None:
-    assert mixed.counts() == {"pending": 4, "running": 2, "done": 2, "failed": 2, "cancelled": 2}
+    assert mixed.counts() == {"pending": 4, "running": 2, "done": 2, "failed": 4}
 
 
 # --- ids ------------------------------------------------------------------------------------
@@ -281,3 +299,105 @@ def test_the_key_stays_with_the_job_through_updates() -> None:
     table.put(make(1, dedupe_key="k", status=jobs.RUNNING, running_at=T0))
     with table.deduplicating("k") as existing:
         assert existing is not None and existing.status == jobs.RUNNING
+
+
+# --- loads, held slots and the jobs an idle node may take -------------------------------------
+
+HOLD_US = 10_000_000  # OFFER_HOLD_SECS, written out: the spec's 10 s
+
+
+def test_node_loads_count_waiting_run_jobs_and_slots_in_use() -> None:
+    table = table_of(
+        make(1),  # waiting run job
+        make(2, instance_id="i-1"),  # pinned: still waiting work of the node
+        make(3, job_type=jobs.SERVICE),  # a waiting service will take no slot
+        make(4, status=jobs.RUNNING, running_at=T0),
+        make(5, status=jobs.RUNNING, running_at=T0, job_type=jobs.SERVICE),
+        make(6, status=jobs.FAILED, reason=jobs.Reason.TIMEOUT, holds_slot=True),
+        make(7, status=jobs.FAILED, reason=jobs.Reason.TIMEOUT),  # its late report came
+        make(8, "node-b", status=jobs.DONE),
+    )
+    assert table.node_loads(["node-a", "node-b", "node-z"]) == {
+        "node-a": (2, 2),
+        "node-b": (0, 0),
+        "node-z": (0, 0),
+    }
+    # The held slot keeps the poll from handing out more work...
+    assert seqs(table.poll("node-a", 2)) == []
+    assert seqs(table.poll("node-a", 3)) == [1]
+    on_a = table.on_node("node-a")
+    assert (seqs(on_a.pending), seqs(on_a.running), seqs(on_a.held)) == ([1, 2, 3], [4, 5], [6])
+    assert table.busy_nodes() == {"node-a"}
+    # ... until it is released.
+    table.put(make(6, status=jobs.FAILED, reason=jobs.Reason.TIMEOUT))
+    assert table.node_loads(["node-a"]) == {"node-a": (2, 1)}
+    assert table.on_node("node-a").held == []
+    table.put(make(1, status=jobs.RUNNING, running_at=T0))
+    assert table.node_loads(["node-a"]) == {"node-a": (1, 2)}
+
+
+def test_a_held_slot_is_forgotten_with_its_job() -> None:
+    table = table_of(make(1, status=jobs.FAILED, reason=jobs.Reason.TIMEOUT, holds_slot=True))
+    table.remove([1])
+    assert table.node_loads(["node-a"]) == {"node-a": (0, 0)}
+    assert table.busy_nodes() == set()
+
+
+def test_movable_jobs_are_the_oldest_unpinned_waiting_run_jobs_of_the_nodes_asked() -> None:
+    table = table_of(
+        make(1, "node-b"),
+        make(2, "node-a", instance_id="i-1"),
+        make(3, "node-a", job_type=jobs.SERVICE),
+        make(4, "node-a"),
+        make(5, "node-c"),
+        make(6, "node-b"),
+        make(7, "node-a", status=jobs.RUNNING, running_at=T0),
+    )
+    assert sorted(table.movable_nodes()) == ["node-a", "node-b", "node-c"]
+    assert seqs(table.movable(["node-a", "node-b"], T0, 10)) == [1, 4, 6]
+    assert seqs(table.movable(["node-a", "node-b", "node-c"], T0, 2)) == [1, 4]
+    assert table.movable(["node-z"], T0, 10) == []
+
+
+def test_a_job_offered_to_its_own_node_stays_put_for_ten_seconds() -> None:
+    table = table_of(make(1), make(2), make(3, "node-b"))
+    assert seqs(table.poll("node-a", 1, now=T0, remember=True)) == [1]  # the agent poll
+    assert seqs(table.movable(["node-a"], T0 + HOLD_US - 1, 10)) == [2]
+    assert table.just_offered(table.get(1), T0 + HOLD_US - 1)  # type: ignore[arg-type]
+    assert seqs(table.movable(["node-a"], T0 + HOLD_US, 10)) == [1, 2]
+    assert not table.just_offered(table.get(1), T0 + HOLD_US)  # type: ignore[arg-type]
+    # Only a poll that remembers its answer (the agent's, with stealing on) is an offer.
+    table.poll("node-b", 1, now=T0)
+    assert seqs(table.movable(["node-b"], T0, 10)) == [3]
+
+
+def test_an_offer_protects_a_job_only_on_the_node_it_was_offered_to() -> None:
+    table = table_of(make(1))
+    table.poll("node-a", 1, now=T0, remember=True)
+    table.put(make(1, "node-b"))  # re-placed since (its node was lost, say)
+    assert seqs(table.movable(["node-b"], T0 + 1, 10)) == [1]
+    table.offered("node-b", [table.get(1)], T0 + 2)  # type: ignore[list-item]
+    assert seqs(table.movable(["node-b"], T0 + 3, 10)) == []
+
+
+def test_the_agent_poll_and_the_movable_jobs_leave_out_a_job_being_changed() -> None:
+    table = table_of(make(1), make(2))
+    with table.changing(1):
+        assert seqs(table.poll("node-a", 2, now=T0, remember=True)) == [2]
+        assert seqs(table.movable(["node-a"], T0 + HOLD_US, 10)) == [2]
+        assert seqs(table.poll("node-a", 2, now=T0)) == [1, 2], "without stealing it is shown"
+
+
+def test_old_offers_are_forgotten() -> None:
+    table = table_of(make(s) for s in range(1, 101))
+    for n in range(100):
+        table.poll("node-a", 1, now=T0 + n * HOLD_US, remember=True)
+    assert len(table._offers) <= 2  # the memory's bound is the point here
+
+
+def test_a_delayed_job_counts_and_moves_only_once_it_is_due() -> None:
+    table = table_of(make(1, not_before=T0 + 100), make(2, "node-b", not_before=T0 + 100))
+    assert table.node_loads(["node-a"], T0) == {"node-a": (0, 0)}
+    assert table.movable(["node-b"], T0, 10) == []
+    assert table.node_loads(["node-a"], T0 + 100) == {"node-a": (1, 0)}
+    assert seqs(table.movable(["node-b"], T0 + 100, 10)) == [2]

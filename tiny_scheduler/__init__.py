@@ -60,7 +60,7 @@ def create_app(settings: Settings | None = None, owner_wait_secs: float = 0.0) -
         table, schedule_table = JobTable(), ScheduleTable()
     store.start()
     peer_calls: list[CallObserver] = []  # told of every call to a peer (the metrics count them)
-    placement = Placement(Registry(settings, peer_calls))
+    placement = Placement(Registry(settings, peer_calls), settings, table)
     service = Scheduler(settings, store, table, placement, schedule_table, leadership)
     if store.events_waiting and not settings.sns_url:
         log.warning(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
+from typing import Literal
 
 DEFAULT_BIND = "0.0.0.0:9001"
 """Listen address of the daemon (gunicorn `bind`)."""
@@ -27,6 +28,18 @@ DEFAULT_REGISTRY_CACHE_SECS = 2.0
 
 DEFAULT_MAX_JOBS_PER_NODE = 1
 """Running `run` jobs a node may have at once (services take no slot)."""
+
+AUTO_SLOTS = "auto"
+"""MAX_JOBS_PER_NODE value that gives each node as many slots as its registry `cpu_count`."""
+
+LEAST_LOADED = "least-loaded"
+ROUND_ROBIN = "round-robin"
+PLACEMENTS = (LEAST_LOADED, ROUND_ROBIN)
+"""Values PLACEMENT accepts; `least-loaded` is the default."""
+
+OFFER_HOLD_SECS = 10.0
+"""Seconds after a job appeared in its own node's poll answer during which no other node's
+poll may take it: that node's agent may be about to claim it."""
 
 DEFAULT_MAX_JOB_RETRIES = 1
 """How many times a failed attempt is retried before the job stays failed."""
@@ -111,7 +124,9 @@ class Settings:
     registry_cache_secs: float = DEFAULT_REGISTRY_CACHE_SECS
     api_key: str | None = None
     auth_agent_exempt: bool = True
-    max_jobs_per_node: int = DEFAULT_MAX_JOBS_PER_NODE
+    max_jobs_per_node: int | Literal["auto"] = DEFAULT_MAX_JOBS_PER_NODE
+    placement: str = LEAST_LOADED
+    job_stealing: bool = True
     max_job_retries: int = DEFAULT_MAX_JOB_RETRIES
     job_timeout_secs: int = DEFAULT_JOB_TIMEOUT_SECS
     timeout_scan_interval_secs: float = DEFAULT_TIMEOUT_SCAN_INTERVAL_SECS
@@ -145,7 +160,9 @@ class Settings:
             registry_cache_secs=env.number("REGISTRY_CACHE_SECS", DEFAULT_REGISTRY_CACHE_SECS, 0),
             api_key=env.optional("TINYAWS_API_KEY"),
             auth_agent_exempt=env.flag("AUTH_AGENT_EXEMPT", True),
-            max_jobs_per_node=env.integer("MAX_JOBS_PER_NODE", DEFAULT_MAX_JOBS_PER_NODE, 1),
+            max_jobs_per_node=env.slots("MAX_JOBS_PER_NODE", DEFAULT_MAX_JOBS_PER_NODE),
+            placement=env.choice("PLACEMENT", PLACEMENTS, LEAST_LOADED),
+            job_stealing=env.flag("JOB_STEALING", True),
             max_job_retries=env.integer("MAX_JOB_RETRIES", DEFAULT_MAX_JOB_RETRIES, 0),
             job_timeout_secs=env.integer("JOB_TIMEOUT_SECS", DEFAULT_JOB_TIMEOUT_SECS, 1),
             timeout_scan_interval_secs=env.number(
@@ -206,6 +223,17 @@ class _Env:
         if value < minimum:
             raise ConfigError(f"{name} must be at least {minimum}, got {raw!r}")
         return value
+
+    def slots(self, name: str, default: int) -> int | Literal["auto"]:
+        raw = self.optional(name)
+        if raw is not None and raw.lower() == AUTO_SLOTS:
+            return AUTO_SLOTS
+        try:
+            return self.integer(name, default, 1)
+        except ConfigError:
+            raise ConfigError(
+                f"{name} must be an integer of at least 1 or {AUTO_SLOTS}, got {raw!r}"
+            ) from None
 
     def number(self, name: str, default: float, minimum: float) -> float:
         raw = self.optional(name)

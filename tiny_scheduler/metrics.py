@@ -7,8 +7,10 @@ registry's and the SQS/SNS clients' call observers, and a before/after-request p
 each HTTP request. Gauges that describe current state (jobs by status, store health, SNS queue
 depth) are read at scrape time by a custom collector, so nothing has to keep them in step.
 
-Labels stay bounded: statuses, sources, Flask endpoint names, HTTP status codes, peer call
-results; never a job id or a node id. Every request pays one cached child lookup and one
+Labels stay bounded: statuses, reasons, sources, Flask endpoint names, HTTP status codes, peer
+call results; never a job id. Node ids appear on one gauge only (queue depth per node), read
+at scrape time for the nodes that have waiting jobs, at most `MAX_NODE_SERIES` of them: a
+node that leaves takes its series with it. Every request pays one cached child lookup and one
 observation for its timing; the job event it causes (submit, poll, PATCH) adds a counter
 increment or two and at most one more observation. Nothing on these paths scans the table.
 
@@ -34,7 +36,7 @@ from . import jobs
 from .jobs import Job
 from .peers import CallObserver, Outcome
 from .schedules import SkipCause
-from .service import Event, Scheduler
+from .service import Event, Move, Scheduler
 
 if TYPE_CHECKING:
     from .loops import Background
@@ -68,6 +70,13 @@ RUN_BUCKETS = (0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600,
 
 SOURCES = ("http", "sqs", "schedule")
 PEERS = ("registry", "sqs", "sns")
+MOVES = tuple(move.value for move in Move)
+
+MAX_NODE_SERIES = 100
+"""Nodes given a series of their own on the per-node queue gauge; the waiting jobs of any
+further nodes are added up under `node="_other"`, so a huge cluster cannot flood Prometheus."""
+
+OTHER_NODES = "_other"
 
 
 class Metrics:
@@ -87,8 +96,9 @@ class Metrics:
         )
         self.finished = Counter(
             PREFIX + "jobs_finished",
-            "Jobs that reached a final status (done, failed after its last retry, cancelled).",
-            ["status"],
+            "Jobs that reached a final status (done, or failed after its last retry), by status "
+            "and, for failures, reason (exit, timeout, node_lost, cancelled).",
+            ["status", "reason"],
             registry=reg,
         )
         self.retries = Counter(
@@ -108,7 +118,9 @@ class Metrics:
         )
         self.moved = Counter(
             PREFIX + "jobs_moved",
-            "Pending jobs placed again because their node was gone or unhealthy.",
+            "Waiting jobs moved to another node, by why: stolen (an idle node's poll took it "
+            "from a node that could not start it) or node_down (its node was unhealthy or gone).",
+            ["why"],
             registry=reg,
         )
         self.polls = Counter(
@@ -181,8 +193,11 @@ class Metrics:
         # Known label values start at zero, so rate() and alerts see them before the first event.
         for source in SOURCES:
             self.submitted.labels(source)
-        for status in sorted(jobs.FINAL_STATUSES):
-            self.finished.labels(status)
+        self.finished.labels(jobs.DONE, "")
+        for reason in jobs.REASONS:
+            self.finished.labels(jobs.FAILED, reason)
+        for move in MOVES:
+            self.moved.labels(move)
         for cause in SkipCause:
             self.schedule_skips.labels(cause.value)
         # Request children by (endpoint, status): prometheus-client's labels() validates and
@@ -206,7 +221,7 @@ class Metrics:
         elif event == Event.RETRIED:
             self._retried(job)
         elif event == Event.MOVED:
-            self.moved.inc()
+            self.moved.labels(detail or Move.NODE_DOWN.value).inc()
 
     def observe_commit(self, seconds: float, batch_size: int) -> None:
         """A store commit observer."""
@@ -263,9 +278,11 @@ class Metrics:
             self.wait_seconds.observe(max(0, job.running_at - queued_at) / 1e6)
 
     def _finished(self, job: Job) -> None:
-        self.finished.labels(job.status).inc()
-        if job.status == jobs.FAILED:
-            self._count_scheduler_failure(job.stderr)
+        self.finished.labels(job.status, job.reason or "").inc()
+        if job.reason == jobs.Reason.TIMEOUT:
+            self.timeouts.inc()
+        elif job.reason == jobs.Reason.NODE_LOST:
+            self.node_lost.inc()
         if job.running_at is not None and job.finished_at is not None:
             self._observe_run(job.job_type, job.status, job.running_at, job.finished_at)
 
@@ -274,17 +291,12 @@ class Metrics:
         if not job.attempts:
             return
         attempt = job.attempts[-1]
-        self._count_scheduler_failure(attempt.stderr)
+        # An attempt keeps no reason; the scheduler's own failure of one that is retried (a
+        # lost node; a timeout is never retried) is known by its fixed text, exit -1.
+        if attempt.exit_code == -1 and attempt.stderr == jobs.NODE_LOST_STDERR:
+            self.node_lost.inc()
         if attempt.running_at is not None and attempt.finished_at is not None:
             self._observe_run(job.job_type, jobs.FAILED, attempt.running_at, attempt.finished_at)
-
-    def _count_scheduler_failure(self, stderr: str) -> None:
-        """Timeouts and lost nodes are failures the scheduler itself decides; they carry
-        fixed stderr texts (see jobs)."""
-        if stderr == jobs.TIMED_OUT_STDERR:
-            self.timeouts.inc()
-        elif stderr == jobs.NODE_LOST_STDERR:
-            self.node_lost.inc()
 
     def _observe_run(self, job_type: str, status: str, running_at: int, finished_at: int) -> None:
         seconds = max(0, finished_at - running_at) / 1e6
@@ -317,13 +329,29 @@ class _StateCollector(Collector):
             PREFIX + "sns_queue_depth",
             "Final-state events waiting in the outbox to be published to SNS (0 when SNS is off).",
         )
+        node_queue = GaugeMetricFamily(
+            PREFIX + "node_queue_depth",
+            f"Pending jobs waiting on each node that has any (at most {MAX_NODE_SERIES} nodes; "
+            f'the rest under node="{OTHER_NODES}").',
+            labels=["node"],
+        )
         if with_values:
             for status, count in service.counts().items():
                 by_status.add_metric([status], count)
             healthy.add_metric([], 1 if service.store_health()[0] else 0)
             queue_depth = self._metrics.queue_depth
             depth.add_metric([], queue_depth() if queue_depth is not None else 0)
-        return [by_status, healthy, depth]
+            for node, count in _bounded(service.queue_depths()):
+                node_queue.add_metric([node], count)
+        return [by_status, healthy, depth, node_queue]
+
+
+def _bounded(depths: dict[str, int]) -> list[tuple[str, int]]:
+    """The first MAX_NODE_SERIES nodes by id with their depth, the rest added up."""
+    ordered = sorted(depths.items())
+    shown = ordered[:MAX_NODE_SERIES]
+    rest = sum(count for _, count in ordered[MAX_NODE_SERIES:])
+    return [*shown, (OTHER_NODES, rest)] if rest else shown
 
 
 def init_app(app: Flask, service: Scheduler) -> Metrics:

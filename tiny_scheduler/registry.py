@@ -35,14 +35,19 @@ class Nodes:
     status: dict[str, str]  # node id -> "healthy", "unhealthy", ...
     fetched_at: float
     healthy: tuple[str, ...] = ()  # healthy node ids, sorted: the round-robin order
+    cpus: dict[str, int] = dataclasses.field(default_factory=dict)  # node id -> cpu_count
 
     @classmethod
-    def of(cls, status: dict[str, str]) -> Nodes:
+    def of(cls, status: dict[str, str], cpus: dict[str, int] | None = None) -> Nodes:
         healthy = tuple(sorted(node for node, state in status.items() if state == "healthy"))
-        return cls(status=status, fetched_at=time.monotonic(), healthy=healthy)
+        return cls(status=status, fetched_at=time.monotonic(), healthy=healthy, cpus=cpus or {})
 
     def is_healthy(self, node_id: str) -> bool:
         return self.status.get(node_id) == "healthy"
+
+    def cpu_count(self, node_id: str) -> int:
+        """The node's `cpu_count` as the registry gave it; 1 when it gave none usable."""
+        return self.cpus.get(node_id, 1)
 
 
 class Registry:
@@ -128,10 +133,16 @@ class Registry:
         if not isinstance(data, dict):
             raise PlacementError(DECODE_FAILED)
         status = {}
+        cpus = {}
         for node_id, node in data.items():
             if node_id and isinstance(node, dict):
                 status[node_id] = str(node.get("status", ""))
-        return Nodes.of(status)
+                count = node.get("cpu_count")
+                # Anything but a positive integer (absent, 0, a string, a bool) counts as one
+                # CPU: a node the registry lists can always run one job.
+                if isinstance(count, int) and not isinstance(count, bool) and count >= 1:
+                    cpus[node_id] = count
+        return Nodes.of(status, cpus)
 
     def _get(self, path: str, endpoint: str, accept: tuple[int, ...] = (200,)) -> tuple[int, Any]:
         try:

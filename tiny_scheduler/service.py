@@ -4,10 +4,16 @@ This module ties the pieces together and owns the order of each operation: check
 compute the job's next version with the state machine (`jobs`), choose a node (`placement`),
 commit it (`store`), and only then make it visible (`table`) and tell listeners (`events`).
 It knows nothing of HTTP: the API and the loops both call it.
+
+The agent poll is the one read that may change jobs: with JOB_STEALING on, an idle node's
+answer is topped up with waiting jobs of nodes that cannot start them, and each such move is
+committed before the answer goes out. The poll never waits on the registry: it reads the
+node list the registry client last fetched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable
@@ -15,16 +21,18 @@ from enum import Enum
 
 from . import errors, jobs, schedules
 from .config import Settings
-from .jobs import Job
+from .jobs import Job, Reason
 from .leadership import Leadership, LeaderView
-from .placement import Placement
+from .placement import NodeLoad, Placement
 from .registry import Nodes
 from .schedule_table import ScheduleTable
 from .schedules import Fired, Schedule, ScheduleChange
 from .storage import OutboxEvent, Writer
 from .storage.writer import CommitObserver
-from .table import JobTable
+from .table import JobTable, NodeJobs
 from .validation import JobQuery, JobRequest, JobUpdate
+
+__all__ = ["Event", "Move", "NodeJobs", "NodeLoad", "Page", "Scheduler"]
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +46,17 @@ class Event(str, Enum):
     STARTED = "started"
     FINISHED = "finished"  # a final status
     RETRIED = "retried"
-    MOVED = "moved"
+    MOVED = "moved"  # detail: why (Move)
     POLLED = "polled"  # job None, detail: the node
+
+
+class Move(str, Enum):
+    """Why a waiting job went to another node (the detail of a `moved` event)."""
+
+    __str__ = str.__str__
+
+    STOLEN = "stolen"  # taken by an idle node's poll from a node that could not start it
+    NODE_DOWN = "node_down"  # re-placed by the scan: its node is unhealthy or gone
 
 
 Listener = Callable[[Event, "Job | None", str], None]
@@ -98,6 +115,7 @@ class Scheduler:
         Returns the number of jobs."""
         loaded = self._store.reload()
         self._table = JobTable(loaded.jobs, loaded.last_seq)
+        self._placement.count_loads_in(self._table)
         self._schedules = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
         log.info(
             "loaded %d jobs (last id job-%d), %d schedules, %d SNS events waiting",
@@ -111,6 +129,7 @@ class Scheduler:
     def hand_over(self) -> None:
         """End a term: forget the jobs and schedules (a standby holds none)."""
         self._table = JobTable()
+        self._placement.count_loads_in(self._table)
         self._schedules = ScheduleTable()
 
     # --- reads ----------------------------------------------------------------------------
@@ -124,14 +143,25 @@ class Scheduler:
     def list_jobs(self, query: JobQuery) -> Page:
         """Jobs matching the query, oldest first (the agent's own query is `poll`)."""
         found, more = self._table.query(
-            query.node_id, query.status, query.job_type, query.after, query.limit
+            query.node_id, query.status, query.job_type, query.after, query.limit, query.reason
         )
         return Page(found, found[-1].seq if more and found else None)
 
     def poll(self, node_id: str) -> list[Job]:
         """The agent poll: the node's oldest pending jobs that are due (a delayed job waits
-        for its not_before), at most as many as its free slots."""
-        found = self._table.poll(node_id, self.settings.max_jobs_per_node, jobs.now_us())
+        for its not_before), at most as many as its free slots; with JOB_STEALING, free slots
+        its own queue cannot fill are topped up with the oldest due waiting jobs of nodes that
+        cannot start them (moved here before this returns)."""
+        nodes = self._placement.registry.cached_nodes()  # never a registry call on this path
+        slots = self._placement.slots(node_id, nodes)
+        stealing = self.settings.job_stealing
+        now = jobs.now_us()
+        found = self._table.poll(node_id, slots, now, remember=stealing)
+        if stealing and nodes is not None and self._placement.may_take(node_id, nodes):
+            (load,) = self._placement.loads([node_id], nodes, now)
+            wanted = load.free - len(found)
+            if wanted > 0:
+                found += self._take_over(node_id, nodes, wanted, now)
         self._emit(Event.POLLED, None, node_id)
         return found
 
@@ -147,13 +177,26 @@ class Scheduler:
         """Nodes that have pending or running jobs."""
         return self._table.busy_nodes()
 
-    def jobs_on(self, node_id: str) -> tuple[list[Job], list[Job]]:
-        """The node's pending and running jobs, oldest first."""
+    def jobs_on(self, node_id: str) -> NodeJobs:
+        """The node's pending, running and slot-holding timed-out jobs, oldest first."""
         return self._table.on_node(node_id)
 
     def node_health(self) -> Nodes:
         """The registry's compute nodes and their health; PlacementError when unreachable."""
         return self._placement.registry.nodes()
+
+    def node_loads(self, node_ids: list[str], nodes: Nodes | None) -> list[NodeLoad]:
+        """Slots, waiting `run` jobs and slots in use of each node (O(nodes)); slots from
+        `nodes` when MAX_JOBS_PER_NODE is `auto`."""
+        return self._placement.loads(node_ids, nodes)
+
+    def cached_nodes(self) -> Nodes | None:
+        """The registry's node list as last fetched, however old; never calls the registry."""
+        return self._placement.registry.cached_nodes()
+
+    def queue_depths(self) -> dict[str, int]:
+        """Pending jobs of every node that has any."""
+        return self._table.queue_depths()
 
     def store_health(self) -> tuple[bool, str | None]:
         """Whether the store can be written (its latest write or probe, at most a few seconds
@@ -170,8 +213,8 @@ class Scheduler:
         self._store.commit_observers.append(observer)
 
     def schedule(self) -> str:
-        """The node the next submission would go to (advances the round-robin, as it did)."""
-        return self._placement.place()
+        """The node the next submission would go to; a pure read (the rotation stays)."""
+        return self._placement.peek()
 
     def health(self) -> dict[str, object]:
         body: dict[str, object] = {"service": "scheduler"}
@@ -256,9 +299,12 @@ class Scheduler:
         self._emit(Event.SUBMITTED, job, source)
 
     def update(self, job_id: str, update: JobUpdate) -> Job:
-        """Apply an agent's report: the claim (running), or the end of an attempt."""
+        """Apply an agent's report: the claim (running), or the end of an attempt. The late
+        end of an attempt that timed out leaves the job as it is and frees its slot."""
         seq = self._seq(job_id)
         with self._table.changing(seq) as job:
+            if jobs.is_late_report(job, update.status):
+                return self._late_report(job, update)
             now = jobs.now_us()
             try:
                 if update.status == jobs.RUNNING:
@@ -271,6 +317,22 @@ class Scheduler:
         self._announce(new)
         return new
 
+    def _late_report(self, job: Job, update: JobUpdate) -> Job:
+        """(Busy marker held.) The agent ended an attempt the scheduler had timed out."""
+        log.info(
+            "job %s: late %s report (exit %s) from node %s after its timeout; job unchanged",
+            job.job_id,
+            update.status,
+            update.exit_code,
+            job.node_id,
+        )
+        if not job.holds_slot:
+            return job  # a repeated report, or the node was counted as lost meanwhile
+        freed = jobs.release_slot(job)
+        self._commit(freed, becomes_final=False)
+        log.info("job %s: node %s's slot freed", job.job_id, job.node_id)
+        return freed
+
     def cancel(self, job_id: str) -> Job:
         seq = self._seq(job_id)
         with self._table.changing(seq) as job:
@@ -282,18 +344,26 @@ class Scheduler:
         self._announce(new)
         return new
 
-    def fail_running(self, seq: int, stderr: str, retry: bool) -> Job | None:
-        """Fail a running job from the scheduler's side (timeout, lost node); None when the
-        job is no longer running by the time it is looked at."""
+    def fail_running(self, seq: int, reason: Reason) -> Job | None:
+        """Fail a running job from the scheduler's side (`timeout`, `node_lost`), with the
+        retry rule; None when the job is no longer running by the time it is looked at."""
         with self._table.changing(seq) as job:
             if job.status != jobs.RUNNING:
                 return None
-            now = jobs.now_us()
-            new = jobs.finish(job, jobs.FAILED, -1, "", stderr, now)
-            if retry:
-                new = self._maybe_retry(new)
+            new = self._maybe_retry(jobs.fail_by_scheduler(job, reason, jobs.now_us()))
             self._commit(new)
         self._announce(new)
+        return new
+
+    def release_slot(self, seq: int) -> Job | None:
+        """Free the slot a timed-out job kept (its node counts as lost: whatever ran there is
+        gone); None when it holds none by now."""
+        with self._table.changing(seq) as job:
+            if not job.holds_slot:
+                return None
+            new = jobs.release_slot(job)
+            self._commit(new, becomes_final=False)
+        log.info("job %s: slot on lost node %s freed", job.job_id, job.node_id)
         return new
 
     def move_pending(self, seq: int) -> Job | None:
@@ -305,11 +375,59 @@ class Scheduler:
             node_id = self._placement.place(avoid=job.node_id)
             if node_id == job.node_id:
                 return None
-            new = job.evolve(node_id=node_id)
+            new = job.evolve(node_id=node_id, moved_from=job.node_id)
             self._commit(new)
-        log.info("job %s moved from node %s to %s", job.job_id, job.node_id, node_id)
-        self._emit(Event.MOVED, new)
+        log.info("job %s moved from node %s to %s (node down)", job.job_id, job.node_id, node_id)
+        self._emit(Event.MOVED, new, Move.NODE_DOWN)
         return new
+
+    def _take_over(self, node_id: str, nodes: Nodes, wanted: int, now: int) -> list[Job]:
+        """Move up to `wanted` of the oldest waiting jobs of nodes that cannot start them to
+        `node_id`, committed before this returns; the moved jobs, oldest first.
+
+        A job is checked again once it is held busy: its old node's agent may have claimed
+        it, or been offered it, since the candidates were read. The claim and the move take
+        turns on the same busy marker, so exactly one of them happens to a pending job.
+        """
+        others = [node for node in self._table.movable_nodes() if node != node_id]
+        if not others:
+            return []
+        donors = [
+            load.node_id
+            for load in self._placement.loads(others, nodes, now)
+            if self._placement.gives_work(load, nodes)
+        ]
+        candidates = self._table.movable(donors, now, wanted) if donors else []
+        if not candidates:
+            return []
+        moved: list[Job] = []
+        with contextlib.ExitStack() as held:
+            for candidate in candidates:  # oldest first: the same order as every busy wait
+                job = held.enter_context(self._table.changing(candidate.seq))
+                if (
+                    job.node_id == candidate.node_id
+                    and jobs.can_move(job)
+                    and not self._table.just_offered(job, now)
+                ):
+                    moved.append(job.evolve(node_id=node_id, moved_from=job.node_id))
+            if not moved:
+                return []
+            try:
+                self._store.save(*moved)
+            except errors.StoreError as exc:
+                # The poll is a read and goes on from memory when the store cannot write
+                # (the contract): the node gets its own jobs, the others stay where they are.
+                log.warning("poll of node %s: jobs not moved: %s", node_id, exc.message)
+                return []
+            for job in moved:
+                self._table.put(job)
+            self._table.offered(node_id, moved, now)
+        for job in moved:
+            log.info(
+                "job %s moved from node %s to idle node %s", job.job_id, job.moved_from, node_id
+            )
+            self._emit(Event.MOVED, job, Move.STOLEN)
+        return moved
 
     def expire(self, cutoff: int, limit: int = 10000) -> int:
         """Delete up to `limit` jobs that finished before `cutoff`; returns how many."""
@@ -493,10 +611,13 @@ class Scheduler:
             node_id = failed.node_id
         return jobs.retry(failed, node_id)
 
-    def _commit(self, job: Job) -> None:
+    def _commit(self, job: Job, becomes_final: bool = True) -> None:
+        """Save and show the job's next version. `becomes_final` is False for a change to a
+        job that was final already (a timed-out job's slot freed): its event went out with
+        the change that made it final."""
         events: tuple[OutboxEvent, ...] = ()
         # A job is saved in a final status once: the change that made it final.
-        if self._final_event is not None and job.is_final:
+        if self._final_event is not None and job.is_final and becomes_final:
             events = (OutboxEvent(job.seq, self._final_event(job)),)
         self._store.save(job, events=events)
         self._table.put(job)
@@ -519,9 +640,10 @@ class Scheduler:
             self._emit(Event.RETRIED, new)
         else:
             log.info(
-                "job %s %s on node %s (exit %s)",
+                "job %s %s%s on node %s (exit %s)",
                 new.job_id,
                 new.status,
+                f" ({new.reason})" if new.reason else "",
                 new.node_id,
                 new.exit_code,
             )

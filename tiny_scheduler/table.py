@@ -6,8 +6,13 @@ Indexes, each kept in step by `put()` and `remove()`:
   a delayed job (`not_before` in the future) waits in a second per-node index instead, and a
   heap of due times promotes it into its node's queue once its time has come (`poll` does it
   first), so the poll never reads a job that is not due and never walks the delayed ones;
-- running jobs per node, and the count of slot-taking (`run`) jobs among them, so the free-slot
-  check is one dict lookup;
+- running jobs per node, and per node the count of slots in use (running `run` jobs, and
+  timed-out ones that keep their slot), so the free-slot check is one dict lookup;
+- per node the count of due pending `run` jobs, so a node's load is two dict lookups
+  (placement reads them for every healthy node: O(nodes), never O(jobs));
+- due pending jobs per node that an idle node may take over (`jobs.can_move`), oldest first,
+  so the poll of an idle node reads only the heads of the other nodes' queues;
+- timed-out jobs that still hold a slot, per node, for the dashboard and the lost-node scan;
 - finished job ids in the order they finished, so retention pops from the front;
 - the dedupe key (Idempotency-Key / SQS message) of each job.
 
@@ -22,17 +27,29 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import heapq
 import itertools
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from sortedcontainers import SortedDict
 
 from . import errors, jobs
+from .config import OFFER_HOLD_SECS
 from .jobs import Job
 
 _SCAN_CHUNK = 4096  # jobs examined per lock hold when a listing must scan history
+_OFFER_HOLD_US = int(OFFER_HOLD_SECS * 1_000_000)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeJobs:
+    """One node's active jobs, each list oldest first."""
+
+    pending: list[Job]
+    running: list[Job]
+    held: list[Job]  # timed out, but their process may still run there: they keep a slot
 
 
 class JobTable:
@@ -48,10 +65,17 @@ class JobTable:
         self._promoted_until = 0  # every job with not_before at or before this is due
         self._running: dict[str, SortedDict] = {}
         self._slots_used: collections.Counter[str] = collections.Counter()
+        self._pending_runs: collections.Counter[str] = collections.Counter()
+        self._movable: dict[str, SortedDict] = {}
+        self._held: dict[str, SortedDict] = {}
         self._finished: collections.deque[int] = collections.deque()
         self._keys: dict[str, int] = {}
         self._counts: collections.Counter[str] = collections.Counter()
         self._busy: set[int] = set()
+        # The agent polls' answers of the last few seconds: seq -> (node, when), and the same
+        # in the order they were made, so that forgetting old ones pops from the front.
+        self._offers: dict[int, tuple[str, int]] = {}
+        self._offer_log: collections.deque[tuple[int, int]] = collections.deque()
         self._busy_keys: set[str] = set()
         finished = []
         self._jobs.update((job.seq, job) for job in loaded)  # one bulk sort, not n inserts
@@ -77,21 +101,44 @@ class JobTable:
         with self._lock:
             return {status: self._counts[status] for status in jobs.STATUSES}
 
-    def poll(self, node_id: str, max_running: int, now: int | None = None) -> list[Job]:
+    def poll(
+        self, node_id: str, max_running: int, now: int | None = None, remember: bool = False
+    ) -> list[Job]:
         """The node's oldest pending jobs that are due at `now` (default: the clock), at most
-        as many as it has free slots."""
+        as many as it has free slots.
+
+        With `remember` (the agent's poll, while jobs may move), the answer is remembered as
+        offered to the node at `now` (see `movable`), in the same lock hold, and a job some
+        change holds busy right now is left out: it may be on its way to another node.
+        """
         now = jobs.now_us() if now is None else now
         with self._lock:
             self._promote(now)
             free = max_running - self._slots_used[node_id]
             if free <= 0:
                 return []
-            return list(itertools.islice(self._stream((self._pending,), node_id, 0, None), free))
+            found = self._stream((self._pending,), node_id, 0, None)
+            if not remember:
+                return list(itertools.islice(found, free))
+            answer = list(itertools.islice((j for j in found if j.seq not in self._busy), free))
+            self._remember_offers(node_id, answer, now)
+            return answer
 
     def promote_due(self, now: int) -> None:
         """Move the delayed jobs whose time has come into their nodes' queues."""
         with self._lock:
             self._promote(now)
+
+    def offered(self, node_id: str, jobs_offered: Iterable[Job], now: int) -> None:
+        """Remember that these jobs were handed to `node_id`'s agent at `now`."""
+        with self._lock:
+            self._remember_offers(node_id, jobs_offered, now)
+
+    def just_offered(self, job: Job, now: int) -> bool:
+        """Whether the job appeared in its own node's poll answer in the OFFER_HOLD_SECS
+        before `now`."""
+        with self._lock:
+            return self._offered_since(job, now - _OFFER_HOLD_US)
 
     def query(
         self,
@@ -100,14 +147,17 @@ class JobTable:
         job_type: str | None,
         after: int,
         limit: int,
+        reason: str | None = None,
     ) -> tuple[list[Job], bool]:
         """Jobs matching every given filter with seq > after, oldest first, and whether more
         match beyond `limit`."""
         wanted = limit + 1
+        if reason is not None and status in (jobs.PENDING, jobs.RUNNING):
+            return [], False  # only a final failure has a reason
         if status in (jobs.PENDING, jobs.RUNNING):
             found = self._query_active(node_id, status, job_type, after, wanted)
         else:
-            found = self._scan(node_id, status, job_type, after, wanted)
+            found = self._scan(node_id, status, job_type, reason, after, wanted)
         return found[:limit], len(found) > limit
 
     def _query_active(
@@ -144,6 +194,7 @@ class JobTable:
         node_id: str | None,
         status: str | None,
         job_type: str | None,
+        reason: str | None,
         after: int,
         wanted: int,
     ) -> list[Job]:
@@ -164,6 +215,7 @@ class JobTable:
                     (node_id is None or job.node_id == node_id)
                     and (status is None or job.status == status)
                     and (job_type is None or job.job_type == job_type)
+                    and (reason is None or job.reason == reason)
                 ):
                     found.append(job)
                     if len(found) == wanted:
@@ -179,16 +231,55 @@ class JobTable:
             return [job for queue in self._running.values() for job in queue.values()]
 
     def busy_nodes(self) -> set[str]:
-        """Nodes that have pending or running jobs."""
+        """Nodes that have pending or running jobs, or a timed-out job holding a slot."""
         with self._lock:
-            return set(self._pending) | set(self._waiting) | set(self._running)
+            return set(self._pending) | set(self._waiting) | set(self._running) | set(self._held)
 
-    def on_node(self, node_id: str) -> tuple[list[Job], list[Job]]:
-        """The node's pending (due or delayed) and running jobs, oldest first."""
+    def on_node(self, node_id: str) -> NodeJobs:
+        """The node's pending (due or delayed), running and slot-holding timed-out jobs,
+        oldest first."""
         with self._lock:
-            pending = list(self._stream((self._pending, self._waiting), node_id, 0, None))
-            running = list(self._running.get(node_id, {}).values())
-        return pending, running
+            return NodeJobs(
+                pending=list(self._stream((self._pending, self._waiting), node_id, 0, None)),
+                running=list(self._running.get(node_id, {}).values()),
+                held=list(self._held.get(node_id, {}).values()),
+            )
+
+    def node_loads(
+        self, node_ids: Sequence[str], now: int | None = None
+    ) -> dict[str, tuple[int, int]]:
+        """For each node: (pending `run` jobs due at `now`, slots in use). Two lookups a
+        node (after promoting what has come due)."""
+        with self._lock:
+            self._promote(jobs.now_us() if now is None else now)
+            return {node: (self._pending_runs[node], self._slots_used[node]) for node in node_ids}
+
+    def queue_depths(self) -> dict[str, int]:
+        """Due pending jobs of every node that has any."""
+        with self._lock:
+            return {node: len(queue) for node, queue in self._pending.items()}
+
+    def movable_nodes(self) -> list[str]:
+        """Nodes that have waiting jobs an idle node could take over."""
+        with self._lock:
+            return list(self._movable)
+
+    def movable(self, node_ids: Iterable[str], now: int, limit: int) -> list[Job]:
+        """The oldest jobs due at `now` over the given nodes' queues that an idle node could
+        take over, at most `limit`: never one offered to its own node in the OFFER_HOLD_SECS
+        before `now` (its agent may be about to claim it), nor one a change holds busy. Reads
+        only the heads of those queues: offered and busy jobs are few, and at the front."""
+        found: list[Job] = []
+        offered_since = now - _OFFER_HOLD_US
+        with self._lock:
+            self._promote(now)
+            queues = [self._movable[node].values() for node in node_ids if node in self._movable]
+            for job in heapq.merge(*queues, key=_seq_of):
+                if len(found) == limit:
+                    break
+                if job.seq not in self._busy and not self._offered_since(job, offered_since):
+                    found.append(job)
+        return found
 
     def recent(self, since: int) -> list[Job]:
         """Pending and running jobs, and jobs that finished at or after `since`, oldest
@@ -296,38 +387,65 @@ class JobTable:
             if any(seq in gone for seq in self._finished):
                 self._finished = collections.deque(s for s in self._finished if s not in gone)
 
+    # --- offers (lock held) ----------------------------------------------------------------
+
+    def _remember_offers(self, node_id: str, answer: Iterable[Job], now: int) -> None:
+        self._forget_offers(now - _OFFER_HOLD_US)
+        for job in answer:
+            self._offers[job.seq] = (node_id, now)
+            self._offer_log.append((now, job.seq))
+
+    def _offered_since(self, job: Job, since: int) -> bool:
+        offer = self._offers.get(job.seq)
+        # An offer to another node (before a move or a retry) does not protect it here.
+        return offer is not None and offer[0] == job.node_id and offer[1] > since
+
+    def _forget_offers(self, since: int) -> None:
+        """Drop offers made at or before `since`: the memory holds only the last seconds'."""
+        log = self._offer_log
+        while log and log[0][0] <= since:
+            at, seq = log.popleft()
+            offer = self._offers.get(seq)
+            if offer is not None and offer[1] == at:
+                del self._offers[seq]
+
     # --- index upkeep (lock held) -------------------------------------------------------------
 
     def _index(self, job: Job, old: Job | None) -> None:
+        node = job.node_id
         self._counts[job.status] += 1
         if job.status == jobs.PENDING and not job.is_due(self._promoted_until):
-            self._waiting.setdefault(job.node_id, SortedDict())[job.seq] = job
+            self._waiting.setdefault(node, SortedDict())[job.seq] = job
             heapq.heappush(self._due_heap, (job.not_before, job.seq))
         elif job.status == jobs.PENDING:
-            self._pending.setdefault(job.node_id, SortedDict())[job.seq] = job
+            self._add_due(job)
         elif job.status == jobs.RUNNING:
-            self._running.setdefault(job.node_id, SortedDict())[job.seq] = job
-            if job.takes_slot:
-                self._slots_used[job.node_id] += 1
+            self._running.setdefault(node, SortedDict())[job.seq] = job
         elif old is not None and not old.is_final:
             self._finished.append(job.seq)
+        if job.holds_slot:
+            self._held.setdefault(node, SortedDict())[job.seq] = job
+        if job.uses_slot:
+            self._slots_used[node] += 1
         if job.dedupe_key is not None:
             self._keys[job.dedupe_key] = job.seq
 
     def _unindex(self, job: Job) -> None:
+        node = job.node_id
         self._counts[job.status] -= 1
         if job.status == jobs.PENDING:
-            queue = self._waiting.get(job.node_id)
-            # The heap entry of a waiting job stays; _promote skips it once it is stale.
-            _discard(
-                self._waiting if queue and job.seq in queue else self._pending, job.node_id, job.seq
-            )
+            queue = self._waiting.get(node)
+            if queue and job.seq in queue:
+                # The heap entry of a waiting job stays; _promote skips it once it is stale.
+                _discard(self._waiting, node, job.seq)
+            else:
+                self._remove_due(job)
         elif job.status == jobs.RUNNING:
-            _discard(self._running, job.node_id, job.seq)
-            if job.takes_slot:
-                self._slots_used[job.node_id] -= 1
-                if not self._slots_used[job.node_id]:
-                    del self._slots_used[job.node_id]
+            _discard(self._running, node, job.seq)
+        if job.holds_slot:
+            _discard(self._held, node, job.seq)
+        if job.uses_slot:
+            _decrement(self._slots_used, node)
         if job.dedupe_key is not None and self._keys.get(job.dedupe_key) == job.seq:
             del self._keys[job.dedupe_key]
 
@@ -344,8 +462,25 @@ class JobTable:
             if job is None or queue is None or seq not in queue:
                 continue  # claimed, cancelled, moved or removed since it was pushed
             _discard(self._waiting, job.node_id, seq)
-            self._pending.setdefault(job.node_id, SortedDict())[seq] = job
+            self._add_due(job)
         self._promoted_until = now
+
+    def _add_due(self, job: Job) -> None:
+        """A pending job that is due: in its node's queue, its load, and movable if it may."""
+        node = job.node_id
+        self._pending.setdefault(node, SortedDict())[job.seq] = job
+        if job.takes_slot:
+            self._pending_runs[node] += 1
+        if jobs.can_move(job):
+            self._movable.setdefault(node, SortedDict())[job.seq] = job
+
+    def _remove_due(self, job: Job) -> None:
+        node = job.node_id
+        _discard(self._pending, node, job.seq)
+        if job.takes_slot:
+            _decrement(self._pending_runs, node)
+        if jobs.can_move(job):
+            _discard(self._movable, node, job.seq)
 
 
 def _values_after(queue: SortedDict, after: int) -> Iterator[Job]:
@@ -356,6 +491,12 @@ def _values_after(queue: SortedDict, after: int) -> Iterator[Job]:
 
 def _seq_of(job: Job) -> int:
     return job.seq
+
+
+def _decrement(counter: collections.Counter[str], node_id: str) -> None:
+    counter[node_id] -= 1
+    if not counter[node_id]:
+        del counter[node_id]  # nodes come and go: don't keep a zero for each forever
 
 
 def _discard(index: dict[str, SortedDict], node_id: str, seq: int) -> None:

@@ -60,6 +60,7 @@ class JobQuery:
     job_type: str | None = None
     after: int = 0
     limit: int = DEFAULT_PAGE
+    reason: str | None = None
 
 
 _POLL_PARAMETERS = frozenset({"node_id", "status"})
@@ -76,7 +77,7 @@ def agent_poll_node(args: Mapping[str, str]) -> str | None:
 
 
 def parse_query(args: Mapping[str, str]) -> JobQuery:
-    """The filters of GET /jobs. Unknown status or type values simply match nothing."""
+    """The filters of GET /jobs. Unknown status, type or reason values simply match nothing."""
     limit_text = args.get("limit")
     limit = DEFAULT_PAGE
     if limit_text:
@@ -97,6 +98,7 @@ def parse_query(args: Mapping[str, str]) -> JobQuery:
         job_type=args.get("job_type") or None,
         after=after,
         limit=limit,
+        reason=args.get("reason") or None,
     )
 
 

@@ -160,7 +160,7 @@ class Demo:
         )
         self.follow(lambda: blocker.job["status"] != "pending")
         waiting = self.submit(
-            Shown("cancel", "cancelled while pending", lambda j: j["status"] == "cancelled"),
+            Shown("cancel", "cancelled while pending", lambda j: j.get("reason") == "cancelled"),
             command="echo this never runs",
             instance_id="i-demo",
         )

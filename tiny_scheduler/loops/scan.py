@@ -1,13 +1,15 @@
 """The periodic scan: run timeouts, lost nodes, and retention, every TIMEOUT_SCAN_INTERVAL_SECS.
 
 - Timeouts: a running `run` job past its `timeout_secs` (or JOB_TIMEOUT_SECS), counted from
-  `running_at`, fails with exit -1 and `job timed out`, and is not retried. Services have no
-  scheduler timeout.
+  `running_at`, fails with exit -1, `job timed out` and reason `timeout`, and is not retried.
+  It keeps its slot (its process still runs on the node) until the agent's late report.
+  Services have no scheduler timeout.
 - Lost nodes: a pending job whose node is gone from the registry or unhealthy is placed again
   on a healthy node (instance-pinned jobs stay: their instance lives there). A running job
   whose node has been gone or unhealthy for longer than NODE_LOST_SECS fails as an attempt
-  with exit -1 and `node lost`, and the retry rule sends it elsewhere. When the registry cannot
-  be reached nothing moves: an outage of the registry is not an outage of every node.
+  with exit -1 and `node lost`, and the retry rule sends it elsewhere (reason `node_lost` when
+  no retry is left); a timed-out job's slot there is freed. When the registry cannot be
+  reached nothing moves: an outage of the registry is not an outage of every node.
 - Retention: finished jobs older than JOB_RETENTION_SECS leave memory and the database.
 
 Each step works on one job at a time through the service, and one job's failure is logged and
@@ -55,7 +57,7 @@ class Scan:
             deadline = jobs.run_deadline(job, self.settings.job_timeout_secs)
             if deadline is None or now < deadline:
                 continue
-            if _guarded(self.service.fail_running, job, jobs.TIMED_OUT_STDERR, False):
+            if _guarded(self.service.fail_running, job, jobs.Reason.TIMEOUT):
                 log.warning("job %s timed out on node %s", job.job_id, job.node_id)
                 expired += 1
         return expired
@@ -78,13 +80,15 @@ class Scan:
         can_move = bool(nodes.healthy)
         for node in sorted(down):
             since = self._down_since.setdefault(node, now)
-            pending, running = self.service.jobs_on(node)
-            for job in pending if can_move else ():
+            on_node = self.service.jobs_on(node)
+            for job in on_node.pending if can_move else ():
                 _guarded(self.service.move_pending, job)  # it leaves pinned jobs where they are
             if now - since > self.settings.node_lost_secs:
-                for job in running:
-                    if _guarded(self.service.fail_running, job, jobs.NODE_LOST_STDERR, True):
+                for job in on_node.running:
+                    if _guarded(self.service.fail_running, job, jobs.Reason.NODE_LOST):
                         log.warning("job %s lost with node %s", job.job_id, node)
+                for job in on_node.held:
+                    _guarded(self.service.release_slot, job)
 
     def apply_retention(self) -> int:
         """Delete finished jobs older than JOB_RETENTION_SECS; returns how many."""

@@ -15,7 +15,8 @@ request commits anyway) and the scheduler no memory: the outbox grows on disk, t
 one page. The outbox's size is the `tiny_scheduler_sns_queue_depth` gauge.
 
 The message is double-encoded, as the original's consumers expect:
-`{"message":"{\"job_id\":\"job-7\",\"status\":\"done\",\"node_id\":\"node-a\",\"exit_code\":0}"}`.
+`{"message":"{\"job_id\":\"job-7\",\"status\":\"done\",\"node_id\":\"node-a\",\"exit_code\":0}"}`;
+a failure carries its `reason` too (`exit`, `timeout`, `node_lost`, `cancelled`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def event_message(job: Job) -> str:
     event: dict[str, object] = {"job_id": job.job_id, "status": job.status, "node_id": job.node_id}
     if job.exit_code is not None:
         event["exit_code"] = job.exit_code
+    if job.reason is not None:
+        event["reason"] = job.reason
     return orjson.dumps(event).decode()
 
 

@@ -38,7 +38,7 @@ from .base import Batch, Loaded, OutboxEvent, StoreOpenError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The version of the tables below; the jobs table's columns are not counted in it: they follow
 the job declaration by themselves (`_missing_columns`)."""
 
@@ -79,7 +79,32 @@ _SCHEMA_V1 = (
     )""",
 )
 
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: _SCHEMA_V1}
+# Version 2 (issue 13): no `cancelled` status any more, and every final failure says why. The
+# new columns come from the declaration like any other (`_missing_columns`, after the steps),
+# but rows of a version-1 database must be rewritten: a cancelled job becomes `failed`,
+# reason `cancelled`, exit -1, stderr `job cancelled`; a stored failure gets its reason from
+# the scheduler's own texts. A fresh database has no rows (nor those columns yet): skipped.
+_SCHEMA_V2 = (
+    """DO $$ BEGIN
+    IF EXISTS (
+        SELECT 1 FROM information_schema.columns
+        WHERE table_schema = current_schema() AND table_name = 'jobs' AND column_name = 'status'
+    ) THEN
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS reason TEXT;
+        UPDATE jobs SET reason = CASE
+                WHEN exit_code = -1 AND stderr = 'job timed out' THEN 'timeout'
+                WHEN exit_code = -1 AND stderr = 'node lost' THEN 'node_lost'
+                ELSE 'exit'
+            END
+            WHERE status = 'failed' AND reason IS NULL;
+        UPDATE jobs
+            SET status = 'failed', reason = 'cancelled', exit_code = -1, stderr = 'job cancelled'
+            WHERE status = 'cancelled';
+    END IF;
+    END $$""",
+)
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
 """Each entry upgrades a database from version N-1 to N, one statement at a time."""
 
 _MIGRATION_LOCK = 7_461_205_311

@@ -104,6 +104,8 @@ def _encode(name: str, value: Any) -> object:
         return orjson.dumps(value).decode()
     if isinstance(value, Enum):
         return value.value
+    if isinstance(value, bool):
+        return int(value)  # a flag is 0 or 1: SQLite has no boolean, PostgreSQL's is BIGINT
     return value
 
 

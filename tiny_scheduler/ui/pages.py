@@ -83,6 +83,8 @@ class RecentFailures:
         if job is None:
             return
         ended: Job | Attempt
+        if job.reason == jobs.Reason.CANCELLED:
+            return  # someone's decision, not a failure of the job or its node
         if event == "finished" and job.status == jobs.FAILED:
             ended, retried = job, False
         elif event == "retried" and job.attempts:
@@ -115,6 +117,7 @@ class NodeRow:
     health: str  # healthy, unhealthy (or whatever the registry says), GONE or UNKNOWN
     running: list[Job]
     running_more: int
+    held: list[Job]  # timed out, still running on the node: each keeps a slot
     pending: list[Job]
     pending_more: int
 
@@ -138,13 +141,15 @@ def overview(service: Scheduler, failures: RecentFailures, charts: ActivityCache
     health, registry_error = _node_health(service)
     rows = []
     for node_id in sorted(set(health) | service.busy_nodes()):
-        pending, running = service.jobs_on(node_id)
+        on_node = service.jobs_on(node_id)
+        running, pending = on_node.running, on_node.pending
         rows.append(
             NodeRow(
                 node_id=node_id,
                 health=health.get(node_id, UNKNOWN if registry_error else GONE),
                 running=running[:NODE_JOBS_SHOWN],
                 running_more=max(0, len(running) - NODE_JOBS_SHOWN),
+                held=on_node.held,
                 pending=pending[:NODE_JOBS_SHOWN],
                 pending_more=max(0, len(pending) - NODE_JOBS_SHOWN),
             )
@@ -279,15 +284,18 @@ class NodeDetail:
     node_id: str
     health: str
     slots: int  # run jobs the node may run at once
-    slots_used: int  # running run jobs (a running service takes no slot)
+    slots_used: int  # running run jobs, and timed-out ones still running (a service takes none)
+    queued: int  # due waiting run jobs: with slots_used, the load placement compares
     running: list[Job]  # every running job, services too
+    held: list[Job]  # timed out, their process still running: each keeps a slot
     pending: list[Job]  # the oldest waiting ones
     pending_count: int
 
     @property
     def load(self) -> float:
-        """Waiting and running run jobs per slot: 1.0 is a node exactly full."""
-        return (self.pending_count + self.slots_used) / self.slots
+        """Placement's load: (due waiting run jobs + slots in use) per slot; 1.0 is a node
+        exactly full."""
+        return (self.queued + self.slots_used) / self.slots
 
     @property
     def pending_more(self) -> int:
@@ -304,19 +312,22 @@ class NodesView:
 def nodes(service: Scheduler) -> NodesView:
     """Every node the registry lists or that has jobs: its health, slots and jobs."""
     health, registry_error = _node_health(service)
-    slots = service.settings.max_jobs_per_node
+    node_ids = sorted(set(health) | service.busy_nodes())
     details = []
-    for node_id in sorted(set(health) | service.busy_nodes()):
-        pending, running = service.jobs_on(node_id)
+    # The slots and loads placement itself uses (MAX_JOBS_PER_NODE=auto: each node's own).
+    for load in service.node_loads(node_ids, service.cached_nodes()):
+        on_node = service.jobs_on(load.node_id)
         details.append(
             NodeDetail(
-                node_id=node_id,
-                health=health.get(node_id, UNKNOWN if registry_error else GONE),
-                slots=slots,
-                slots_used=sum(job.takes_slot for job in running),
-                running=running,
-                pending=pending[:NODE_PENDING_SHOWN],
-                pending_count=len(pending),
+                node_id=load.node_id,
+                health=health.get(load.node_id, UNKNOWN if registry_error else GONE),
+                slots=load.slots,
+                slots_used=load.used,
+                queued=load.queued,
+                running=on_node.running,
+                held=on_node.held,
+                pending=on_node.pending[:NODE_PENDING_SHOWN],
+                pending_count=len(on_node.pending),
             )
         )
     return NodesView(now=jobs.now_us(), registry_error=registry_error, nodes=details)
@@ -337,13 +348,20 @@ class JobList:
     next_after: str | None  # the job id the next page continues after, when there is one
     error: str | None
     nodes: list[str]  # known node ids, offered in the node filter
+    reason: str = ""
     statuses: tuple[str, ...] = jobs.STATUSES
     job_types: tuple[str, ...] = jobs.JOB_TYPES
+    reasons: tuple[str, ...] = jobs.REASONS
 
     @property
     def page_args(self) -> dict[str, str]:
         """The query of this listing without `after`: filters set, and a non-default limit."""
-        args = {"status": self.status, "node_id": self.node_id, "job_type": self.job_type}
+        args = {
+            "status": self.status,
+            "reason": self.reason,
+            "node_id": self.node_id,
+            "job_type": self.job_type,
+        }
         if self.limit != PAGE_SIZE:
             args["limit"] = str(self.limit)
         return {name: value for name, value in args.items() if value}
@@ -353,7 +371,8 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
     """One page of jobs matching the filters in `args`, oldest first (as GET /jobs)."""
     error = None
     limit = _page_size(args.get("limit", ""))
-    wanted = {name: args.get(name, "") for name in ("node_id", "status", "job_type", "after")}
+    names = ("node_id", "status", "reason", "job_type", "after")
+    wanted = {name: args.get(name, "") for name in names}
     try:
         query = validation.parse_query({**wanted, "limit": str(limit)})
     except errors.BadRequest as exc:
@@ -368,6 +387,7 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
         node_id=wanted["node_id"],
         status=wanted["status"],
         job_type=wanted["job_type"],
+        reason=wanted["reason"],
         limit=limit,
         after=wanted["after"],
         next_after=jobs.job_id_of(page.next_after) if page.next_after else None,
