@@ -191,8 +191,11 @@ def test_a_cancel_racing_a_claim_lets_exactly_one_win(
                 ]
             )
             assert sorted([cancel, claim]) == [200, 409]
-            status = canceller.job(job_id)["status"]
-            assert status == ("cancelled" if cancel == 200 else "running")
+            job = canceller.job(job_id)
+            if cancel == 200:
+                assert (job["status"], job["reason"]) == ("failed", "cancelled")
+            else:
+                assert job["status"] == "running" and "reason" not in job
     finally:
         canceller.close()
         agent_api.close()

@@ -2,20 +2,23 @@
 against a small model of what the contract says must then be true.
 
 Steps: submit (with and without an Idempotency-Key), the agent's poll, claim, finish, fail,
-cancel, a clock that jumps past run timeouts, a node going unhealthy or coming back, and a
-restart of the scheduler on the same database file. After every step the scheduler must agree
-with the model on every job: status, node, retries and attempts, exit code, output and the
-lifecycle stamps to the microsecond; ids are 1, 2, 3... with none reused; each node's poll
-is its oldest pending jobs, cut to its free slots; finished jobs never change again; and a
-restart changes nothing at all.
+cancel, a clock that jumps past run timeouts, the late report of a timed-out attempt, a node
+going unhealthy or coming back, and a restart of the scheduler on the same database file.
+After every step the scheduler must agree with the model on every job: status, reason, node,
+retries and attempts, exit code, output and the lifecycle stamps to the microsecond; ids are
+1, 2, 3... with none reused; each node's poll is its oldest pending jobs, cut to its free
+slots (a timed-out attempt keeps its slot until its late report or its node is lost);
+finished jobs never change again; and a restart changes nothing at all.
 
 It runs in-process for speed and determinism: the app from `create_app` on a temporary SQLite
 file, driven through Flask's test client, with a real registry on loopback. The clock the
 service stamps jobs with is replaced by one that moves only when the test says, so the model
 knows every timestamp exactly; the timeout and lost-node scans are called directly, as their
-loop would. Where the contract leaves the choice of node to round-robin, the model takes the
-scheduler's choice after checking the contract's rules (a healthy node; a retry elsewhere
-when another healthy node exists; a job on a lost node moved to a healthy one).
+loop would. The model places jobs itself by the least-loaded rule (lowest (waiting `run`
+jobs + slots in use) / slots, ties to the first node after the previous choice; a retry
+elsewhere when another healthy node exists; a job on a lost node moved to a healthy one) and
+expects the scheduler's choice to be the same. Moving waiting work between nodes is off here:
+the invariants poll every node after every step, and the tests of stealing are elsewhere.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -52,7 +56,7 @@ MAX_JOB_RETRIES = 1
 JOB_TIMEOUT_SECS = 100
 START = 1_800_000_000_000_000  # the fake clock's first reading, in microseconds
 STEP_US = 1_000  # the clock moves this much before every step, so stamps differ
-FINAL = ("done", "failed", "cancelled")
+FINAL = ("done", "failed")
 
 
 @dataclasses.dataclass
@@ -66,6 +70,8 @@ class ModelJob:
     timeout_secs: int
     created_at: int
     status: str = "pending"
+    reason: str | None = None
+    holds_slot: bool = False  # timed out, its process may still run: it keeps its slot
     retry_count: int = 0
     attempts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     exit_code: int | None = None
@@ -79,9 +85,12 @@ class ModelJob:
     def job_id(self) -> str:
         return f"job-{self.seq}"
 
-    def end_attempt(self, status: str, exit_code: int, stdout: str, stderr: str, now: int) -> None:
+    def end_attempt(
+        self, status: str, exit_code: int, stdout: str, stderr: str, now: int, reason: str = "exit"
+    ) -> None:
         self.status, self.exit_code, self.finished_at = status, exit_code, now
         self.stdout, self.stderr = stdout, stderr
+        self.reason = reason if status == "failed" else None
 
     def retry(self, node: str) -> None:
         """The contract's retry: the attempt is recorded, the job is pending again."""
@@ -94,7 +103,7 @@ class ModelJob:
         attempt["finished_at"] = jobs.format_time(self.finished_at or 0)
         self.attempts.append(attempt)
         self.status, self.node, self.retry_count = "pending", node, self.retry_count + 1
-        self.exit_code, self.stdout, self.stderr = None, "", ""
+        self.exit_code, self.stdout, self.stderr, self.reason = None, "", "", None
         self.running_at = self.finished_at = None
 
     def check(self, wire: dict[str, Any]) -> None:
@@ -111,6 +120,7 @@ class ModelJob:
         if self.timeout_secs:
             expected["timeout_secs"] = self.timeout_secs
         optional = {
+            "reason": self.reason,
             "exit_code": self.exit_code,
             "stdout": self.stdout or None,
             "stderr": self.stderr or None,
@@ -150,6 +160,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.jobs: dict[int, ModelJob] = {}
         self.keys: dict[str, int] = {}
         self.last_seq = 0
+        self.previous: str | None = None  # the node the placement rule chose last
         self.app: Any = None
         self._start()
 
@@ -168,6 +179,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 job_timeout_secs=JOB_TIMEOUT_SECS,
                 node_lost_secs=0,
                 job_retention_secs=0,
+                job_stealing=False,
             )
         )
         self.http = self.app.test_client()
@@ -195,16 +207,40 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert reply.status_code == 409, (reply.status_code, reply.text)
         assert reply.text == f"job {job.job_id} is {job.status}, cannot become {wanted}\n"
 
+    def used(self, node: str) -> int:
+        """Slots in use: running `run` jobs and timed-out ones that keep their slot."""
+        return sum(
+            1
+            for j in self.jobs.values()
+            if j.node == node and ((j.status == "running" and j.job_type == "run") or j.holds_slot)
+        )
+
+    def choose(self, avoid: str | None = None) -> str:
+        """The contract's least-loaded rule, as the model applies it; moves the rotation."""
+        healthy = sorted(self.healthy)
+        if avoid is not None and len(healthy) > 1 and avoid in healthy:
+            healthy.remove(avoid)
+        assert healthy, "the model never places without a healthy node"
+
+        def load(node: str) -> Fraction:
+            waiting = sum(
+                1
+                for j in self.jobs.values()
+                if j.node == node and j.status == "pending" and j.job_type == "run"
+            )
+            return Fraction(waiting + self.used(node), MAX_JOBS_PER_NODE)
+
+        lowest = min(load(node) for node in healthy)
+        candidates = [node for node in healthy if load(node) == lowest]
+        after = [node for node in candidates if self.previous is not None and node > self.previous]
+        self.previous = (after or candidates)[0]
+        return self.previous
+
     def placed_again(self, job: ModelJob, old_node: str) -> None:
-        """Adopt the node the scheduler chose for a retried job, after checking the rules."""
-        node = self.served(job.job_id)["node_id"]
-        others = self.healthy - {old_node}
-        if others:
-            assert node in others, f"{job.job_id} retried on {node}, healthy others {others}"
-        elif self.healthy:
-            assert node == old_node
-        else:
-            assert node == old_node, "with no healthy node a retry keeps its node"
+        """A retried job goes where the rule sends it (a healthy node other than the one it
+        failed on when there is one); with no healthy node at all it keeps its node."""
+        node = self.choose(avoid=old_node) if self.healthy else old_node
+        assert self.served(job.job_id)["node_id"] == node, f"{job.job_id}: retried elsewhere"
         job.node = node
 
     def finish_attempt(self, job: ModelJob, exit_code: int, stdout: str, stderr: str) -> None:
@@ -240,7 +276,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         made = reply.get_json()
         self.last_seq += 1
         assert made["job_id"] == f"job-{self.last_seq}", "ids are 1, 2, 3... never reused"
-        assert made["node_id"] in self.healthy
+        assert made["node_id"] == self.choose(), "least-loaded, ties in turn"
         job = ModelJob(
             seq=self.last_seq,
             node=made["node_id"],
@@ -302,12 +338,25 @@ class SchedulerMachine(RuleBasedStateMachine):
         status = "done" if exit_code == 0 else "failed"
         body = {"status": status, "exit_code": exit_code, "stdout": stdout, "stderr": stderr}
         reply = self.patch(job.job_id, body)
+        if job.status == "failed" and job.reason == "timeout":
+            # The late end of the attempt that timed out: accepted, the job unchanged, and
+            # the slot it kept is free again.
+            assert reply.status_code == 200, reply.text
+            job.check(reply.get_json() | self._attempts_of(job))
+            job.holds_slot = False
+            return
         if job.status != "running":
             self.expect_conflict(reply, job, status)
             return
         assert reply.status_code == 200, reply.text
         self.finish_attempt(job, exit_code, stdout, stderr)
         self._after_attempt(job, reply.get_json())
+
+    @precondition(lambda self: any(job.holds_slot for job in self.jobs.values()))
+    @rule(data=st.data(), exit_code=st.sampled_from([0, 137]))
+    def late_report(self, data: st.DataObject, exit_code: int) -> None:
+        held = sorted(seq for seq, job in self.jobs.items() if job.holds_slot)
+        self.report(data.draw(st.sampled_from(held)), exit_code, "late", "")
 
     @precondition(lambda self: self.in_status("running"))
     @rule(
@@ -340,7 +389,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.expect_conflict(reply, job, "cancelled")
             return
         assert reply.status_code == 200, reply.text
-        job.status, job.finished_at = "cancelled", now
+        job.status, job.reason, job.finished_at = "failed", "cancelled", now
+        job.exit_code, job.stderr = -1, "job cancelled"
         job.frozen = self.served(job.job_id)
         job.check(reply.get_json() | self._attempts_of(job))
 
@@ -355,7 +405,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 continue
             deadline = (job.running_at or 0) + (job.timeout_secs or JOB_TIMEOUT_SECS) * 1_000_000
             if now >= deadline:
-                job.end_attempt("failed", -1, "", jobs.TIMED_OUT_STDERR, now)
+                job.end_attempt("failed", -1, "", jobs.TIMED_OUT_STDERR, now, "timeout")
+                job.holds_slot = True
                 job.frozen = None  # taken below, once the scheduler has done it
                 expired += 1
         assert self.scan.expire_timeouts() == expired
@@ -370,28 +421,44 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(node=st.sampled_from(NODES))
     def node_lost(self, node: str) -> None:
         """The node turns unhealthy and the lost-node scan runs twice (NODE_LOST_SECS is 0, so
-        by the second scan it has been gone long enough): its pending jobs move to a healthy
-        node, its running jobs fail with `node lost` and the retry rule applies."""
+        by the second scan it has been gone long enough). Node by node, in id order: the
+        first scan moves its pending jobs to a healthy node, oldest first; the second fails its
+        running jobs with `node lost` (the retry rule applies) and frees the slots its
+        timed-out jobs kept."""
         self.tick()
         self.healthy.discard(node)
         set_nodes(self.registry, sorted(self.healthy), sorted(set(NODES) - self.healthy))
-        before = {seq: (job.status, job.node) for seq, job in self.jobs.items()}
+        down = sorted(
+            {
+                job.node
+                for job in self.jobs.values()
+                if job.status in ("pending", "running") or job.holds_slot
+            }
+            - self.healthy
+        )
         self.scan.handle_lost_nodes()
-        self.scan.handle_lost_nodes()
-        for job in sorted(self.jobs.values(), key=lambda j: j.seq):
-            status, old_node = before[job.seq]
-            if old_node in self.healthy or status in FINAL:
-                continue
-            if status == "pending":
-                new_node = self.served(job.job_id)["node_id"]
+        for lost in down:
+            for job in self.on(lost, "pending"):
                 if self.healthy:
-                    assert new_node in self.healthy, f"{job.job_id} left on lost {old_node}"
-                else:
-                    assert new_node == old_node, "with no healthy node nothing moves"
-                job.node = new_node
-            else:  # running on a lost node
-                job.end_attempt("failed", -1, "", jobs.NODE_LOST_STDERR, self.clock.now)
+                    job.node = self.choose(avoid=lost)
+        self.scan.handle_lost_nodes()
+        for lost in down:
+            if self.healthy:  # pending jobs only move when a node can take them
+                assert not self.on(lost, "pending"), f"jobs left on lost {lost}"
+            for job in self.on(lost, "running"):
+                job.end_attempt(
+                    "failed", -1, "", jobs.NODE_LOST_STDERR, self.clock.now, "node_lost"
+                )
                 self._after_attempt(job, None)
+            for job in self.jobs.values():
+                if job.node == lost:
+                    job.holds_slot = False
+
+    def on(self, node: str, status: str) -> list[ModelJob]:
+        return sorted(
+            (j for j in self.jobs.values() if j.node == node and j.status == status),
+            key=lambda j: j.seq,
+        )
 
     @precondition(lambda self: len(self.healthy) < len(NODES))
     @rule(data=st.data())
@@ -402,10 +469,13 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule()
     def restart(self) -> None:
-        """Stop the scheduler and start a new one on the same file: nothing may change."""
+        """Stop the scheduler and start a new one on the same file: no job may change. (The
+        rotation's memory of the previous choice is not stored: it starts again at the first
+        node in id order, as a fresh scheduler's does.)"""
         before = {seq: self.served(job.job_id) for seq, job in self.jobs.items()}
         stop_background(self.app)
         self._start()
+        self.previous = None
         after = {seq: self.served(job.job_id) for seq, job in self.jobs.items()}
         assert after == before
 
@@ -424,7 +494,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def each_poll_is_the_oldest_pending_cut_to_free_slots(self) -> None:
         for node in NODES:
             busy = [j for j in self.jobs.values() if j.node == node and j.status == "running"]
-            free = MAX_JOBS_PER_NODE - sum(1 for j in busy if j.job_type != "service")
+            free = MAX_JOBS_PER_NODE - self.used(node)
             pending = sorted(
                 j.seq for j in self.jobs.values() if j.node == node and j.status == "pending"
             )

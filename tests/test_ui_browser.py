@@ -411,8 +411,11 @@ def test_cancel_a_pending_job(page: Page, cluster: Jobs, api: Api) -> None:
     page.click(f"button[data-cancel='{job['job_id']}']")
     assert job["job_id"] in page.accept_confirm()
     wait_for(lambda: page.text("#notice") == "Job cancelled.", message="the cancel notice")
-    assert page.text("h1 .badge") == "cancelled"
-    assert api.job(job["job_id"])["status"] == "cancelled"
+    assert (page.text("h1 .badge"), page.text("#job-reason")) == ("failed", "cancelled")
+    assert (api.job(job["job_id"])["status"], api.job(job["job_id"])["reason"]) == (
+        "failed",
+        "cancelled",
+    )
     assert not page.js("return document.querySelector('button[data-cancel]')")
 
 
@@ -508,6 +511,12 @@ def test_nodes_page_shows_slots_load_and_jobs(page: Page, cluster: Jobs, api: Ap
         assert card["running"] == str(len(on_node))
         assert card["used"] == str(sum(job["job_type"] == "run" for job in on_node))
         assert card["pending"] == str(sum(job["node_id"] == node_id for job in pending))
+        # The load placement compares: waiting run jobs + slots in use, per slot.
+        waiting = [job for job in pending if job["node_id"] == node_id]
+        assert card["queued"] == str(sum(job["job_type"] == "run" for job in waiting))
+        load = (int(card["queued"]) + int(card["used"])) / int(card["slots"])
+        shown = page.text(f".node-card[data-node='{node_id}'] .load")
+        assert shown == f"{round(load * 100)} %"
     assert {node: card["health"] for node, card in cards.items()} == {
         "node-a": "healthy",
         "node-b": "healthy",
@@ -603,7 +612,7 @@ def test_cross_site_cancel_is_refused(scheduler: SchedulerProcess, api: Api) -> 
     done = requests.post(url, headers=same, allow_redirects=False, timeout=10)
     assert done.status_code == 303
     assert done.headers["Location"].endswith(f"/ui/jobs/{job['job_id']}?notice=cancelled")
-    assert api.job(job["job_id"])["status"] == "cancelled"
+    assert api.job(job["job_id"])["reason"] == "cancelled"
 
 
 def test_pages_are_not_cached_framed_or_found_when_missing(scheduler: SchedulerProcess) -> None:
