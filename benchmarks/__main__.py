@@ -3,6 +3,7 @@
     python -m benchmarks            # the full run (3 runs of each case, 10k/100k/1M history)
     python -m benchmarks --quick    # one short run of each, 10k/100k history: for development
     python -m benchmarks --only submit,cycle --runs 1 --profile
+    python -m benchmarks --only placement --placement-scale 0.1   # issue 13's scenario, 10x faster
 
 See benchmarks/README.md for what each figure means.
 """
@@ -21,13 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import ha, profile, report, scenarios
+from . import ha, placement, profile, report, scenarios
 from .history import node_names
 from .procs import RegistryProcess
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-SCENARIOS = ("submit", "history", "cycle", "floor", "postgres")
+SCENARIOS = ("submit", "history", "cycle", "floor", "postgres", "placement")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,6 +50,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--warmup", type=float, help="seconds before each window; default 1, quick 0.5"
     )
     parser.add_argument("--sizes", help="history sizes, comma list; default 10000,100000,1000000")
+    parser.add_argument(
+        "--placement-scale",
+        type=float,
+        help="placement: multiply every job's run time (20 s / 0.2 s); default 1, quick 0.1",
+    )
     parser.add_argument(
         "--nodes", type=int, default=50, help="compute nodes (and agents); default 50"
     )
@@ -86,6 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.duration = args.duration or (2.0 if quick else 5.0)
     args.cycle_duration = args.cycle_duration or (3.0 if quick else 8.0)
     args.warmup = args.warmup if args.warmup is not None else (0.5 if quick else 1.0)
+    args.placement_scale = args.placement_scale or (0.1 if quick else 1.0)
     sizes = args.sizes or ("10000,100000" if quick else "10000,100000,1000000")
     args.sizes = [int(size) for size in sizes.split(",")]
     args.only = [name.strip() for name in args.only.split(",") if name.strip()]
@@ -139,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             "cycle": scenarios.cycle,
             "floor": scenarios.floor,
             "postgres": ha.postgres,
+            # Its own registries (4 nodes each), not the 50-node one.
+            "placement": lambda _: placement.run(workdir, env, args.placement_scale),
         }
         for name in SCENARIOS:
             if name in args.only:

@@ -163,6 +163,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
 
     out += _floor_rows(results, sizes)
     out += _postgres_rows(results)
+    out += _placement_rows(results.get("placement"))
 
     restarts = sorted(int(key.split("_")[1]) for key in results if key.startswith("restart_"))
     for size in restarts:
@@ -313,6 +314,41 @@ def _postgres_rows(results: dict[str, Any]) -> list[Row]:
             )
         )
     return out
+
+
+def _placement_rows(case: dict[str, Any] | None) -> list[Row]:
+    """Issue 13's scenario: round robin beside least-loaded with moving waiting work."""
+    if not case:
+        return []
+    plain, least = case["round_robin"], case["least_loaded"]
+    scale = case["scale"]
+    where = "4 nodes x 1 slot, 200 jobs" + ("" if scale == 1 else f" (run times x{scale:g})")
+    ideal = case["ideal_makespan_s"]
+    share = "2/3"
+    return [
+        Row(f"placement, {where}", "", ""),
+        Row("  round-robin", "makespan s", _num(plain["makespan_s"], 1)),
+        Row(
+            "",
+            "wait p50 / p99 s",
+            f"{_num(plain['wait_p50_s'], 1)} / {_num(plain['wait_p99_s'], 1)}",
+        ),
+        Row(
+            "  least-loaded + stealing",
+            "makespan s",
+            _num(least["makespan_s"], 1),
+            target=f"<= 1.1 x {_num(ideal, 1)}",
+            met=case["makespan_met"],
+        ),
+        Row(
+            "",
+            "wait p50 / p99 s",
+            f"{_num(least['wait_p50_s'], 1)} / {_num(least['wait_p99_s'], 1)}",
+            target=f"p99 <= {share} of r-r",
+            met=case["p99_met"],
+        ),
+        Row("", "jobs moved", _num(least["moved"])),
+    ]
 
 
 _HEADERS = ("case", "figure", "ours", "Go orig.", "target", "met", "cpu srv/cli/other")
