@@ -194,7 +194,10 @@ def _agent(addr: tuple[str, int], node: str, stop: threading.Event, ran: dict[st
             status, _ = _call(conn, "PATCH", f"/jobs/{job.job_id}", RUNNING_UPDATE)
             if status != 200:
                 continue
-            time.sleep(float((job.env_vars or {}).get("BENCH_SECS", "0")))  # the job's run
+            # The job's run. The connection is closed first: the daemon drops one idle for
+            # longer than its keep-alive, and the report opens a fresh one.
+            conn.close()
+            time.sleep(float((job.env_vars or {}).get("BENCH_SECS", "0")))
             status, _ = _call(conn, "PATCH", f"/jobs/{job.job_id}", report_update(0))
             if status == 200:
                 ran[job.job_id] = node
