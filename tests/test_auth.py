@@ -70,7 +70,7 @@ def test_with_the_key_every_call_works(authed: Api, node: str) -> None:
     assert authed.job(job["job_id"]) == job
     assert [listed["job_id"] for listed in authed.jobs(node_id=node)] == [job["job_id"]]
     assert expect_json(authed.get("/schedule"), 200) == {"node_id": node}
-    assert expect_json(authed.post(f"/jobs/{job['job_id']}/cancel"), 200)["status"] == "cancelled"
+    assert expect_json(authed.post(f"/jobs/{job['job_id']}/cancel"), 200)["reason"] == "cancelled"
 
 
 def test_health_and_the_agents_calls_are_exempt(

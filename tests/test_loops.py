@@ -409,9 +409,13 @@ def sns_depth(cluster: Cluster) -> int:
     raise AssertionError("no tiny_scheduler_sns_queue_depth in /metrics")
 
 
-def finish_and_cancel(cluster: Cluster, done: int, cancelled: int) -> list[tuple[str, str]]:
-    """Make jobs final, some done and some cancelled, interleaved; returns (job id, status) in
-    the order the changes were acknowledged."""
+Final = tuple[str, str, "str | None"]
+"""(job id, status, reason) of a final state, as its SNS event says it."""
+
+
+def finish_and_cancel(cluster: Cluster, done: int, cancelled: int) -> list[Final]:
+    """Make jobs final, some done and some cancelled, interleaved; returns (job id, status,
+    reason) in the order the changes were acknowledged."""
     finals = []
     for number in range(max(done, cancelled)):
         if number < done:
@@ -419,17 +423,17 @@ def finish_and_cancel(cluster: Cluster, done: int, cancelled: int) -> list[tuple
             cluster.claim(job["job_id"])
             reply = cluster.patch(job["job_id"], {"status": "done", "exit_code": 0}, timeout=5)
             assert reply.status_code == 200, reply.text
-            finals.append((job["job_id"], "done"))
+            finals.append((job["job_id"], "done", None))
         if number < cancelled:
             job = cluster.submit(command="never")
             url = f"{cluster.server.url}/jobs/{job['job_id']}/cancel"
             assert cluster.http.post(url, timeout=5).status_code == 200
-            finals.append((job["job_id"], "cancelled"))
+            finals.append((job["job_id"], "failed", "cancelled"))
     return finals
 
 
-def published(cluster: Cluster) -> list[tuple[str, str]]:
-    return [(event["job_id"], event["status"]) for event in cluster.events()]
+def published(cluster: Cluster) -> list[Final]:
+    return [(event["job_id"], event["status"], event.get("reason")) for event in cluster.events()]
 
 
 def test_sns_down_keeps_every_event_and_publishes_them_in_order_when_it_returns(

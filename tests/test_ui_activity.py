@@ -91,7 +91,8 @@ def test_a_failure_at_the_end_counts_as_failed() -> None:
 
 
 def test_a_job_cancelled_while_pending_waited_until_cancelled() -> None:
-    found = activity([job(at(30, 1), None, at(33, 20), jobs.CANCELLED)], NOW)
+    cancelled = job(at(30, 1), None, at(33, 20), jobs.FAILED)  # a cancel: failed, never ran
+    found = activity([cancelled], NOW)
     assert [i for i, depth in enumerate(found.waiting) if depth] == [30, 31, 32]
     assert found.failed[33] == 1
 

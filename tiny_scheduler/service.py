@@ -174,7 +174,7 @@ class Scheduler:
         return self._table.running()
 
     def busy_nodes(self) -> set[str]:
-        """Nodes that have pending or running jobs."""
+        """Nodes that have pending or running jobs, or a timed-out job keeping a slot."""
         return self._table.busy_nodes()
 
     def jobs_on(self, node_id: str) -> NodeJobs:
@@ -195,7 +195,7 @@ class Scheduler:
         return self._placement.registry.cached_nodes()
 
     def queue_depths(self) -> dict[str, int]:
-        """Pending jobs of every node that has any."""
+        """Due pending jobs of every node that has any."""
         return self._table.queue_depths()
 
     def store_health(self) -> tuple[bool, str | None]:
@@ -402,7 +402,9 @@ class Scheduler:
             return []
         moved: list[Job] = []
         with contextlib.ExitStack() as held:
-            for candidate in candidates:  # oldest first: the same order as every busy wait
+            # In id order, as every other poll's take-over: two of them never wait for each
+            # other's busy jobs in a circle (nothing else holds more than one).
+            for candidate in candidates:
                 job = held.enter_context(self._table.changing(candidate.seq))
                 if (
                     job.node_id == candidate.node_id
