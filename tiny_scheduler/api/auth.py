@@ -1,7 +1,8 @@
 """Authentication: the shared bearer token, and which calls are exempt from it.
 
-When `TINYAWS_API_KEY` is set every request needs `Authorization: Bearer <key>`, compared in
-constant time. Exempt: the health check, /leader, the metrics, the OpenAPI document, and (while
+When `TINYAWS_API_KEY` is set every request needs `Authorization: Bearer <key>`: the scheme
+name in any case (HTTP scheme names are case-insensitive), the key compared in constant time.
+Exempt: the health check, /leader, the metrics, the OpenAPI document, and (while
 `AUTH_AGENT_EXEMPT` is on, because the real agent sends no header) the agent's poll and its
 PATCH. A plain listing of jobs is not exempt: it shows every job's command, environment and
 output.
@@ -22,6 +23,7 @@ from .replies import scheduler, text_reply
 
 _ALWAYS_OPEN = frozenset({"health.health", "leader.leader", "metrics.metrics", "openapi.openapi"})
 _UI_PATH = "/ui"
+_BEARER = "bearer "  # the scheme, lower-cased, and the one space before the key
 _UI_CHALLENGE = {"WWW-Authenticate": 'Basic realm="tiny-scheduler", charset="UTF-8"'}
 
 
@@ -44,9 +46,14 @@ def _check() -> Response | None:
 
 
 def key_matches(header: str, key: str) -> bool:
-    """Whether an Authorization header carries the key, compared in constant time."""
-    expected = f"Bearer {key}".encode()
-    return hmac.compare_digest(header.encode("utf-8", "surrogateescape"), expected)
+    """Whether an Authorization header carries the key: `Bearer` in any case, one space, and
+    the key, compared in constant time (the scheme is no secret; only the key's comparison
+    must not tell how much of it matched)."""
+    scheme, given = header[: len(_BEARER)], header[len(_BEARER) :]
+    # isascii: lower() maps a few non-ASCII letters onto ASCII ones; a scheme name is ASCII.
+    if not scheme.isascii() or scheme.lower() != _BEARER:
+        return False
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), key.encode())
 
 
 def _basic_password_matches(key: str) -> bool:
