@@ -166,19 +166,54 @@ def test_counts(mixed: JobTable) -> None:
 # --- ids ------------------------------------------------------------------------------------
 
 
-def test_new_seq_continues_after_loaded_jobs_and_the_high_water_mark() -> None:
-    assert JobTable().new_seq() == 1
-    assert JobTable([make(3), make(5)], last_seq=0).new_seq() == 6
-    assert JobTable([make(3)], last_seq=9).new_seq() == 10
+def create(table: JobTable, **fields: object) -> Job:
+    """Put a new job with the table's next id, as the service does."""
+    with table.creating() as seq:
+        job = make(seq, **fields)
+        table.put(job)
+    return job
+
+
+def next_seq(table: JobTable) -> int:
+    with table.creating() as seq:
+        return seq
+
+
+def test_ids_continue_after_loaded_jobs_and_the_high_water_mark() -> None:
+    assert next_seq(JobTable()) == 1
+    assert next_seq(JobTable([make(3), make(5)], last_seq=0)) == 6
+    assert next_seq(JobTable([make(3)], last_seq=9)) == 10
 
 
 def test_removed_ids_are_never_handed_out_again() -> None:
     table = JobTable()
     for _ in range(3):
-        table.put(make(table.new_seq(), status=jobs.DONE, finished_at=T0))
+        create(table, status=jobs.DONE, finished_at=T0)
     table.remove([2, 3])
     assert table.get(3) is None
-    assert table.new_seq() == 4
+    assert next_seq(table) == 4
+
+
+def test_listings_stop_below_the_lowest_id_in_flight() -> None:
+    table = JobTable([make(1), make(2)])
+    with table.creating() as slow:  # job-3: its commit is taking long
+        fast = create(table)  # job-4, committed first
+        assert seqs(table.query(None, None, None, 0, 10)[0]) == [1, 2]
+        assert seqs(table.query(None, jobs.PENDING, None, 0, 10)[0]) == [1, 2]
+        # No Link to a next page either: what lies beyond is not settled yet.
+        assert table.query(None, None, None, 0, 2) == ([make(1), make(2)], False)
+        assert table.get(fast.seq) == fast  # one job by its id is not a listing
+        table.put(make(slow))
+    assert seqs(table.query(None, None, None, 0, 10)[0]) == [1, 2, 3, 4]
+    assert seqs(table.query(None, jobs.PENDING, None, 2, 10)[0]) == [3, 4]
+
+
+def test_an_id_whose_commit_failed_stops_holding_listings_back() -> None:
+    table = JobTable([make(1)])
+    with pytest.raises(RuntimeError), table.creating():
+        create(table)  # job-3 is committed while job-2 fails
+        raise RuntimeError("the store refused job-2")
+    assert seqs(table.query(None, None, None, 0, 10)[0]) == [1, 3]
 
 
 def test_finished_before_and_remove() -> None:
@@ -251,7 +286,7 @@ def test_deduplicating_returns_the_job_created_under_the_key() -> None:
     table = JobTable()
     with table.deduplicating("k") as existing:
         assert existing is None
-        table.put(make(table.new_seq(), dedupe_key="k"))
+        create(table, dedupe_key="k")
     with table.deduplicating("k") as existing:
         assert existing is not None and existing.seq == 1
     with table.deduplicating("other") as existing:
@@ -273,7 +308,7 @@ def test_a_concurrent_request_with_the_same_key_waits_for_the_first() -> None:
         thread.start()
         # A bounded window for the second request to get in, which it must not.
         assert not entered.wait(0.2)
-        table.put(make(table.new_seq(), dedupe_key="k"))
+        create(table, dedupe_key="k")
     thread.join(10)
     assert [job and job.seq for job in results] == [1]
 

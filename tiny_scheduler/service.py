@@ -273,20 +273,30 @@ class Scheduler:
         with self._table.deduplicating(dedupe_key) as existing:
             if existing is not None:
                 return existing, False
-            job = self._new_job(request, dedupe_key)
-            self._commit(job)
+            node_id = self._placement.place(request.instance_id)
+            with self._table.creating() as seq:
+                job = self._new_job(request, dedupe_key, seq, node_id)
+                self._commit(job)
         self._created(job, source)
         return job, True
 
-    def _new_job(self, request: JobRequest, dedupe_key: str | None, schedule_id: str = "") -> Job:
-        """A new pending job for the request, placed on its node (not yet committed)."""
-        node_id = self._placement.place(request.instance_id)
+    def _new_job(
+        self,
+        request: JobRequest,
+        dedupe_key: str | None,
+        seq: int,
+        node_id: str,
+        schedule_id: str = "",
+    ) -> Job:
+        """A new pending job for the request (not yet committed). Its node is chosen first,
+        and only then its id taken (`table.creating`): a slow registry must not hold back
+        every listing at an id in flight."""
         now = jobs.now_us()
         fields = {name: getattr(request, name) for name in _REQUEST_FIELDS}
         if request.delay_secs:
             fields["not_before"] = now + request.delay_secs * 1_000_000
         return Job(
-            seq=self._table.new_seq(),
+            seq=seq,
             node_id=node_id,
             created_at=now,
             dedupe_key=dedupe_key,
@@ -555,15 +565,21 @@ class Scheduler:
     def _fire(self, schedule: Schedule, fire_at: int, cursor: int | None) -> tuple[Job, bool]:
         key = schedules.fire_key(schedule.seq, fire_at)
         with self._table.deduplicating(key) as existing:
-            job = existing or self._new_job(schedule.job, key, schedule.schedule_id)
-            fired = schedule.evolve(next_run_at=cursor, last_run_at=fire_at, last_job_seq=job.seq)
             if existing is not None:
                 # The fire made its job before a crash took the schedule's own update: record
                 # that job rather than make a second one.
-                self._save_schedule(fired)
+                self._save_schedule(
+                    schedule.evolve(
+                        next_run_at=cursor, last_run_at=fire_at, last_job_seq=existing.seq
+                    )
+                )
                 return existing, False
-            self._store.save_schedule(fired, job)
-            self._table.put(job)
+            node_id = self._placement.place(schedule.job.instance_id)
+            with self._table.creating() as seq:
+                job = self._new_job(schedule.job, key, seq, node_id, schedule.schedule_id)
+                fired = schedule.evolve(next_run_at=cursor, last_run_at=fire_at, last_job_seq=seq)
+                self._store.save_schedule(fired, job)
+                self._table.put(job)
             self._schedules.put(fired)
         return job, True
 

@@ -20,6 +20,11 @@ Changes are made in two steps by the service: `changing()` marks a job busy (a s
 to the same job waits), the store commits the new version, then `put()` swaps it in. So readers
 only ever see committed state, and two agents can never both claim one job.
 
+New jobs become visible in id order: `creating()` hands out the next id and keeps it "in
+flight" until the job is put (or its commit failed), and listings stop below the lowest id in
+flight. Commits finish in any order; without this a reader could page past job-8 while job-7
+was still being committed, and never see job-7.
+
 No disk or network I/O here, and no lock is held while a caller does any.
 """
 
@@ -77,6 +82,7 @@ class JobTable:
         self._offers: dict[int, tuple[str, int]] = {}
         self._offer_log: collections.deque[tuple[int, int]] = collections.deque()
         self._busy_keys: set[str] = set()
+        self._in_flight: set[int] = set()  # ids handed out whose job is not committed yet
         finished = []
         self._jobs.update((job.seq, job) for job in loaded)  # one bulk sort, not n inserts
         for job in self._jobs.values():
@@ -154,10 +160,16 @@ class JobTable:
         wanted = limit + 1
         if reason is not None and status in (jobs.PENDING, jobs.RUNNING):
             return [], False  # only a final failure has a reason
+        with self._lock:
+            # Every id below the lowest one in flight is settled (committed, or never will be),
+            # so what a listing shows below it can no longer gain an earlier job.
+            horizon = min(self._in_flight, default=None)
         if status in (jobs.PENDING, jobs.RUNNING):
             found = self._query_active(node_id, status, job_type, after, wanted)
         else:
-            found = self._scan(node_id, status, job_type, reason, after, wanted)
+            found = self._scan(node_id, status, job_type, reason, after, wanted, horizon)
+        if horizon is not None:
+            found = list(itertools.takewhile(lambda job: job.seq < horizon, found))
         return found[:limit], len(found) > limit
 
     def _query_active(
@@ -197,16 +209,18 @@ class JobTable:
         reason: str | None,
         after: int,
         wanted: int,
+        before: int | None,
     ) -> list[Job]:
-        """Walk history in chunks, letting go of the lock between chunks: a sparse filter
-        over a million jobs must not stall the agents' polls."""
+        """Walk history in chunks (ids above `after` and below `before`), letting go of the
+        lock between chunks: a sparse filter over a million jobs must not stall the agents'
+        polls."""
         found: list[Job] = []
         cursor = after
         while len(found) < wanted:
             with self._lock:
                 chunk = list(
                     itertools.islice(
-                        self._jobs.irange(minimum=cursor, inclusive=(False, True)), _SCAN_CHUNK
+                        self._jobs.irange(cursor, before, inclusive=(False, False)), _SCAN_CHUNK
                     )
                 )
                 candidates = [self._jobs[seq] for seq in chunk]
@@ -316,11 +330,19 @@ class JobTable:
 
     # --- writes -----------------------------------------------------------------------------
 
-    def new_seq(self) -> int:
-        """The next job number; numbers are never handed out twice."""
+    @contextlib.contextmanager
+    def creating(self) -> Iterator[int]:
+        """The next job number (never handed out twice), in flight until the block ends: put
+        the committed job inside it. While it is in flight, listings show no job above it."""
         with self._lock:
             self._last_seq += 1
-            return self._last_seq
+            seq = self._last_seq
+            self._in_flight.add(seq)
+        try:
+            yield seq
+        finally:
+            with self._lock:
+                self._in_flight.discard(seq)
 
     @contextlib.contextmanager
     def changing(self, seq: int) -> Iterator[Job]:
@@ -374,7 +396,7 @@ class JobTable:
             self._index(job, old)
 
     def remove(self, seqs: Iterable[int]) -> None:
-        """Forget committed deletions (retention). Ids stay used: `new_seq` never goes back."""
+        """Forget committed deletions (retention). Ids stay used: `creating` never goes back."""
         gone = set()
         with self._lock:
             for seq in seqs:
