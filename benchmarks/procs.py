@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tiny_scheduler.dev.daemon import SchedulerProcess
+from tiny_scheduler.dev.daemon import SchedulerProcess, memory_bytes
 from tiny_scheduler.dev.registry import FakeRegistry
 
 _FORK = multiprocessing.get_context("fork")
@@ -118,11 +118,7 @@ class Server:
     @property
     def worker_pid(self) -> int:
         """The gunicorn worker: the one child of the master."""
-        master = self.master_pid
-        children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
-        if len(children) != 1:
-            raise RuntimeError(f"gunicorn master {master} has children {children}, expected one")
-        return int(children[0])
+        return self.process.worker_pid
 
     def worker_rss_bytes(self) -> int:
         return rss_bytes(self.worker_pid)
@@ -144,14 +140,6 @@ class FloorProcess(SchedulerProcess):
 def rss_bytes(pid: int) -> int:
     """Resident memory of a process now."""
     return memory_bytes(pid, "VmRSS")
-
-
-def memory_bytes(pid: int, field: str) -> int:
-    """A memory figure of a process (VmRSS, VmHWM: its peak RSS, ...) from /proc/<pid>/status."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} for pid {pid}")
 
 
 def _cpu_seconds(pid: int) -> tuple[float, float]:

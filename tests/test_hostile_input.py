@@ -361,20 +361,29 @@ ONE_SHOT = {"Connection": "close"}
 
 
 @pytest.mark.parametrize("size", [LIMIT + 1, 10 * LIMIT])
-def test_a_body_over_the_limit_gets_413(live: Fixture, size: int) -> None:
+def test_a_body_over_the_limit_gets_413_but_an_update_is_read(live: Fixture, size: int) -> None:
     body = b'{"command":"' + b"x" * size + b'"}'
     response = live.api.post("/jobs", body, headers=ONE_SHOT)
     expect_error_in(response, 413, lambda m: m == errors.REQUEST_TOO_LARGE)
+    # The agent never repeats a refused final report: an update is read whatever its size,
+    # and answered for what it says.
     path = f"/jobs/{live.pending['job_id']}"
-    response = live.api.patch(path, body, headers=ONE_SHOT)
-    expect_error_in(response, 413, lambda m: m == errors.REQUEST_TOO_LARGE)
+    response = live.api.patch(path, body)
+    expect_error_in(response, 400, lambda m: m == errors.INVALID_STATUS)
+    response = live.api.patch(path, b'{"status":"done","stdout":"' + b"x" * size + b'"')
+    expect_error_in(response, 400, lambda m: m == errors.DECODE_UPDATE)
+    response = live.api.patch(path, b'{"status":"done","stdout":"' + b"x" * size + b'"}')
+    expect_error_in(response, 409, lambda m: m.endswith("is pending, cannot become done"))
     assert live.api.job(live.pending["job_id"])["status"] == "pending"
 
 
-def test_a_chunked_body_over_the_limit_gets_413(live: Fixture) -> None:
+def test_a_chunked_body_over_the_limit_gets_413_but_an_update_is_read(live: Fixture) -> None:
     chunks = iter((b'{"command":"', b"x" * LIMIT, b'"}'))  # sent chunked: no length given
     response = live.api.request("POST", "/jobs", data=chunks, headers=ONE_SHOT)
     expect_error_in(response, 413, lambda m: m == errors.REQUEST_TOO_LARGE)
+    chunks = iter((b'{"stdout":"', b"x" * LIMIT, b'","status":"nope"}'))
+    response = live.api.request("PATCH", f"/jobs/{live.pending['job_id']}", data=chunks)
+    expect_error_in(response, 400, lambda m: m == errors.INVALID_STATUS)
 
 
 @pytest.mark.parametrize(
@@ -386,9 +395,10 @@ def test_a_chunked_body_over_the_limit_gets_413(live: Fixture) -> None:
     ],
 )
 def test_broken_chunked_framing_is_a_bad_request(live: Fixture, framing: bytes) -> None:
-    data = request_bytes("POST", "/jobs", [(b"Transfer-Encoding", b"chunked")], None) + framing
-    response = raw_request(live.port, data)
-    assert response.status_code == 400, (response.status_code, response.text)
+    for method, path in (("POST", "/jobs"), ("PATCH", f"/jobs/{live.pending['job_id']}")):
+        chunked = [(b"Transfer-Encoding", b"chunked")]
+        response = raw_request(live.port, request_bytes(method, path, chunked, None) + framing)
+        assert response.status_code == 400, (method, response.status_code, response.text)
 
 
 # --- PATCH /jobs/{id} and cancel ----------------------------------------------------------------

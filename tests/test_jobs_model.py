@@ -417,3 +417,11 @@ def test_run_deadline() -> None:
 def test_services_take_no_slot() -> None:
     assert new_job().takes_slot
     assert not new_job(job_type=jobs.SERVICE).takes_slot
+
+
+def test_cap_tail_is_cap_output_of_the_whole_text() -> None:
+    for text in ("x" * 5000, "é" * 3000 + "end", "\U0001f680" * 2000, "ab\n" * 999):
+        data = text.encode()
+        for cap in (256, 1000, 4096):
+            if len(data) > cap:
+                assert jobs.cap_tail(data[-cap:], len(data), cap) == jobs.cap_output(text, cap)

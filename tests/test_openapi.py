@@ -164,7 +164,7 @@ WHERE = {
         ("401", "delete", "/schedules/{schedule_id}"),
         ("401", "get", "/ui/"),
     ],
-    errors.REQUEST_TOO_LARGE: [("413", "post", "/jobs"), ("413", "patch", "/jobs/{job_id}")],
+    errors.REQUEST_TOO_LARGE: [("413", "post", "/jobs")],  # an update is never refused for it
     errors.STORE_UNAVAILABLE: [
         ("503", "post", "/jobs"),
         ("503", "patch", "/jobs/{job_id}"),

@@ -384,16 +384,24 @@ def cap_output(text: str, max_bytes: int) -> str:
     data = text.encode("utf-8")
     if len(data) <= max_bytes:
         return text
+    return cap_tail(data[len(data) - max_bytes :], len(data), max_bytes)
+
+
+def cap_tail(tail: bytes, total: int, max_bytes: int) -> str:
+    """What `cap_output` makes of an output of `total` UTF-8 bytes (more than `max_bytes`)
+    that ends with `tail` (its last `max_bytes` bytes); for outputs read as a stream, whose
+    whole text is never held."""
     # The marker's length depends on the count it prints: shrink the tail until both agree.
     keep = max_bytes
     while True:
-        marker = f"[tiny-scheduler: output truncated, {len(data) - keep} earlier bytes dropped]\n"
+        marker = f"[tiny-scheduler: output truncated, {total - keep} earlier bytes dropped]\n"
         fits = max_bytes - len(marker.encode())
         if fits == keep:
             break
         keep = fits
-    tail = data[len(data) - keep :].decode("utf-8", "ignore")  # a split character is dropped
-    return marker + tail
+    # A character split by the cut is dropped. Decoded in one go with the (ASCII) marker: the
+    # text can be megabytes, and joining two strings would copy it once more.
+    return (marker.encode() + tail[len(tail) - keep :]).decode("utf-8", "ignore")
 
 
 # --- the wire shape, derived from the declaration ----------------------------------------

@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
 
-from . import errors, jobs
+from . import errors, jobs, jsonstream
 
 MAX_TIMEOUT_SECS = 10 * 365 * 24 * 3600
 MAX_DELAY_SECS = MAX_TIMEOUT_SECS
@@ -225,13 +225,45 @@ def _delay(not_before: Any, delay_secs: Any) -> tuple[int | None, int | None]:
 
 
 def parse_update(body: bytes) -> JobUpdate:
-    data = decode_object(body, errors.DECODE_UPDATE)
+    """A whole PATCH body (the agent's report); its output is capped later, by the service."""
+    return _update_from(decode_object(body, errors.DECODE_UPDATE), max_output_bytes=None)
+
+
+def read_update(read: Callable[[int], bytes], max_output_bytes: int) -> JobUpdate:
+    """A PATCH body of any size, read with `read(n)` in pieces (b"" at its end).
+
+    The agent never repeats its final report, so no size is refused. A body that ends within
+    the first piece is decoded whole, as `parse_update` does; a longer one is read as a stream
+    (`jsonstream`) that keeps only the tails of stdout and stderr within `max_output_bytes`,
+    so memory stays bounded whatever the size. Both give the same answer for the same body.
+    """
+    first = read(jsonstream.CHUNK_BYTES)
+    second = read(jsonstream.CHUNK_BYTES) if first else b""
+    if not second:
+        return parse_update(first)
+    pending = [first, second]
+
+    def rest(size: int) -> bytes:
+        return pending.pop(0) if pending else read(size)
+
+    # The longest status is all a status value needs; exit_code only needs its type when it
+    # is a string.
+    keep = {"status": 16, "exit_code": 0, "stdout": max_output_bytes, "stderr": max_output_bytes}
+    try:
+        data = jsonstream.read_object(rest, keep)
+    except jsonstream.DecodeError:
+        raise errors.BadRequest(errors.DECODE_UPDATE) from None
+    return _update_from(data, max_output_bytes)
+
+
+def _update_from(data: Mapping[str, Any], max_output_bytes: int | None) -> JobUpdate:
+    """Check a decoded update in the spec's order: types, then the status."""
     status = data.get("status")
     exit_code = data.get("exit_code")
-    stdout = data.get("stdout")
-    stderr = data.get("stderr")
+    stdout = _output(data.get("stdout"), max_output_bytes)
+    stderr = _output(data.get("stderr"), max_output_bytes)
     if (
-        (status is not None and not isinstance(status, str))
+        (status is not None and not isinstance(status, str | jsonstream.Tail))
         or (exit_code is not None and not (_is_int(exit_code) and -_INT64 <= exit_code < _INT64))
         or (stdout is not None and not isinstance(stdout, str))
         or (stderr is not None and not isinstance(stderr, str))
@@ -242,6 +274,13 @@ def parse_update(body: bytes) -> JobUpdate:
     return JobUpdate(
         status=jobs.Status(status), exit_code=exit_code, stdout=stdout or "", stderr=stderr or ""
     )
+
+
+def _output(value: Any, max_bytes: int | None) -> Any:
+    """An output value as text: a tail the stream kept becomes the capped text it stands for."""
+    if isinstance(value, jsonstream.Tail) and max_bytes is not None:
+        return jobs.cap_tail(value.data, value.total, max_bytes)
+    return value
 
 
 def _is_int(value: Any) -> bool:

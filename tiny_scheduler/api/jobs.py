@@ -47,9 +47,20 @@ def get_job(job_id: str) -> Response:
 
 @bp.patch("/jobs/<job_id>")
 def update_job(job_id: str) -> Response:
-    """An agent's report: running, done or failed."""
-    update = validation.parse_update(read_body(errors.DECODE_UPDATE))
-    return json_reply(scheduler().update(job_id, update).to_wire())
+    """An agent's report: running, done or failed. Never refused for its size."""
+    service = scheduler()
+    # Straight from the WSGI input: Flask's own reading stops at MAX_REQUEST_BYTES (413), and
+    # the agent does not retry a refused final report.
+    stream = request.environ["wsgi.input"]
+    try:
+        update = validation.read_update(stream.read, service.settings.max_output_bytes)
+    except errors.ServiceError:
+        raise
+    except Exception:
+        # A body that cannot even be read (a malformed chunk size...) cannot be decoded
+        # either; the WSGI server raises its own exception types for these.
+        raise errors.BadRequest(errors.DECODE_UPDATE) from None
+    return json_reply(service.update(job_id, update).to_wire())
 
 
 @bp.post("/jobs/<job_id>/cancel")

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import requests
 
@@ -82,6 +83,16 @@ class SchedulerProcess:
             time.sleep(0.05)
         raise TimeoutError(f"scheduler not ready after {timeout}s; {self._tail()}")
 
+    @property
+    def worker_pid(self) -> int:
+        """The gunicorn worker, the master's one child: the process that holds the jobs."""
+        assert self.proc is not None
+        master = self.proc.pid
+        children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+        if len(children) != 1:
+            raise RuntimeError(f"gunicorn master {master} has children {children}, expected one")
+        return int(children[0])
+
     def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM and wait: the clean shutdown an operator's service manager does."""
         return self._signal(signal.SIGTERM, timeout)
@@ -128,3 +139,17 @@ class SchedulerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def memory_bytes(pid: int, field: str = "VmRSS") -> int:
+    """A memory figure of a process from /proc/<pid>/status: VmRSS (resident now), VmHWM (the
+    peak resident size, since start or `reset_peak_memory`), ..."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} for pid {pid}")
+
+
+def reset_peak_memory(pid: int) -> None:
+    """Start a process's peak resident size (VmHWM) afresh from its size now (Linux 4.0+)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
