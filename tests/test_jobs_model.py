@@ -9,7 +9,7 @@ import pytest
 from helpers import ALWAYS_PRESENT, WIRE_ORDER, assert_no_nulls
 
 from tiny_scheduler import jobs
-from tiny_scheduler.jobs import Attempt, Job, TransitionError
+from tiny_scheduler.jobs import Attempt, Job, Output, TransitionError
 
 T0 = 1_764_498_030_123_456  # 2025-11-30T10:20:30.123456Z
 
@@ -417,6 +417,35 @@ def test_run_deadline() -> None:
 def test_services_take_no_slot() -> None:
     assert new_job().takes_slot
     assert not new_job(job_type=jobs.SERVICE).takes_slot
+
+
+# --- output, kept apart -----------------------------------------------------------------------
+
+
+def test_a_jobs_outputs_by_attempt_number() -> None:
+    assert full_job().outputs() == {0: Output("o1", "e1"), 1: Output("out", "err")}
+    quiet = full_job().evolve(stdout="", attempts=(Attempt("b", 1, "", "", None, None),))
+    assert quiet.outputs() == {1: Output("", "err")}
+    assert new_job().outputs() == {}
+
+
+def test_without_output_then_with_it_gives_the_job_back() -> None:
+    job = full_job()
+    bare = job.without_output()
+    assert bare.outputs() == {}
+    assert bare.evolve(stdout="out", stderr="err", attempts=job.attempts) == job
+    assert bare.with_output(job.outputs()) == job
+    plain = new_job()
+    assert plain.without_output() is plain  # nothing to strip: no copy
+
+
+def test_a_job_that_is_not_final_shows_no_output_of_its_own() -> None:
+    """The store may already hold the end of the attempt the table still sees running."""
+    retried = jobs.retry(full_job(), "node-c").without_output()  # pending, attempt 2 next
+    stored = {0: Output("o1", "e1"), 1: Output("out", "err"), 2: Output("newer", "")}
+    shown = retried.with_output(stored)
+    assert (shown.stdout, shown.stderr) == ("", "")
+    assert [(a.stdout, a.stderr) for a in shown.attempts] == [("o1", "e1"), ("out", "err")]
 
 
 def test_cap_tail_is_cap_output_of_the_whole_text() -> None:

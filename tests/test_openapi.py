@@ -166,6 +166,8 @@ WHERE = {
     ],
     errors.REQUEST_TOO_LARGE: [("413", "post", "/jobs")],  # an update is never refused for it
     errors.STORE_UNAVAILABLE: [
+        ("503", "get", "/jobs"),  # the output a listing or a job shows is read from disk
+        ("503", "get", "/jobs/{job_id}"),
         ("503", "post", "/jobs"),
         ("503", "patch", "/jobs/{job_id}"),
         ("503", "post", "/jobs/{job_id}/cancel"),

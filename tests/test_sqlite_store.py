@@ -1,18 +1,21 @@
 """The SQLite backend's own duties: files it cannot understand are refused, not damaged, and
 the columns it stores are the ones the job declaration names; one store per file at a time; a
 file deleted or replaced under it is written no more, and ids go on above those handed out
-from the path; a row that cannot be read is named."""
+from the path; a row that cannot be read is named; the output stays out of the jobs table (and
+out of the load), and older files are migrated."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from tiny_scheduler.jobs import Job
-from tiny_scheduler.storage import Batch, OutboxEvent, StoreOpenError, rows, sqlite
+from tiny_scheduler import jobs
+from tiny_scheduler.jobs import Attempt, Job, Output
+from tiny_scheduler.storage import Batch, OutboxEvent, StoreOpenError, Writer, rows, sqlite
 from tiny_scheduler.storage.sqlite import MIGRATIONS, SCHEMA_VERSION, SqliteStore
 
 
@@ -238,7 +241,8 @@ def test_a_file_of_schema_version_1_gets_the_outbox_and_keeps_its_jobs(tmp_path:
         # Only the columns version 1 had: later versions add theirs with their defaults.
         v1 = {column[1] for column in conn.execute("PRAGMA table_info(jobs)")}
         values = dict(zip(rows.COLUMNS, rows.to_row(job), strict=True))
-        names = [name for name in rows.COLUMNS if name in v1]
+        values.update(stdout="", stderr="")  # version 1 kept the output in the jobs table
+        names = [name for name in values if name in v1]
         marks = ", ".join("?" for _ in names)
         conn.execute(
             f"INSERT INTO jobs ({', '.join(names)}) VALUES ({marks})", [values[n] for n in names]
@@ -300,15 +304,12 @@ def test_a_version_1_file_is_migrated_cancelled_rows_become_failures_with_reason
     store = SqliteStore(str(path))
     try:
         loaded = {job.seq: job for job in store.load().jobs}
+        cancelled_output = store.read_outputs(1)  # kept apart from the job since version 4
     finally:
         store.close()
     cancelled = loaded[1]
-    assert (cancelled.status, cancelled.reason, cancelled.exit_code, cancelled.stderr) == (
-        "failed",
-        "cancelled",
-        -1,
-        "job cancelled",
-    )
+    assert (cancelled.status, cancelled.reason, cancelled.exit_code) == ("failed", "cancelled", -1)
+    assert cancelled_output == {0: Output("", "job cancelled")}
     assert cancelled.finished_at == 3_000, "it keeps when it was cancelled"
     assert {seq: (job.status, job.reason) for seq, job in loaded.items() if seq > 1} == {
         2: ("failed", "exit"),
@@ -326,3 +327,122 @@ def test_a_version_1_file_is_migrated_cancelled_rows_become_failures_with_reason
             0,
         )
     conn.close()
+
+
+# --- output, kept apart from the jobs ------------------------------------------------------------
+
+T0 = 1_764_498_030_123_456
+
+
+def finished(seq: int, stdout: str = "out", stderr: str = "err") -> Job:
+    job = Job(seq=seq, node_id="n", command="x", created_at=T0)
+    return jobs.finish(jobs.start(job, T0 + 1), jobs.DONE, 0, stdout, stderr, T0 + 2)
+
+
+def saved_store(path: Path, *saved: Job) -> None:
+    store = Writer(SqliteStore(str(path)))
+    store.start()
+    store.save(*saved)
+    store.close()
+
+
+def test_loading_never_reads_the_output(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    retried = jobs.retry(finished(2).evolve(status=jobs.FAILED), "m")
+    saved_store(path, finished(1, "x" * 100_000), retried)
+    store = SqliteStore(str(path))
+    read: set[tuple[str, str]] = set()
+
+    def watch(action: int, table: str | None, column: str | None, *_: object) -> int:
+        if action == sqlite3.SQLITE_READ:
+            read.add((table or "", column or ""))
+        return sqlite3.SQLITE_OK
+
+    store._conn.set_authorizer(watch)  # the backend's own connection, as load() uses it
+    loaded = store.load().jobs
+    store.close()
+    assert loaded == [finished(1).without_output(), retried.without_output()]
+    tables = {table for table, _ in read}
+    assert "jobs" in tables, "the authorizer saw no read of the jobs: the check proves nothing"
+    assert "outputs" not in tables
+
+
+def test_a_read_stopped_early_leaves_no_snapshot_behind(tmp_path: Path) -> None:
+    """A listing whose client went away must not keep the write-ahead log from being folded
+    back into the file (it would grow without end)."""
+    path = tmp_path / "jobs.db"
+    saved_store(path, *(finished(seq) for seq in range(1, 600)))
+    store = SqliteStore(str(path))
+    store.write(Batch(upserts=[finished(600)]))  # something in the log to fold back
+    other = sqlite3.connect(path, isolation_level=None)
+    reading = store.read_latest_outputs(range(1, 601))
+    next(reading)
+    store.write(Batch(upserts=[finished(601)]))
+    busy, _, _ = other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    assert busy == 1, "the open read should hold the log: the check proves nothing"
+    reading.close()
+    busy, _, _ = other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    other.close()
+    store.close()
+    assert busy == 0
+
+
+def test_a_version_3_file_is_migrated_with_its_output_moved_out(tmp_path: Path) -> None:
+    """Before version 4 the output sat in the jobs table: the current attempt's in columns,
+    the earlier ones' inside the attempts JSON (as objects, or as lists in the oldest files)."""
+    path = tmp_path / "jobs.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for step in sorted(step for step in MIGRATIONS if step < 4):  # what version 3 files had
+        for statement in MIGRATIONS[step].split(";"):
+            if statement.strip():
+                conn.execute(statement)
+    conn.execute("INSERT INTO schema_version (version) VALUES (3)")
+    columns = (
+        "seq, node_id, command, created_at, instance_id, deploy_url, job_type, port, env_vars, "
+        "timeout_secs, status, retry_count, exit_code, stdout, stderr, running_at, "
+        "finished_at, attempts, dedupe_key"
+    )
+    attempts = [
+        {"node_id": "a", "exit_code": 1, "stdout": "o0", "stderr": "", "running_at": 5,
+         "finished_at": 6},
+        ["b", None, "", "", None, None],
+        ["c", 2, "o2", "e2 ✗", 7, 8],
+    ]  # fmt: skip
+    rows_v3 = [
+        (1, "n", "x", T0, "", "", "run", 0, None, 0, "done", 0, 0, "out ✓", "", 3, 4, None, "k"),
+        (2, "n", "y", T0, "", "", "run", 0, '{"A":"1"}', 0, "failed", 3, 9, "", "last", 9, 10,
+         json.dumps(attempts), None),
+        (3, "n", "z", T0, "", "", "run", 0, None, 0, "pending", 0, None, "", "", None, None,
+         None, None),
+    ]  # fmt: skip
+    conn.executemany(f"INSERT INTO jobs ({columns}) VALUES ({', '.join('?' * 19)})", rows_v3)
+    conn.close()
+
+    store = SqliteStore(str(path))
+    loaded = store.load().jobs
+    outputs = [store.read_outputs(seq) for seq in (1, 2, 3)]
+    store.close()
+
+    common = {"node_id": "n", "created_at": T0}
+    assert loaded == [
+        Job(seq=1, command="x", status=jobs.DONE, exit_code=0, running_at=3, finished_at=4,
+            dedupe_key="k", **common),
+        Job(seq=2, command="y", env_vars={"A": "1"}, status=jobs.FAILED, retry_count=3,
+            exit_code=9, running_at=9, finished_at=10, **common, attempts=(
+                Attempt("a", 1, "", "", 5, 6),
+                Attempt("b", None, "", "", None, None),
+                Attempt("c", 2, "", "", 7, 8),
+            )),
+        Job(seq=3, command="z", **common),
+    ]  # fmt: skip
+    assert outputs == [
+        {0: Output("out ✓", "")},
+        {0: Output("o0", ""), 2: Output("o2", "e2 ✗"), 3: Output("", "last")},
+        {},
+    ]
+    with sqlite3.connect(path) as conn:
+        columns_now = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+        stored = conn.execute("SELECT attempts FROM jobs WHERE seq = 2").fetchone()[0]
+    conn.close()
+    assert columns_now == set(rows.COLUMNS)
+    assert "o2" not in stored and "stdout" not in stored

@@ -1,5 +1,7 @@
 """The storage contract, tested once: every backend, behind the group-committing writer, gives
-back exactly what was saved, never reuses an id, and fails a write loudly rather than lying.
+back exactly what was saved, never reuses an id, and fails a write loudly rather than lying;
+it keeps each job's output apart, loads jobs without it, and reads it back beside the writer,
+one job at a time.
 
 A backend joins by adding one entry to `BACKENDS` (huey's StorageTests, as a fixture).
 """
@@ -13,7 +15,7 @@ import pytest
 
 from tiny_scheduler import jobs
 from tiny_scheduler.errors import StoreError
-from tiny_scheduler.jobs import Attempt, Job
+from tiny_scheduler.jobs import Attempt, Job, Output
 from tiny_scheduler.schedules import Overlap, Schedule
 from tiny_scheduler.storage import JobStore, OutboxEvent, Writer
 from tiny_scheduler.storage.postgres import PostgresStore
@@ -106,25 +108,116 @@ def test_every_field_survives_a_round_trip(open_store: OpenStore) -> None:
     store = open_store()
     minimal = Job(seq=2, node_id="node-b", command="", created_at=T0, deploy_url="http://x")
     zero_exit = Job(seq=3, node_id="n", command="true", created_at=T0, exit_code=0)
-    store.save(full_job(1), minimal, zero_exit)
+    saved = [full_job(1), minimal, zero_exit]
+    store.save(*saved)
     loaded, last_seq = reopen(store, open_store)
-    assert loaded == [full_job(1), minimal, zero_exit]
+    assert loaded == [job.without_output() for job in saved]
     assert last_seq == 3
     # Equal is not enough: "timeout" == Reason.TIMEOUT and 1 == True.
     assert type(loaded[0].reason) is jobs.Reason and type(loaded[0].holds_slot) is bool
     assert (loaded[1].reason, loaded[1].holds_slot, loaded[1].moved_from) == (None, False, "")
+    store = open_store()
+    assert [job.with_output(store.read_outputs(job.seq) or {}) for job in loaded] == saved
+
+
+def test_output_is_kept_by_attempt_and_a_version_without_it_erases_nothing(
+    open_store: OpenStore,
+) -> None:
+    store = open_store()
+    failed = full_job(1)
+    assert store.read_outputs(1) is None
+    store.save(failed)
+    expected = {0: Output("o1", "e1"), 2: Output("out\n" * 3, "err ✗")}
+    assert store.read_outputs(1) == expected  # attempt 1 printed nothing: no entry
+    # The table keeps jobs without output, and saves such versions (here: moved elsewhere).
+    store.save(failed.without_output().evolve(node_id="node-c"))
+    assert store.read_outputs(1) == expected
+    quiet = Job(seq=2, node_id="n", command="true", created_at=T0)
+    store.save(quiet)
+    assert store.read_outputs(2) == {}
+    loaded, _ = reopen(store, open_store)
+    assert loaded[0] == failed.without_output().evolve(node_id="node-c")
+    assert open_store().read_outputs(1) == expected
+
+
+def printed(seq: int) -> Job:
+    """A finished job with output in its current and its first attempt, without a dedupe key
+    (so that many can be saved)."""
+    return full_job(seq).evolve(dedupe_key=None)
+
+
+def test_deleting_a_job_deletes_its_output(open_store: OpenStore) -> None:
+    store = open_store()
+    store.save(printed(1), printed(2))
+    store.delete([1])
+    assert store.read_outputs(1) is None
+    assert store.read_outputs(2) == {0: Output("o1", "e1"), 2: Output("out\n" * 3, "err ✗")}
+    assert list(store.read_latest_outputs([1, 2])) == [(2, Output("out\n" * 3, "err ✗"))]
+
+
+def test_the_latest_outputs_of_a_page_come_in_order_leaving_out_deleted_jobs(
+    open_store: OpenStore,
+) -> None:
+    store = open_store()
+    done = [
+        jobs.finish(
+            jobs.start(Job(seq=s, node_id="n", command="x", created_at=T0), T0),
+            jobs.DONE,
+            0,
+            f"out {s}",
+            "",
+            T0,
+        )
+        for s in range(1, 601)  # more than one query's worth
+    ]
+    retried = jobs.retry(printed(601), "node-b")  # pending again, output in its attempts
+    silent = Job(seq=602, node_id="n", command="x", created_at=T0, status=jobs.DONE)
+    store.save(*done, retried, silent)
+    store.delete([7, 300])
+    found = list(store.read_latest_outputs(range(1, 603)))
+    wanted = [(s, Output(f"out {s}", "")) for s in range(1, 601) if s not in (7, 300)]
+    assert found == [*wanted, (601, None), (602, None)]
+    assert list(store.read_latest_outputs([])) == []
+
+
+def test_a_read_in_progress_lets_writes_through(open_store: OpenStore) -> None:
+    """A listing reads its page's outputs while the client takes its time: meanwhile every
+    change must still commit, and the listing must still finish."""
+    store = open_store()
+    store.save(*(printed(s) for s in range(1, 600)))
+    reading = store.read_latest_outputs(range(1, 600))
+    assert next(reading)[0] == 1
+    done = threading.Event()
+
+    def write() -> None:
+        store.save(printed(700))
+        store.delete([2])
+        done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    writer.join(30)
+    assert done.is_set(), "a write waited for a read"
+    rest = [seq for seq, _ in reading]  # job-2 is there or not, as the read saw it
+    assert rest == sorted(rest) and set(range(3, 600)) <= set(rest) <= set(range(2, 600))
+    assert store.read_outputs(700) is not None
 
 
 def test_any_text_comes_back_exactly(open_store: OpenStore) -> None:
     # A job's output is whatever its process printed: NUL (which PostgreSQL text cannot
     # hold), every other control character, the noncharacter U+FFFF, astral characters.
     weird = "".join(map(chr, range(32))) + "\x7f \uffff\uffff0 \U0001f600 \\0 end"
-    job = Job(seq=1, node_id="n", command="x", created_at=T0, stdout=weird, stderr="\x00")
-    retried = jobs.retry(jobs.finish(jobs.start(job, T0), jobs.FAILED, 1, weird, "", T0), "m")
+    job = Job(seq=1, node_id="n", command="x", created_at=T0)
+    done = jobs.finish(jobs.start(job, T0), jobs.DONE, 0, weird, "\x00", T0)
+    failed = jobs.finish(jobs.start(job.evolve(seq=2), T0), jobs.FAILED, 1, weird, "", T0)
+    retried = jobs.retry(failed, "m").evolve(env_vars={"K": weird})
     store = open_store()
-    store.save(job, retried.evolve(seq=2, env_vars={"K": weird}))
+    store.save(done, retried)
     loaded, _ = reopen(store, open_store)
-    assert loaded == [job, retried.evolve(seq=2, env_vars={"K": weird})]
+    assert loaded == [done.without_output(), retried.without_output()]
+    store = open_store()
+    assert [j.with_output(store.read_outputs(j.seq) or {}) for j in loaded] == [done, retried]
+    assert list(store.read_latest_outputs([1, 2])) == [(1, Output(weird, "\x00")), (2, None)]
 
 
 def _schedule(seq: int, name: str, **changes: object) -> Schedule:

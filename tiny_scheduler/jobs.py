@@ -4,6 +4,10 @@ Jobs are treated as immutable values: a change makes a new `Job` with `evolve()`
 table swaps it in. A reader that holds a `Job` therefore always sees one consistent version
 and can serialize it without a lock. No I/O here: the store and the table own that.
 
+A job's output (stdout and stderr of each attempt) can be megabytes; the table keeps every job
+`without_output()` and the store keeps the output apart (`outputs()`), to be put back with
+`with_output()` when a reply shows it.
+
 The state machine lives only in this module: `pending → running → done | failed`, a cancel
 (`pending → failed` with reason `cancelled`), the scheduler's own failures (timeout, lost node),
 the retry of a failed attempt back to `pending`, and the slot a timed-out attempt keeps until
@@ -17,9 +21,9 @@ import dataclasses
 import datetime
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class _WireEnum(str, Enum):
@@ -92,6 +96,16 @@ def _field(wire: str, default: Any = dataclasses.MISSING, **meta: Any) -> Any:
     return dataclasses.field(default=default, metadata={"wire": wire, **meta})
 
 
+class Output(NamedTuple):
+    """What one attempt printed."""
+
+    stdout: str
+    stderr: str
+
+
+_NO_OUTPUT = Output("", "")
+
+
 class TransitionError(Exception):
     """The job's current status does not allow the requested change (HTTP 409)."""
 
@@ -126,6 +140,9 @@ class Attempt:
             out["finished_at"] = format_time(self.finished_at)
         return out
 
+    def with_output(self, output: Output) -> Attempt:
+        return dataclasses.replace(self, stdout=output.stdout, stderr=output.stderr)
+
 
 @dataclasses.dataclass(slots=True)
 class Job:
@@ -155,8 +172,8 @@ class Job:
     reason: Reason | None = _field(OPTIONAL, None)  # only on a failure that is final
     retry_count: int = _field(ALWAYS, 0)
     exit_code: int | None = _field(OPTIONAL, None)
-    stdout: str = _field(OPTIONAL, "")
-    stderr: str = _field(OPTIONAL, "")
+    stdout: str = _field(OPTIONAL, "", output=True)  # kept by the store apart from the job
+    stderr: str = _field(OPTIONAL, "", output=True)
     created_at: int = _field(ALWAYS, 0, time=True)  # set by the service when it creates one
     running_at: int | None = _field(OPTIONAL, None, time=True)
     finished_at: int | None = _field(OPTIONAL, None, time=True)
@@ -196,6 +213,42 @@ class Job:
 
     def evolve(self, **changes: Any) -> Job:
         return dataclasses.replace(self, **changes)
+
+    def outputs(self) -> dict[int, Output]:
+        """The output this version carries, by attempt number (0 for the first attempt,
+        `retry_count` for the current one), attempts that printed nothing left out."""
+        found = {
+            number: Output(attempt.stdout, attempt.stderr)
+            for number, attempt in enumerate(self.attempts)
+            if attempt.stdout or attempt.stderr
+        }
+        if self.stdout or self.stderr:
+            found[self.retry_count] = Output(self.stdout, self.stderr)
+        return found
+
+    def without_output(self) -> Job:
+        """This version without any output, here or in its attempts: as the job table keeps
+        it (the store has the output). The job itself when it carries none."""
+        if not (self.stdout or self.stderr or any(a.stdout or a.stderr for a in self.attempts)):
+            return self
+        return self.evolve(
+            stdout="",
+            stderr="",
+            attempts=tuple(attempt.with_output(_NO_OUTPUT) for attempt in self.attempts),
+        )
+
+    def with_output(self, outputs: Mapping[int, Output]) -> Job:
+        """This version (without output) with its attempts' stored `outputs` put back, by
+        attempt number. Only a finished attempt has output, so a job that is not final shows
+        none of its own, even where the store is already a version ahead."""
+        attempts = tuple(
+            attempt.with_output(outputs[number]) if number in outputs else attempt
+            for number, attempt in enumerate(self.attempts)
+        )
+        current = outputs.get(self.retry_count) if self.is_final else None
+        if current is None:
+            return self.evolve(attempts=attempts) if attempts != self.attempts else self
+        return self.evolve(stdout=current.stdout, stderr=current.stderr, attempts=attempts)
 
     def to_wire(self, with_attempts: bool = False) -> dict[str, Any]:
         """The job's JSON object: fields in the declaration's (the spec's) order, empty

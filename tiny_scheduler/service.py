@@ -9,6 +9,11 @@ The agent poll is the one read that may change jobs: with JOB_STEALING on, an id
 answer is topped up with waiting jobs of nodes that cannot start them, and each such move is
 committed before the answer goes out. The poll never waits on the registry: it reads the
 node list the registry client last fetched.
+
+Output lives in the store, not in the table: the reads that show it (`get`, `with_output`)
+fetch it from disk after the table was asked, never holding the table's lock, and the agent's
+poll (pending jobs, which show none) never touches the disk. The jobs a change returns, and
+its listeners get, carry their output.
 """
 
 from __future__ import annotations
@@ -16,12 +21,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from enum import Enum
 
 from . import errors, jobs, schedules
 from .config import Settings
-from .jobs import Job, Reason
+from .jobs import Job, Output, Reason
 from .leadership import Leadership, LeaderView
 from .placement import NodeLoad, Placement
 from .registry import Nodes
@@ -72,7 +77,7 @@ _REQUEST_FIELDS = tuple(
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Page:
-    jobs: list[Job]
+    jobs: list[Job]  # without their output: `Scheduler.with_output` reads it
     next_after: int | None  # seq to continue after, when more jobs match
 
 
@@ -135,17 +140,37 @@ class Scheduler:
     # --- reads ----------------------------------------------------------------------------
 
     def get(self, job_id: str) -> Job:
+        """One job with its output and its earlier attempts' (read from the store)."""
         job = self._table.get(self._seq(job_id))
         if job is None:
             raise errors.NotFound(errors.JOB_NOT_FOUND)
-        return job
+        return self._with_stored_output(job)
 
     def list_jobs(self, query: JobQuery) -> Page:
-        """Jobs matching the query, oldest first (the agent's own query is `poll`)."""
+        """Jobs matching the query, oldest first (the agent's own query is `poll`), without
+        their output."""
         found, more = self._table.query(
             query.node_id, query.status, query.job_type, query.after, query.limit, query.reason
         )
         return Page(found, found[-1].seq if more and found else None)
+
+    def with_output(self, found: Sequence[Job]) -> Iterator[Job]:
+        """The jobs of a page, in order, each with its latest output, read from the store one
+        job at a time as the caller goes: a page of big outputs is never in memory at once.
+        A job that retention removed since the page was taken is left out."""
+        stored = self._store.read_latest_outputs([job.seq for job in found if job.is_final])
+        held: tuple[int, Output | None] | None = None  # read, for a job further on
+        with contextlib.closing(stored):
+            for job in found:
+                if not job.is_final:
+                    yield job  # only a finished attempt has output
+                    continue
+                if held is None:
+                    held = next(stored, None)
+                if held is None or held[0] != job.seq:
+                    continue  # gone from the store: removed by retention meanwhile
+                output, held = held[1], None
+                yield job.with_output({job.retry_count: output}) if output else job
 
     def poll(self, node_id: str) -> list[Job]:
         """The agent poll: the node's oldest pending jobs that are due (a delayed job waits
@@ -272,7 +297,7 @@ class Scheduler:
         created a job, return that job instead; the bool says whether a job was created."""
         with self._table.deduplicating(dedupe_key) as existing:
             if existing is not None:
-                return existing, False
+                return self._with_stored_output(existing), False
             node_id = self._placement.place(request.instance_id)
             with self._table.creating() as seq:
                 job = self._new_job(request, dedupe_key, seq, node_id)
@@ -313,17 +338,22 @@ class Scheduler:
         end of an attempt that timed out leaves the job as it is and frees its slot."""
         seq = self._seq(job_id)
         with self._table.changing(seq) as job:
-            if jobs.is_late_report(job, update.status):
-                return self._late_report(job, update)
-            now = jobs.now_us()
-            try:
-                if update.status == jobs.RUNNING:
-                    new = jobs.start(job, now)
-                else:
-                    new = self._end_attempt(job, update, now)
-            except jobs.TransitionError as exc:
-                raise errors.Conflict(str(exc)) from None
-            self._commit(new)
+            late = jobs.is_late_report(job, update.status)
+            if late:
+                new = self._late_report(job, update)
+            else:
+                now = jobs.now_us()
+                try:
+                    if update.status == jobs.RUNNING:
+                        new = jobs.start(job, now)
+                    else:
+                        new = self._end_attempt(job, update, now)
+                except jobs.TransitionError as exc:
+                    raise errors.Conflict(str(exc)) from None
+                self._commit(new)
+        if late:
+            # The job as it stands, with the output its timeout gave it (on disk by now).
+            return self._with_stored_output(new)
         self._announce(new)
         return new
 
@@ -605,6 +635,15 @@ class Scheduler:
             raise errors.NotFound(errors.JOB_NOT_FOUND)
         return seq
 
+    def _with_stored_output(self, job: Job) -> Job:
+        """A job from the table with its (and its attempts') output read from the store."""
+        if not (job.is_final or job.attempts):
+            return job  # nothing has ended yet: no output anywhere
+        outputs = self._store.read_outputs(job.seq)
+        if outputs is None:  # removed by retention since the table was read
+            raise errors.NotFound(errors.JOB_NOT_FOUND)
+        return job.with_output(outputs)
+
     def _end_attempt(self, job: Job, update: JobUpdate, now: int) -> Job:
         cap = self.settings.max_output_bytes
         new = jobs.finish(
@@ -637,8 +676,8 @@ class Scheduler:
         # A job is saved in a final status once: the change that made it final.
         if self._final_event is not None and job.is_final and becomes_final:
             events = (OutboxEvent(job.seq, self._final_event(job)),)
-        self._store.save(job, events=events)
-        self._table.put(job)
+        self._store.save(job, events=events)  # with its output
+        self._table.put(job)  # without it
 
     def _announce(self, new: Job) -> None:
         """Log and tell listeners what a committed change did."""

@@ -1,4 +1,5 @@
 """The job table: every job in memory behind one `threading.Lock`, with the indexes reads need.
+Jobs are kept without their output (`Job.without_output`): that stays in the store.
 
 Indexes, each kept in step by `put()` and `remove()`:
 - all jobs by sequence number, sorted, so listings are oldest-first and `after=` is a seek;
@@ -84,6 +85,7 @@ class JobTable:
         self._busy_keys: set[str] = set()
         self._in_flight: set[int] = set()  # ids handed out whose job is not committed yet
         finished = []
+        # Loaded jobs come without output already (the store does not read it).
         self._jobs.update((job.seq, job) for job in loaded)  # one bulk sort, not n inserts
         for job in self._jobs.values():
             self._index(job, None)
@@ -387,7 +389,9 @@ class JobTable:
                 self._idle.notify_all()
 
     def put(self, job: Job) -> None:
-        """Insert a committed job, or swap in the committed next version of one."""
+        """Insert a committed job, or swap in the committed next version of one. Kept without
+        its output, which can be megabytes: the store has it."""
+        job = job.without_output()
         with self._lock:
             old = self._jobs.get(job.seq)
             if old is not None:

@@ -9,7 +9,7 @@ from werkzeug.exceptions import HTTPException
 
 from .. import errors, validation
 from ..jobs import JOB_ID_PREFIX
-from .replies import json_reply, scheduler
+from .replies import json_array_reply, json_reply, scheduler
 
 bp = Blueprint("jobs", __name__)
 
@@ -27,21 +27,26 @@ def submit_job() -> Response:
 @bp.get("/jobs")
 def list_jobs() -> Response:
     """Jobs oldest first, filtered; with exactly node_id and status=pending, the agent poll."""
+    service = scheduler()
     node_id = validation.agent_poll_node(request.args)
     if node_id is not None:
-        return json_reply([job.to_wire() for job in scheduler().poll(node_id)])
+        # Pending jobs: no output to show, so nothing is read from disk on this hot path.
+        return json_reply([job.to_wire() for job in service.poll(node_id)])
     query = validation.parse_query(request.args)
-    page = scheduler().list_jobs(query)
+    page = service.list_jobs(query)
     headers = None
     if page.next_after is not None:
         following = dict(request.args.items(), after=f"{JOB_ID_PREFIX}{page.next_after}")
         headers = {"Link": f'<{request.path}?{urlencode(following)}>; rel="next"'}
-    return json_reply([job.to_wire() for job in page.jobs], headers=headers)
+    # Each job's output is read from disk as the reply gets to it, and a long reply is
+    # streamed: ten thousand jobs of megabytes each are never in memory together.
+    found = (job.to_wire() for job in service.with_output(page.jobs))
+    return json_array_reply(found, headers=headers)
 
 
 @bp.get("/jobs/<job_id>")
 def get_job(job_id: str) -> Response:
-    """One job with its earlier attempts."""
+    """One job with its earlier attempts, and the output of each (read from disk)."""
     return json_reply(scheduler().get(job_id).to_wire(with_attempts=True))
 
 

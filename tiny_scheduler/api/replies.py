@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -35,6 +36,60 @@ def json_reply(body: Any, status: int = 200, headers: dict[str, str] | None = No
     # orjson writes compact JSON (no spaces after ':' or ','), which the original's smoke
     # scripts grep for.
     return Response(orjson.dumps(body), status=status, mimetype="application/json", headers=headers)
+
+
+STREAM_CHUNK_BYTES = 1 << 20
+"""A JSON array reply is built this many bytes at a time: one that fits is sent whole (with its
+Content-Length), a longer one is streamed, so its memory does not grow with its size."""
+
+_SLICE_BYTES = 256 * 1024
+"""An item bigger than a chunk goes out in slices of this size: the server copies each piece
+it sends (to frame it as a chunk), and a slice is a smaller copy than the whole item."""
+
+
+def json_array_reply(items: Iterable[Any], headers: dict[str, str] | None = None) -> Response:
+    """The items as one compact JSON array, the same bytes as `json_reply(list(items))`; each
+    item is taken from `items` only when the reply gets to it."""
+    chunks = _array_chunks(items, STREAM_CHUNK_BYTES)
+    first = next(chunks)
+    second = next(chunks, None)
+    if second is None:
+        return Response(first, mimetype="application/json", headers=headers)
+    return Response(_resumed(first, second, chunks), mimetype="application/json", headers=headers)
+
+
+def _resumed(first: bytes, second: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    """The chunks again from the start. A generator, so that closing the reply (the server
+    does when the client goes away) closes `rest` too, and with it the reads of the store."""
+    yield first
+    yield second
+    yield from rest
+
+
+def _array_chunks(items: Iterable[Any], size: int) -> Iterator[bytes]:
+    """A JSON array of `items` in pieces of at least `size` bytes (the last one may be less).
+    Small items are gathered into one piece; a big one is not copied into a piece, but sent
+    on its own, sliced."""
+    parts = [b"["]
+    held = 1
+    for index, item in enumerate(items):
+        if index:
+            parts.append(b",")
+            held += 1
+        encoded = orjson.dumps(item)
+        if len(encoded) >= size:
+            yield b"".join(parts)
+            parts, held = [], 0
+            for start in range(0, len(encoded), _SLICE_BYTES):
+                yield encoded[start : start + _SLICE_BYTES]
+            continue
+        parts.append(encoded)
+        held += len(encoded)
+        if held >= size:
+            yield b"".join(parts)
+            parts, held = [], 0
+    parts.append(b"]")
+    yield b"".join(parts)
 
 
 def text_reply(message: str, status: int, headers: dict[str, str] | None = None) -> Response:

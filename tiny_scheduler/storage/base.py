@@ -1,11 +1,17 @@
 """The storage contract: what a backend must do to keep jobs durable, and nothing more.
 
 A backend (`sqlite.py`, and any other) is a `JobStore`: it loads every job and schedule at
-start-up and writes batches of changes, each batch in one transaction that either commits durably or
-raises. It is called from one thread at a time (the writer, `writer.py`, or the start-up
-code), so it needs no locking of its own. Group commit, health tracking and the waiting of
-request threads live above it, written once in `writer.py`; the behavioural tests every
-backend must pass are in `tests/test_storage_contract.py`.
+start-up and writes batches of changes, each batch in one transaction that either commits
+durably or raises. Writes, the load and the outbox reads come from one thread at a time (the
+writer, `writer.py`, or the start-up code), so they need no locking of their own. Group
+commit, health tracking and the waiting of request threads live above it, written once in
+`writer.py`; the behavioural tests every backend must pass are in
+`tests/test_storage_contract.py`.
+
+A job's output is kept apart from the job: the load leaves it on disk, and request threads
+read it back (`read_outputs`, `read_latest_outputs`) from any thread, at the same time as each
+other and as a write. Those two must therefore not use the writer's connection, nor wait for
+its commits.
 
 Besides jobs a backend keeps an **outbox**: events (the SNS messages of final states) stored
 in the same transaction as the change that caused them, read back oldest first, and removed
@@ -16,10 +22,10 @@ event; one between the delivery and the removal sends it again (at-least-once).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
-from ..jobs import Job
+from ..jobs import Job, Output
 from ..schedules import Schedule
 
 
@@ -40,7 +46,7 @@ class OutboxEvent:
 class Loaded:
     """What a store holds at start-up."""
 
-    jobs: list[Job]  # in id order
+    jobs: list[Job]  # in id order, without their output
     last_seq: int  # the highest id ever handed out, also of jobs since deleted
     events: int = 0  # events waiting in the outbox
     schedules: list[Schedule] = dataclasses.field(default_factory=list)  # in id order
@@ -70,8 +76,9 @@ class JobStore(Protocol):
     """Where the data lives, for messages (a path, or a URL without its password)."""
 
     def load(self) -> Loaded:
-        """Every stored job and schedule, the id high-water marks and the outbox's size. A
-        job that cannot be read raises StoreOpenError naming it and why."""
+        """Every stored job (without its output: `Job.without_output()`, the output is not
+        even read) and schedule, the id high-water marks and the outbox's size. A job that
+        cannot be read raises StoreOpenError naming it and why."""
         ...
 
     def outbox(self, limit: int) -> list[OutboxEvent]:
@@ -83,7 +90,23 @@ class JobStore(Protocol):
         """Apply the batch in one transaction, durable when this returns; all or nothing.
         Raises the first *upsert* it cannot store (e.g. a duplicate dedupe key) as an error
         for which `is_fault` is False. Schedule ids, like job ids, are never handed out twice:
-        the high-water mark outlives a deleted schedule."""
+        the high-water mark outlives a deleted schedule.
+
+        An upserted job's output (`Job.outputs()`, by attempt) is stored apart from it. Once
+        stored, an attempt's output stays until its job is deleted: a later version of the job
+        that carries no output (as the job table keeps them) does not erase it."""
+        ...
+
+    def read_outputs(self, seq: int) -> dict[int, Output] | None:
+        """Every stored output of job `seq`, by attempt number (attempts that printed nothing
+        left out); None when the job is not stored. From any thread (see above)."""
+        ...
+
+    def read_latest_outputs(self, seqs: Sequence[int]) -> Iterator[tuple[int, Output | None]]:
+        """For each of `seqs` (ascending) that is stored, in that order: its seq and the output
+        of its latest attempt (attempt number `retry_count`), None when that printed nothing.
+        One at a time, so that a listing holds one job's output in memory, not all; the caller
+        may stop early. From any thread (see above)."""
         ...
 
     def is_fault(self, error: BaseException) -> bool:

@@ -1,10 +1,13 @@
 """Jobs and schedules as database rows, derived from the one declaration of their fields
 (`jobs.Job`, `schedules.Schedule`).
 
-The column list is the dataclass's field list; values that SQL has no type for (the
-environment, the earlier attempts) are stored as JSON text, enums as their plain values. Rows
-are read back by selecting the columns *by name* in the declaration's order, so a column added
-anywhere in a table (by a migration) can never shift another. Shared by every backend.
+The column list is the dataclass's field list, but for the output fields (`stdout`, `stderr`):
+a job's output lives in rows of its own, one per attempt that printed something
+(`output_rows`), so that loading the jobs never reads it. Values that SQL has no type for (the
+environment, the earlier attempts without their output) are stored as JSON text, enums as
+their plain values. Rows are read back by selecting the columns *by name* in the declaration's
+order, so a column added anywhere in a table (by a migration) can never shift another. Shared
+by every backend.
 """
 
 from __future__ import annotations
@@ -18,27 +21,46 @@ from typing import Any
 import orjson
 
 from .. import validation
-from ..jobs import Attempt, Job, JobType, Reason, Status
+from ..jobs import Attempt, Job, JobType, Output, Reason, Status
 from ..schedules import Overlap, Schedule
 
-COLUMNS = tuple(field.name for field in dataclasses.fields(Job))
-"""Column names of the jobs table, in the declaration's order."""
+_FIELDS = dataclasses.fields(Job)
+
+COLUMNS = tuple(field.name for field in _FIELDS if not field.metadata.get("output"))
+"""Column names of the jobs table, in the declaration's order (the output is not there)."""
 
 SCHEDULE_COLUMNS = tuple(field.name for field in dataclasses.fields(Schedule))
 """Column names of the schedules table, in the declaration's order."""
 
 _JSON = frozenset({"env_vars", "attempts"})
+_OUTPUT = frozenset(Output._fields)  # an attempt's output fields, left out of its JSON
 _ATTEMPT_FIELDS = tuple(field.name for field in dataclasses.fields(Attempt))
+# Where the output fields go among Job's constructor arguments, and their (empty) defaults: a
+# row fills the other places in order. Positional, because keywords cost a million-job load
+# seconds.
+_GAPS = tuple(
+    (index, field.default) for index, field in enumerate(_FIELDS) if field.metadata.get("output")
+)
 
 
 def to_row(job: Job) -> tuple[object, ...]:
-    """The job's column values in `COLUMNS` order."""
+    """The job's column values in `COLUMNS` order (its output is in `output_rows`)."""
     return tuple(_encode(name, getattr(job, name)) for name in COLUMNS)
 
 
+def output_rows(job: Job) -> list[tuple[int, int, str, str]]:
+    """(seq, attempt number, stdout, stderr) of each attempt whose output this version
+    carries (see `Job.outputs`)."""
+    return [(job.seq, number, *output) for number, output in job.outputs().items()]
+
+
 def from_row(row: Sequence[Any]) -> Job:
-    """A job from a row whose values come in `COLUMNS` order (select them by name)."""
-    job = Job(*row)
+    """A job without its output, from a row whose values come in `COLUMNS` order (select them
+    by name)."""
+    values = list(row)
+    for index, default in _GAPS:
+        values.insert(index, default)
+    job = Job(*values)
     # Interned: a million jobs share a handful of node ids, types and statuses, and each row
     # would otherwise bring its own copy of them into memory.
     job.node_id = intern(job.node_id)
@@ -100,7 +122,10 @@ def _encode(name: str, value: Any) -> object:
         if not value:
             return None
         if name == "attempts":
-            value = [dataclasses.asdict(attempt) for attempt in value]
+            value = [
+                {key: v for key, v in dataclasses.asdict(attempt).items() if key not in _OUTPUT}
+                for attempt in value
+            ]
         return orjson.dumps(value).decode()
     if isinstance(value, Enum):
         return value.value
@@ -110,11 +135,13 @@ def _encode(name: str, value: Any) -> object:
 
 
 def _attempt(item: Any) -> Attempt:
-    # Attempts are stored by name; files written before that hold them as lists in the
-    # declaration's order, which is how they are read.
-    if isinstance(item, dict):
-        return Attempt(**{name: item.get(name) for name in _ATTEMPT_FIELDS})
-    return Attempt(*item)
+    # Stored by name, without the output (schema version 4 moved it to rows of its own, and
+    # rewrote the oldest files' attempts, lists in the declaration's order, as objects).
+    if not isinstance(item, dict):
+        raise TypeError(f"an attempt is stored as an object, not as {type(item).__name__}")
+    return Attempt(
+        **{name: item.get(name, "" if name in _OUTPUT else None) for name in _ATTEMPT_FIELDS}
+    )
 
 
 def schedule_to_row(schedule: Schedule) -> tuple[object, ...]:

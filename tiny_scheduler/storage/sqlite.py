@@ -6,18 +6,23 @@ scheduler has open) is refused and left exactly as it was, and a row that cannot
 named. Writes come from the one writer thread (`writer.py`), a batch per transaction, one
 statement per kind of change. Each transaction first makes sure the file it writes is still the
 one at the path (not deleted or replaced under the daemon), so nothing is acknowledged into a
-file that is gone.
+file that is gone. Output is read back by request threads, each on a read-only connection of
+its own (WAL lets readers and the one writer pass each other).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
 import sqlite3
+import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
-from ..jobs import job_id_of
+from ..jobs import Output, job_id_of
 from . import rows
 from .base import Batch, Loaded, OutboxEvent, StoreOpenError
 from .lockfile import LockFile
@@ -80,6 +85,40 @@ CREATE TABLE outbox (
 );
 """
 
+# Version 4: a job's output moves out of the jobs table into rows of its own, one per attempt
+# that printed something, so that loading the jobs at start-up never reads it: the current
+# attempt's from the stdout and stderr columns (which go), the earlier ones' from the attempts
+# JSON (objects, or lists in the Attempt declaration's order in the oldest files), which keeps
+# the rest of each attempt.
+_OUTPUTS_V4 = """
+CREATE TABLE outputs (
+    seq     INTEGER NOT NULL,      -- the job (job-N)
+    attempt INTEGER NOT NULL,      -- 0 for the first attempt, the job's retry_count for its last
+    stdout  TEXT NOT NULL,
+    stderr  TEXT NOT NULL,
+    PRIMARY KEY (seq, attempt)
+);
+INSERT INTO outputs (seq, attempt, stdout, stderr)
+    SELECT seq, retry_count, stdout, stderr FROM jobs WHERE stdout != '' OR stderr != '';
+INSERT INTO outputs (seq, attempt, stdout, stderr)
+    SELECT seq, attempt, coalesce(stdout, ''), coalesce(stderr, '') FROM (
+        SELECT jobs.seq AS seq, item.key AS attempt,
+            json_extract(item.value, iif(item.type = 'object', '$.stdout', '$[2]')) AS stdout,
+            json_extract(item.value, iif(item.type = 'object', '$.stderr', '$[3]')) AS stderr
+        FROM jobs, json_each(jobs.attempts) AS item
+    ) WHERE coalesce(stdout, '') != '' OR coalesce(stderr, '') != '';
+UPDATE jobs SET attempts = (
+    SELECT json_group_array(json_object(
+        'node_id', json_extract(item.value, iif(item.type = 'object', '$.node_id', '$[0]')),
+        'exit_code', json_extract(item.value, iif(item.type = 'object', '$.exit_code', '$[1]')),
+        'running_at', json_extract(item.value, iif(item.type = 'object', '$.running_at', '$[4]')),
+        'finished_at', json_extract(item.value, iif(item.type = 'object', '$.finished_at', '$[5]'))
+    )) FROM json_each(jobs.attempts) AS item
+) WHERE attempts IS NOT NULL;
+ALTER TABLE jobs DROP COLUMN stdout;
+ALTER TABLE jobs DROP COLUMN stderr
+"""
+
 # Version 5: periodic and delayed jobs (issue 14). A job's not_before and the schedule that
 # created it; the schedules. A fire's job carries the dedupe key `sched:<id>:<fire time>`, so
 # the jobs table's UNIQUE dedupe_key is the record of fires: one job per schedule and fire
@@ -103,9 +142,13 @@ CREATE TABLE schedules (
 );
 """
 
-# Version 4 (output kept off the heap) lands from work beside this; a file is taken through
-# whichever entries exist above its version.
-MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 5: _SCHEMA_V5}
+MIGRATIONS: dict[int, str] = {
+    1: _SCHEMA_V1,
+    2: _SCHEMA_V2,
+    3: _SCHEMA_V3,
+    4: _OUTPUTS_V4,
+    5: _SCHEMA_V5,
+}
 """Each entry upgrades a file to version N from the one before it. A new schema version adds
 one; a file is taken through every entry above its version, in order."""
 
@@ -131,6 +174,22 @@ _PROBE = (
     "INSERT INTO meta (key, value) VALUES ('probe', ?) "
     "ON CONFLICT(key) DO UPDATE SET value = excluded.value"
 )
+_SAVE_OUTPUT = "INSERT OR REPLACE INTO outputs (seq, attempt, stdout, stderr) VALUES (?, ?, ?, ?)"
+# One job's every output; no row at all when the job is not stored (deleted meanwhile).
+_OUTPUTS_OF = (
+    "SELECT o.attempt, o.stdout, o.stderr FROM jobs AS j "
+    "LEFT JOIN outputs AS o ON o.seq = j.seq WHERE j.seq = ?"
+)
+# The latest attempt's output of some jobs (a NULL output: it printed nothing).
+_LATEST_OUTPUTS = (
+    "SELECT j.seq, o.stdout, o.stderr FROM jobs AS j "
+    "LEFT JOIN outputs AS o ON o.seq = j.seq AND o.attempt = j.retry_count "
+    "WHERE j.seq IN ({marks}) ORDER BY j.seq"
+)
+_READER_CACHE_KIB = 256
+"""Page cache of each read connection, in KiB (SQLite's default is 2000)."""
+_READ_BATCH = 256
+"""Jobs per query when reading a listing's outputs (each query is a short read of its own)."""
 
 
 class FileLost(Exception):
@@ -153,6 +212,7 @@ class SqliteStore:
             self._path = os.path.abspath(path)
             self._identity = _identity(os.stat(self._path))
             self._let_go_done = False
+            self._readers = _Readers(path, self._lost)
         except BaseException:
             self._lock.release()
             raise
@@ -200,14 +260,19 @@ class SqliteStore:
         # and must win it back from the request threads, so fewer statements mean a shorter
         # commit under load.
         upserts = [rows.to_row(job) for job in batch.upserts]
+        outputs = [row for job in batch.upserts for row in rows.output_rows(job)]
         high = max((job.seq for job in batch.upserts), default=0)
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
             if upserts:
                 conn.executemany(_UPSERT, upserts)
+            if outputs:
+                conn.executemany(_SAVE_OUTPUT, outputs)
             if batch.deletes:
-                conn.executemany("DELETE FROM jobs WHERE seq = ?", [(s,) for s in batch.deletes])
+                deleted = [(s,) for s in batch.deletes]
+                conn.executemany("DELETE FROM jobs WHERE seq = ?", deleted)
+                conn.executemany("DELETE FROM outputs WHERE seq = ?", deleted)
             if high:
                 conn.execute(_HIGH_WATER, ("last_seq", high))
             if batch.schedules:
@@ -247,6 +312,26 @@ class SqliteStore:
         if high > self._lock.last_seq:
             self._lock.record(high)
 
+    def read_outputs(self, seq: int) -> dict[int, Output] | None:
+        with self._readers.connection() as conn:
+            found = conn.execute(_OUTPUTS_OF, (seq,)).fetchall()
+        if not found:
+            return None
+        return {attempt: Output(out, err) for attempt, out, err in found if attempt is not None}
+
+    def read_latest_outputs(self, seqs: Sequence[int]) -> Iterator[tuple[int, Output | None]]:
+        with self._readers.connection() as conn:
+            for first in range(0, len(seqs), _READ_BATCH):
+                batch = seqs[first : first + _READ_BATCH]
+                query = _LATEST_OUTPUTS.format(marks=", ".join("?" * len(batch)))
+                cursor = conn.execute(query, batch)
+                try:
+                    # Row by row: one job's output in memory at a time, however long the list.
+                    for seq, out, err in cursor:
+                        yield seq, Output(out, err) if out is not None else None
+                finally:
+                    cursor.close()  # also when the caller stops early: end the read
+
     def is_fault(self, error: BaseException) -> bool:
         # A value SQLite cannot bind (text that is not valid Unicode) raises something else,
         # and says nothing about the disk.
@@ -254,6 +339,7 @@ class SqliteStore:
 
     def close(self) -> None:
         try:
+            self._readers.close()
             self._conn.close()
         finally:
             # Only now: another scheduler may open the file as soon as the lock is free.
@@ -306,6 +392,53 @@ class SqliteStore:
         finally:
             conn.text_factory = str
         return StoreOpenError(f"job database {self.location!r}: jobs cannot be read: {error}")
+
+
+class _Readers:
+    """Read-only connections for request threads, opened as needed and reused: at most one
+    per thread reading at once, never the writer's (a read does not wait for a commit)."""
+
+    def __init__(self, path: str, lost: Callable[[], str | None]) -> None:
+        # Read-only: a reader must never create a file that is not there.
+        self._uri = Path(path).absolute().as_uri() + "?mode=ro"
+        self._lost = lost
+        self._lock = threading.Lock()
+        self._idle: list[sqlite3.Connection] = []
+        self._closed = False
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            # Connections already open read the file the daemon opened, wherever it went; a
+            # new one must not open whatever file now has the name.
+            lost = self._lost()
+            if lost is not None:
+                raise FileLost(lost)
+            conn = sqlite3.connect(
+                self._uri, uri=True, isolation_level=None, check_same_thread=False
+            )
+            # Output is read once per reply: caching its pages here only holds memory (the
+            # operating system caches the file anyway).
+            conn.execute(f"PRAGMA cache_size = -{_READER_CACHE_KIB}")
+        try:
+            yield conn
+        finally:
+            with self._lock:
+                keep = not self._closed
+                if keep:
+                    self._idle.append(conn)
+            if not keep:
+                conn.close()
+
+    def close(self) -> None:
+        """Close the idle connections; one in use is closed when it is given back."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
 
 def check(path: str, wait_secs: float = 0.0) -> None:

@@ -17,7 +17,9 @@ few seconds, and reading the verdict (`health`) costs no I/O. A write that has h
 `STORE_STALL_SECS` (a disk that stopped answering) also counts as unhealthy.
 
 Reads other than the start-up load (the outbox) run on the writer thread too, between
-commits, so the backend is only ever used by one thread at a time.
+commits, so the backend is only ever used by one thread at a time; except the reads of
+output, which pass straight through to the backend in the reader's own thread (the contract
+has the backend take them beside its writer).
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
 from ..config import STORE_PROBE_INTERVAL_SECS, STORE_STALL_SECS
 from ..errors import StoreError
-from ..jobs import Job
+from ..jobs import Job, Output
 from ..schedules import Schedule
 from .base import Batch, JobStore, Loaded, OutboxEvent
 
@@ -76,7 +78,7 @@ class Writer:
         return self._backend.location
 
     def load(self) -> Loaded:
-        """Every stored job (start-up only, before `start`)."""
+        """Every stored job, without its output (start-up only, before `start`)."""
         loaded = self._backend.load()
         self.events_waiting = loaded.events
         return loaded
@@ -97,6 +99,27 @@ class Writer:
             if waited > STORE_STALL_SECS:
                 return False, f"a write has waited {waited:.0f}s for the disk"
         return self.healthy, self.last_error
+
+    def read_outputs(self, seq: int) -> dict[int, Output] | None:
+        """Job `seq`'s stored output by attempt; None when it is not stored. Read in the
+        calling thread, beside the writer: committed data only, never waiting on a commit.
+        Raises StoreError when the store cannot be read."""
+        try:
+            return self._backend.read_outputs(seq)
+        except Exception as exc:
+            log.error("job store read failed: %s", exc)
+            raise StoreError() from exc
+
+    def read_latest_outputs(
+        self, seqs: Sequence[int]
+    ) -> Generator[tuple[int, Output | None], None, None]:
+        """The latest attempt's output of each stored job of `seqs`, one at a time (see
+        `JobStore.read_latest_outputs`); in the calling thread, like `read_outputs`."""
+        try:
+            yield from self._backend.read_latest_outputs(seqs)
+        except Exception as exc:
+            log.error("job store read failed: %s", exc)
+            raise StoreError() from exc
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._write_loop, name="store-writer", daemon=True)
