@@ -408,14 +408,15 @@ class _Readers:
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[sqlite3.Connection]:
+        # Once the file at the path is not the daemon's any more, no read: a new connection
+        # would open whatever file now has the name, and an old one, the file that went, is
+        # left to the operator's restart like the writes (a 503, the same every time).
+        lost = self._lost()
+        if lost is not None:
+            raise FileLost(lost)
         with self._lock:
             conn = self._idle.pop() if self._idle else None
         if conn is None:
-            # Connections already open read the file the daemon opened, wherever it went; a
-            # new one must not open whatever file now has the name.
-            lost = self._lost()
-            if lost is not None:
-                raise FileLost(lost)
             conn = sqlite3.connect(
                 self._uri, uri=True, isolation_level=None, check_same_thread=False
             )
