@@ -126,6 +126,7 @@ def test_a_100_mb_report_is_accepted_and_read_in_bounded_memory(
     reply = agent.api.request("PATCH", f"/jobs/{job_id}", data=body, timeout=60)
 
     growth = memory_bytes(pid, "VmHWM") - before
+    print(f"a {len(body) / MB:.0f} MB report grew the worker's peak RSS by {growth / MB:.1f} MB")
     done = expect_json(reply, 200)
     assert (done["status"], done["exit_code"]) == ("done", 0)
     check_capped(done["stdout"], out_block, out_count * len(out_block.encode()))
@@ -147,6 +148,7 @@ def test_700_000_control_characters_are_kept_whole(daemon: SchedulerProcess, nod
     failed = expect_json(agent.api.patch(f"/jobs/{job_id}", body), 200)
 
     growth = memory_bytes(pid, "VmHWM") - before
+    print(f"700,000 control characters grew the worker's peak RSS by {growth / MB:.1f} MB")
     assert failed["status"] == "pending"  # retried: the attempt keeps what it printed
     assert failed["retry_count"] == 1
     assert agent.api.job(job_id)["attempts"][0]["stderr"] == noise

@@ -75,4 +75,5 @@ def test_a_reader_following_link_pages_misses_no_job_while_eight_clients_submit(
     numbers = [int(job_id.removeprefix("job-")) for job_id in seen]
     assert numbers == sorted(set(numbers)), "a job was listed twice or out of order"
     missed = sorted(set(acknowledged) - set(seen), key=lambda job_id: int(job_id[4:]))
+    print(f"a reader following Link pages missed {len(missed)} of {len(acknowledged)} jobs")
     assert missed == [], f"{len(missed)} of {len(acknowledged)} jobs missed"
