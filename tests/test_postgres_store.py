@@ -1,5 +1,6 @@
 """The PostgreSQL backend's own duties: the schema follows the job declaration, databases it must
-not touch are refused, and the fence: a write under an epoch that is over never commits.
+not touch are refused, the fence: a write under an epoch that is over never commits, and a
+database from before the output moved out of the jobs table is migrated.
 
 The behaviour every backend shares is in test_storage_contract.py. Real PostgreSQL; skipped
 (visibly) without a server.
@@ -7,6 +8,7 @@ The behaviour every backend shares is in test_storage_contract.py. Real PostgreS
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 
@@ -15,9 +17,10 @@ import pytest
 from conftest import PostgresDatabases
 from helpers import wait_for
 
+from tiny_scheduler import jobs
 from tiny_scheduler.errors import StoreError
-from tiny_scheduler.jobs import Job
-from tiny_scheduler.storage import StoreOpenError, Writer, rows
+from tiny_scheduler.jobs import Attempt, Job, Output
+from tiny_scheduler.storage import StoreOpenError, Writer, postgres, rows
 from tiny_scheduler.storage.postgres import SCHEMA_VERSION, PostgresStore, column_type
 
 T0 = 1_764_498_030_123_456
@@ -94,7 +97,7 @@ def test_a_field_added_to_the_declaration_becomes_a_column_with_its_default(
     store.start()
     store.save(job(1))
     store.close()
-    sql.execute("ALTER TABLE jobs DROP COLUMN stderr")
+    sql.execute("ALTER TABLE jobs DROP COLUMN deploy_url")
     sql.execute("ALTER TABLE jobs DROP COLUMN running_at")
     reopened = PostgresStore(db_url)
     try:
@@ -242,9 +245,14 @@ def test_a_version_1_database_is_migrated_cancelled_rows_become_failures_with_re
     store.start()
     store.save(*(job(seq) for seq in range(1, 6)))
     store.close()
-    # Back to what a version-1 database held.
+    # Back to what a version-1 database held (the output still in the jobs table).
     for column in ("reason", "holds_slot", "moved_from"):
         sql.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
+    sql.execute("DROP TABLE outputs")
+    sql.execute(
+        "ALTER TABLE jobs ADD COLUMN stdout TEXT NOT NULL DEFAULT '', "
+        "ADD COLUMN stderr TEXT NOT NULL DEFAULT ''"
+    )
     sql.execute("UPDATE schema_version SET version = 1")
     sql.execute("UPDATE jobs SET status = 'cancelled', finished_at = 9 WHERE seq = 1")
     sql.execute("UPDATE jobs SET status = 'failed', exit_code = 3, stderr = 'boom' WHERE seq = 2")
@@ -258,15 +266,12 @@ def test_a_version_1_database_is_migrated_cancelled_rows_become_failures_with_re
     reopened = PostgresStore(db_url)
     try:
         loaded = {found.seq: found for found in reopened.load().jobs}
+        cancelled_output = reopened.read_outputs(1)  # kept apart from the job since version 3
     finally:
         reopened.close()
     cancelled = loaded[1]
-    assert (cancelled.status, cancelled.reason, cancelled.exit_code, cancelled.stderr) == (
-        "failed",
-        "cancelled",
-        -1,
-        "job cancelled",
-    )
+    assert (cancelled.status, cancelled.reason, cancelled.exit_code) == ("failed", "cancelled", -1)
+    assert cancelled_output == {0: Output("", "job cancelled")}
     assert cancelled.finished_at == 9
     assert {seq: (found.status, found.reason) for seq, found in loaded.items() if seq > 1} == {
         2: ("failed", "exit"),
@@ -276,3 +281,61 @@ def test_a_version_1_database_is_migrated_cancelled_rows_become_failures_with_re
     }
     assert not any(found.holds_slot or found.moved_from for found in loaded.values())
     assert sql.execute("SELECT version FROM schema_version").fetchone() == (SCHEMA_VERSION,)
+
+
+def test_a_version_1_database_is_migrated_with_its_output_moved_out(
+    db_url: str, sql: psycopg.Connection
+) -> None:
+    """Before version 3 the output sat in the jobs table: the current attempt's in columns
+    (NUL stored escaped, as U+FFFF '0'), the earlier ones' inside the attempts JSON."""
+    for statement in postgres.MIGRATIONS[1]:
+        sql.execute(statement)
+    sql.execute("INSERT INTO schema_version VALUES (1)")
+    for field in dataclasses.fields(Job):  # the jobs table as version 1 declared it
+        if field.name != "seq":
+            sql.execute(postgres._add_column("jobs", field))
+    attempts = (
+        '[{"node_id":"a","exit_code":1,"stdout":"o0 \\u0000","stderr":"","running_at":5,'
+        '"finished_at":6},{"node_id":"b","exit_code":null,"stdout":"","stderr":"",'
+        '"running_at":null,"finished_at":null}]'
+    )
+    sql.execute(
+        "INSERT INTO jobs (seq, node_id, command, created_at, status, retry_count, exit_code, "
+        "stdout, stderr, running_at, finished_at, attempts) VALUES "
+        "(1, 'n', 'x', %s, 'done', 0, 0, 'out \uffff0 \uffff\uffff', '', 3, 4, NULL), "
+        "(2, 'n', 'y', %s, 'failed', 2, 9, '', 'last', 7, 8, %s), "
+        "(3, 'n', 'z', %s, 'pending', 0, NULL, '', '', NULL, NULL, NULL)",
+        (T0, T0, attempts, T0),
+    )
+
+    store = PostgresStore(db_url)
+    try:
+        loaded = store.load().jobs
+        outputs = [store.read_outputs(seq) for seq in (1, 2, 3)]
+    finally:
+        store.close()
+
+    common = {"node_id": "n", "created_at": T0}
+    assert loaded == [
+        Job(seq=1, command="x", status=jobs.DONE, exit_code=0, running_at=3, finished_at=4,
+            **common),
+        Job(seq=2, command="y", status=jobs.FAILED, reason=jobs.Reason.EXIT, retry_count=2,
+            exit_code=9, running_at=7, finished_at=8, **common, attempts=(
+                Attempt("a", 1, "", "", 5, 6), Attempt("b", None, "", "", None, None),
+            )),
+        Job(seq=3, command="z", **common),
+    ]  # fmt: skip
+    assert outputs == [
+        {0: Output("out \x00 \uffff", "")},
+        {0: Output("o0 \x00", ""), 2: Output("", "last")},
+        {},
+    ]
+    columns = {
+        row[0]
+        for row in sql.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'jobs'"
+        )
+    }
+    assert columns == set(rows.COLUMNS)
+    stored = sql.execute("SELECT attempts FROM jobs WHERE seq = 2").fetchone()[0]
+    assert "o0" not in stored and "stdout" not in stored

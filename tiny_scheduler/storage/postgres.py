@@ -9,11 +9,13 @@ and every later write sees the new epoch and rolls back: a deposed leader can ne
 
 It does not elect anyone: `leadership.py` owns the lease row's protocol and tells this store
 its epoch. Called from one thread at a time (the writer, or start-up code), except
-`interrupt()`, which any thread may call to break a connection that hangs.
+`interrupt()`, which any thread may call to break a connection that hangs, and the reads of
+output, which request threads make on connections of their own (`_Readers`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -24,21 +26,22 @@ import threading
 import time
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import orjson
 import psycopg
 from psycopg import sql
 
-from ..jobs import Job
+from ..jobs import Job, Output
 from ..schedules import Schedule
 from . import rows
 from .base import Batch, Loaded, OutboxEvent, StoreOpenError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The version of the tables below; the jobs table's columns are not counted in it: they follow
 the job declaration by themselves (`_missing_columns`)."""
 
@@ -104,7 +107,20 @@ _SCHEMA_V2 = (
     END $$""",
 )
 
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
+# Version 3: a job's output lives in rows of its own, one per attempt that printed something,
+# so that loading the jobs never reads it. A database from before has it in the jobs table:
+# `_move_output` moves it here and drops those columns.
+_SCHEMA_V3 = (
+    """CREATE TABLE outputs (
+        seq     BIGINT NOT NULL,   -- the job (job-N)
+        attempt INTEGER NOT NULL,  -- 0 for the first attempt, the job's retry_count for its last
+        stdout  TEXT NOT NULL,
+        stderr  TEXT NOT NULL,
+        PRIMARY KEY (seq, attempt)
+    )""",
+)
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3}
 """Each entry upgrades a database from version N-1 to N, one statement at a time."""
 
 _MIGRATION_LOCK = 7_461_205_311
@@ -148,6 +164,30 @@ _PROBE = (
 )
 # Last before COMMIT, so the share lock on the lease row is held only for the commit itself.
 _FENCE = "SELECT check_epoch(%s)"
+_SAVE_OUTPUT = (
+    "INSERT INTO outputs (seq, attempt, stdout, stderr) VALUES (%s, %s, %s, %s) "
+    "ON CONFLICT (seq, attempt) DO UPDATE SET stdout = excluded.stdout, stderr = excluded.stderr"
+)
+# One job's every output; no row at all when the job is not stored (deleted meanwhile).
+_OUTPUTS_OF = (
+    "SELECT o.attempt, o.stdout, o.stderr FROM jobs AS j "
+    "LEFT JOIN outputs AS o ON o.seq = j.seq WHERE j.seq = %s"
+)
+# The latest attempt's output of some jobs (NULL: it printed nothing), and first its size
+# (octet_length reads it from the stored value's header, without fetching the value).
+_LATEST = (
+    "FROM jobs AS j LEFT JOIN outputs AS o ON o.seq = j.seq AND o.attempt = j.retry_count "
+    "WHERE j.seq = ANY(%s) ORDER BY j.seq"
+)
+_LATEST_SIZES = (
+    "SELECT j.seq, coalesce(octet_length(o.stdout) + octet_length(o.stderr), 0) " + _LATEST
+)
+_LATEST_OUTPUTS = "SELECT j.seq, o.stdout, o.stderr " + _LATEST
+_READ_BATCH = 256
+"""Jobs whose output sizes a listing asks for at once."""
+_READ_BYTES = 4 * 1024 * 1024
+"""Output fetched in one round trip, at most (one bigger job is fetched alone): the driver
+holds a whole answer in memory."""
 
 STATEMENT_TIMEOUT_SECS = 30.0
 """Seconds one statement of the writer may run (e.g. wait for a lock) before it fails."""
@@ -248,6 +288,7 @@ class PostgresStore:
         self._use = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
         self._conn = self._connection()
+        self._readers = _Readers(url, lease_secs)
         if migrate:
             try:
                 _migrate(self._conn, self.location)
@@ -330,6 +371,7 @@ class PostgresStore:
         if self._fenced and epoch is None:
             raise NotLeader("this scheduler is not the leader")
         upserts = [_escaped(rows.to_row(job)) for job in batch.upserts]
+        outputs = [_escaped(row) for job in batch.upserts for row in rows.output_rows(job)]
         high = max((job.seq for job in batch.upserts), default=0)
         conn = self._connection()
         try:
@@ -339,8 +381,12 @@ class PostgresStore:
                 cursor = conn.cursor()
                 if upserts:
                     cursor.executemany(_UPSERT, upserts)
+                if outputs:
+                    cursor.executemany(_SAVE_OUTPUT, outputs)
                 if batch.deletes:
-                    cursor.execute("DELETE FROM jobs WHERE seq = ANY(%s)", (list(batch.deletes),))
+                    deleted = (list(batch.deletes),)
+                    cursor.execute("DELETE FROM jobs WHERE seq = ANY(%s)", deleted)
+                    cursor.execute("DELETE FROM outputs WHERE seq = ANY(%s)", deleted)
                 if high:
                     cursor.execute(_HIGH_WATER, ("last_seq", high))
                 if batch.schedules:
@@ -373,12 +419,33 @@ class PostgresStore:
                 raise Fenced(f"epoch {epoch} is over: another scheduler took the lease") from exc
             raise
 
+    def read_outputs(self, seq: int) -> dict[int, Output] | None:
+        with self._readers.connection() as conn:
+            found = conn.execute(_OUTPUTS_OF, (seq,)).fetchall()
+        if not found:
+            return None
+        return {
+            attempt: Output(_text(out), _text(err))
+            for attempt, out, err in found
+            if attempt is not None
+        }
+
+    def read_latest_outputs(self, seqs: Sequence[int]) -> Iterator[tuple[int, Output | None]]:
+        with self._readers.connection() as conn:
+            for first in range(0, len(seqs), _READ_BATCH):
+                batch = list(seqs[first : first + _READ_BATCH])
+                sizes = conn.execute(_LATEST_SIZES, (batch,)).fetchall()
+                for group in _groups(sizes, _READ_BYTES):
+                    for seq, out, err in conn.execute(_LATEST_OUTPUTS, (group,)).fetchall():
+                        yield seq, Output(_text(out), _text(err)) if out is not None else None
+
     def is_fault(self, error: BaseException) -> bool:
         # Not being the leader says nothing about the database; text that cannot be encoded
         # (a lone surrogate) fails in the driver, before the database sees it.
         return isinstance(error, psycopg.Error)
 
     def close(self) -> None:
+        self._readers.close()
         with self._conn_lock:
             conn, self._conn = self._conn, None
         if conn is not None:
@@ -412,6 +479,62 @@ class PostgresStore:
         return conn
 
 
+class _Readers:
+    """Connections for the reads of output from request threads, opened as needed and reused:
+    at most one per thread reading at once, never the writer's (which runs one transaction at
+    a time, and must not wait behind a listing)."""
+
+    def __init__(self, url: str, lease_secs: float) -> None:
+        self._url = url
+        self._lease_secs = lease_secs
+        self._lock = threading.Lock()
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._closed = False
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        conn = None
+        with self._lock:
+            while self._idle and conn is None:
+                conn = self._idle.pop()
+                if conn.closed or conn.broken:
+                    conn = None
+        if conn is None:
+            conn = connect(self._url, self._lease_secs, "reader")
+        try:
+            yield conn
+        finally:
+            with self._lock:
+                keep = not (self._closed or conn.closed or conn.broken)
+                if keep:
+                    self._idle.append(conn)
+            if not keep:
+                conn.close()
+
+    def close(self) -> None:
+        """Close the idle connections; one in use is closed when it is given back."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _groups(sizes: Sequence[tuple[int, int]], limit: int) -> Iterator[list[int]]:
+    """The seqs of (seq, size) in order, in groups of at most `limit` bytes in all (a bigger
+    one alone)."""
+    group: list[int] = []
+    held = 0
+    for seq, size in sizes:
+        if group and held + size > limit:
+            yield group
+            group, held = [], 0
+        group.append(seq)
+        held += size
+    if group:
+        yield group
+
+
 def check(url: str) -> None:
     """Connect once, creating or migrating the schema, and disconnect; StoreOpenError when the
     database cannot be used."""
@@ -441,6 +564,11 @@ def _escaped(row: Sequence[object]) -> tuple[object, ...]:
     )
 
 
+def _text(value: str) -> str:
+    """A text value as stored, unescaped (an output of megabytes is looked through once)."""
+    return _unescape_text(value) if _ESCAPE in value else value
+
+
 def _unescaped(row: Sequence[Any]) -> Sequence[Any]:
     if not any(isinstance(v, str) and _ESCAPE in v for v in row):
         return row
@@ -463,6 +591,8 @@ def _migrate(conn: psycopg.Connection[Any], location: str) -> None:
                 log.info("migrating job database %s to schema version %d", location, step)
                 for statement in MIGRATIONS[step]:
                     conn.execute(statement)
+                if step == 3:
+                    _move_output(conn)
             if version != SCHEMA_VERSION:
                 conn.execute("DELETE FROM schema_version")
                 conn.execute("INSERT INTO schema_version VALUES (%s)", (SCHEMA_VERSION,))
@@ -510,14 +640,51 @@ def _missing_columns(conn: psycopg.Connection[Any]) -> list[tuple[str, dataclass
         (list(_DECLARED),),
     ):
         present.setdefault(table, set()).add(column)
-    # A table not made yet is made by the migration; then this runs again.
+    # A table not made yet is made by the migration; then this runs again. A job's output is
+    # no column (see `rows`).
     return [
         (table, field)
         for table, cls in _DECLARED.items()
         if table in present
         for field in dataclasses.fields(cls)
-        if field.name not in present[table]
+        if field.name not in present[table] and not field.metadata.get("output")
     ]
+
+
+def _move_output(conn: psycopg.Connection[Any]) -> None:
+    """Schema version 3, for a database whose jobs table still holds the output: the current
+    attempt's in the stdout and stderr columns (which go), the earlier ones' inside the
+    attempts JSON (which keeps the rest of each attempt). Row by row, in the migration's
+    transaction."""
+    found = conn.execute(
+        "SELECT column_name FROM information_schema.columns "
+        "WHERE table_schema = current_schema() AND table_name = 'jobs'"
+    ).fetchall()
+    if "stdout" not in {name for (name,) in found}:
+        return  # a new database: its jobs table never had the output
+    with conn.cursor(name="move_output") as cursor:
+        cursor.itersize = 100
+        cursor.execute(
+            "SELECT seq, retry_count, stdout, stderr, attempts FROM jobs "
+            "WHERE stdout <> '' OR stderr <> '' OR attempts IS NOT NULL"
+        )
+        for seq, retry_count, stdout, stderr, attempts in cursor:
+            outputs = []
+            if attempts is not None:
+                earlier = orjson.loads(_text(attempts))
+                for number, attempt in enumerate(earlier):
+                    out, err = attempt.pop("stdout", ""), attempt.pop("stderr", "")
+                    if out or err:
+                        outputs.append((seq, number, _text(out), _text(err)))
+                conn.execute(
+                    "UPDATE jobs SET attempts = %s WHERE seq = %s",
+                    (_escape_text(orjson.dumps(earlier).decode()), seq),
+                )
+            if stdout or stderr:
+                outputs.append((seq, retry_count, _text(stdout), _text(stderr)))
+            with conn.cursor() as writes:
+                writes.executemany(_SAVE_OUTPUT, [_escaped(row) for row in outputs])
+    conn.execute("ALTER TABLE jobs DROP COLUMN stdout, DROP COLUMN stderr")
 
 
 def _add_column(table: str, field: dataclasses.Field[Any]) -> sql.Composed:
