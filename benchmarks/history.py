@@ -100,8 +100,9 @@ def build(path: Path, total: int, nodes: list[str]) -> float:
 
 
 def stored_jobs(path: Path) -> list[Job]:
-    """Every job in a database, read by the store's own code."""
-    store = SqliteStore(str(path))
+    """Every job in a database, read by the store's own code. Called right after a SIGKILL:
+    the killed worker may take a moment to be gone and let go of the file's lock."""
+    store = SqliteStore(str(path), wait_secs=10.0)
     try:
         return store.load().jobs
     finally:
