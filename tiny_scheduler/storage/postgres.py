@@ -15,7 +15,6 @@ output, which request threads make on connections of their own (`_Readers`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import logging
@@ -38,6 +37,7 @@ from ..jobs import Job, Output
 from ..schedules import Schedule
 from . import rows
 from .base import Batch, Loaded, OutboxEvent, StoreOpenError
+from .readers import ReaderPool
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +288,12 @@ class PostgresStore:
         self._use = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
         self._conn = self._connection()
-        self._readers = _Readers(url, lease_secs)
+        # Reads of output from request threads, never on the writer's connection (which runs
+        # one transaction at a time, and must not wait behind a listing).
+        self._readers: ReaderPool[psycopg.Connection[Any]] = ReaderPool(
+            lambda: connect(url, lease_secs, "reader"),
+            lambda conn: not (conn.closed or conn.broken),
+        )
         if migrate:
             try:
                 _migrate(self._conn, self.location)
@@ -477,47 +482,6 @@ class PostgresStore:
         with self._conn_lock:
             self._conn = conn
         return conn
-
-
-class _Readers:
-    """Connections for the reads of output from request threads, opened as needed and reused:
-    at most one per thread reading at once, never the writer's (which runs one transaction at
-    a time, and must not wait behind a listing)."""
-
-    def __init__(self, url: str, lease_secs: float) -> None:
-        self._url = url
-        self._lease_secs = lease_secs
-        self._lock = threading.Lock()
-        self._idle: list[psycopg.Connection[Any]] = []
-        self._closed = False
-
-    @contextlib.contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        conn = None
-        with self._lock:
-            while self._idle and conn is None:
-                conn = self._idle.pop()
-                if conn.closed or conn.broken:
-                    conn = None
-        if conn is None:
-            conn = connect(self._url, self._lease_secs, "reader")
-        try:
-            yield conn
-        finally:
-            with self._lock:
-                keep = not (self._closed or conn.closed or conn.broken)
-                if keep:
-                    self._idle.append(conn)
-            if not keep:
-                conn.close()
-
-    def close(self) -> None:
-        """Close the idle connections; one in use is closed when it is given back."""
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
 
 
 def _groups(sizes: Sequence[tuple[int, int]], limit: int) -> Iterator[list[int]]:

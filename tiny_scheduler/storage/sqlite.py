@@ -17,7 +17,6 @@ import gc
 import logging
 import os
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from ..jobs import Output, job_id_of
 from . import rows
 from .base import Batch, Loaded, OutboxEvent, StoreOpenError
 from .lockfile import LockFile
+from .readers import ReaderPool
 
 log = logging.getLogger(__name__)
 
@@ -395,16 +395,21 @@ class SqliteStore:
 
 
 class _Readers:
-    """Read-only connections for request threads, opened as needed and reused: at most one
-    per thread reading at once, never the writer's (a read does not wait for a commit)."""
+    """Read-only connections for request threads (`readers.ReaderPool`), never the writer's
+    (a read does not wait for a commit), and no read at all once the file is lost."""
 
     def __init__(self, path: str, lost: Callable[[], str | None]) -> None:
         # Read-only: a reader must never create a file that is not there.
         self._uri = Path(path).absolute().as_uri() + "?mode=ro"
         self._lost = lost
-        self._lock = threading.Lock()
-        self._idle: list[sqlite3.Connection] = []
-        self._closed = False
+        self._pool: ReaderPool[sqlite3.Connection] = ReaderPool(self._open)
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._uri, uri=True, isolation_level=None, check_same_thread=False)
+        # Output is read once per reply: caching its pages here only holds memory (the
+        # operating system caches the file anyway).
+        conn.execute(f"PRAGMA cache_size = -{_READER_CACHE_KIB}")
+        return conn
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[sqlite3.Connection]:
@@ -414,32 +419,11 @@ class _Readers:
         lost = self._lost()
         if lost is not None:
             raise FileLost(lost)
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        if conn is None:
-            conn = sqlite3.connect(
-                self._uri, uri=True, isolation_level=None, check_same_thread=False
-            )
-            # Output is read once per reply: caching its pages here only holds memory (the
-            # operating system caches the file anyway).
-            conn.execute(f"PRAGMA cache_size = -{_READER_CACHE_KIB}")
-        try:
+        with self._pool.connection() as conn:
             yield conn
-        finally:
-            with self._lock:
-                keep = not self._closed
-                if keep:
-                    self._idle.append(conn)
-            if not keep:
-                conn.close()
 
     def close(self) -> None:
-        """Close the idle connections; one in use is closed when it is given back."""
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        self._pool.close()
 
 
 def check(path: str, wait_secs: float = 0.0) -> None:
