@@ -60,8 +60,7 @@ class NodeLoad:
 
     @property
     def load(self) -> Fraction:
-        """(queued + used) / slots, exact: equal loads must compare equal for the tie rule."""
-        return Fraction(self.queued + self.used, self.slots)
+        return _load(self.queued, self.used, self.slots)
 
     @property
     def free(self) -> int:
@@ -115,11 +114,7 @@ class Placement:
     def _choose(self, healthy: Sequence[str], nodes: Nodes) -> str:
         if not healthy:
             raise PlacementError(NO_HEALTHY_NODES)
-        candidates = list(healthy)
-        if not self._round_robin:
-            loads = self.loads(healthy, nodes)
-            lowest = min(load.load for load in loads)
-            candidates = [load.node_id for load in loads if load.load == lowest]
+        candidates = healthy if self._round_robin else self._least_loaded(healthy, nodes)
         # `healthy` is sorted by id: the first candidate after the previous choice, wrapping.
         previous = self._previous
         if previous is not None:
@@ -127,6 +122,22 @@ class Placement:
                 if node_id > previous:
                     return node_id
         return candidates[0]
+
+    def _least_loaded(self, healthy: Sequence[str], nodes: Nodes) -> list[str]:
+        """The nodes of `healthy` with the lowest load, in the order given. Every submission
+        comes through here, so it compares plain integers when it can: with a fixed number
+        of slots, comparing (queued + used) compares the loads."""
+        counts = self._loads.node_loads(healthy)
+        loads: dict[str, int] | dict[str, Fraction]
+        if self._max_jobs != AUTO_SLOTS:
+            loads = {node: queued + used for node, (queued, used) in counts.items()}
+        else:
+            loads = {
+                node: _load(queued, used, nodes.cpu_count(node))
+                for node, (queued, used) in counts.items()
+            }
+        lowest = min(loads.values())
+        return [node for node in healthy if loads[node] == lowest]
 
     def instance_node(self, instance_id: str) -> str:
         """The node of a running instance whose node is healthy."""
@@ -179,3 +190,9 @@ def _candidates(healthy: tuple[str, ...], avoid: str | None) -> tuple[str, ...]:
     if avoid is not None and len(healthy) > 1 and avoid in healthy:
         return tuple(node for node in healthy if node != avoid)
     return healthy
+
+
+def _load(queued: int, used: int, slots: int) -> Fraction:
+    """A node's load, (queued + used) / slots, exact: equal loads must compare equal for the
+    tie rule."""
+    return Fraction(queued + used, slots)
