@@ -165,7 +165,7 @@ def test_a_timed_out_job_keeps_its_slot_until_its_late_report(make_cluster) -> N
     assert (late.status_code, late.json()) == (200, timed_out)
     assert poll(cluster, "node-a") == [waiting], "the late report freed the slot"
     assert slow not in overview_row(cluster, "node-a")
-    assert "late failed report" in cluster.log_text()
+    wait_for(lambda: "late failed report" in cluster.log_text(), message="the late report's line")
     # The late report published nothing more: the job's one event went out with its timeout.
     # (Events are delivered in the order of the changes: once the next job's is out, any
     # second one of the timed-out job would be too.)
@@ -345,8 +345,10 @@ def test_sqs_invalid_message_is_logged_and_deleted(make_cluster) -> None:
     surrogate = cluster.sqs.send("jobs", '{"command":"echo \ud800"}')
     wait_for(lambda: {bad, junk, surrogate} <= set(cluster.sqs.deleted))
     assert cluster.jobs() == []
-    log = cluster.log_text()
-    assert f"SQS message {bad} rejected (port must be an integer between 1 and 65535)" in log
+    rejected = f"SQS message {bad} rejected (port must be an integer between 1 and 65535)"
+    # Log lines are written a batch at a time: wait for the last one.
+    log = wait_for(lambda: (text := cluster.log_text()).count("rejected") >= 3 and text)
+    assert rejected in log
     assert "not json at all" in log
 
 
@@ -372,7 +374,7 @@ def test_sqs_redelivery_after_failed_delete_creates_no_duplicate(make_cluster) -
     assert cluster.sqs.messages("jobs") == []
     jobs = cluster.jobs()
     assert len(jobs) == 1
-    assert "delivered again" in cluster.log_text()
+    wait_for(lambda: "delivered again" in cluster.log_text(), message="the redelivery's line")
 
 
 # --- SNS ------------------------------------------------------------------------------------------

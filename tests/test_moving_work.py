@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import SchedulerFactory
-from helpers import Agent, Api, expect_json, set_nodes, unique_node
+from helpers import Agent, Api, expect_json, set_nodes, unique_node, wait_for
 
 from tiny_scheduler.dev.agent_protocol import parse_poll_reply
 from tiny_scheduler.dev.daemon import SchedulerProcess
@@ -123,8 +123,8 @@ def test_an_idle_node_takes_the_oldest_waiting_job_of_a_full_node(make_cluster) 
     assert f"moved from {full}" in page.text
     metrics = cluster.api.get("/metrics").text
     assert 'tiny_scheduler_jobs_moved_total{why="stolen"} 1.0' in metrics
-    log = Path(cluster.proc.log_path or "").read_text()
-    assert f"job {waiting[0]} moved from node {full} to idle node {idle}" in log
+    moved = f"job {waiting[0]} moved from node {full} to idle node {idle}"
+    wait_for(lambda: moved in Path(cluster.proc.log_path or "").read_text(), message=moved)
 
 
 def test_the_answer_is_the_nodes_own_queue_first_then_moved_jobs_oldest_first(

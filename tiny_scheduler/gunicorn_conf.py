@@ -20,7 +20,7 @@ from flask import Flask
 
 from tiny_scheduler import banner, preflight, storage, worker
 from tiny_scheduler.config import OWNER_WAIT_SECS, ConfigError, Settings
-from tiny_scheduler.logs import EscapeControlCharacters
+from tiny_scheduler.logs import EscapeControlCharacters, LogWriter
 
 try:
     _settings = Settings.from_env()
@@ -113,15 +113,13 @@ def post_worker_init(worker) -> None:
     """Start the loops in the one worker, after the app has loaded."""
     from tiny_scheduler import start_background
 
-    # Request threads hand their log records to one thread that writes them, instead of
-    # queueing behind each other for the handler's lock while a line goes to stderr.
+    # Request threads hand their log records to one thread that writes them, a batch at a
+    # time (tiny_scheduler/logs.py says why).
     ours = logging.getLogger("tiny_scheduler")
-    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    worker.log_listener = logging.handlers.QueueListener(
-        records, *ours.handlers, respect_handler_level=True
-    )
+    records: queue.SimpleQueue[logging.LogRecord | None] = queue.SimpleQueue()
+    worker.log_writer = LogWriter(records, ours.handlers)
     ours.handlers[:] = [_HandOff(records)]
-    worker.log_listener.start()
+    worker.log_writer.start()
     start_background(worker.wsgi)
 
 
@@ -132,6 +130,6 @@ def worker_exit(server, worker) -> None:
     app = getattr(worker, "wsgi", None)
     if app is not None:
         stop_background(app)
-    listener = getattr(worker, "log_listener", None)
-    if listener is not None:
-        listener.stop()  # writes what is still queued
+    log_writer = getattr(worker, "log_writer", None)
+    if log_writer is not None:
+        log_writer.stop()  # writes what is still queued
