@@ -75,7 +75,7 @@ _MARKERS = {
     "Flask.__call__": "the Flask app (routing, request/response objects, our views)",
     "Logger.access": "gunicorn's access log (formatted even though it goes nowhere)",
     "Logger._log": "logging records made (ours and gunicorn's)",
-    "Store._write_loop": "the store's writer thread (with the GIL)",
+    "Writer._take_turn": "group commits (with the GIL), whichever thread commits",
     "Parser.__next__": "gunicorn parsing requests",
 }
 

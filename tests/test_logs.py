@@ -1,4 +1,4 @@
-"""The daemon's log writing (`tiny_scheduler/logs.py`): the writer thread keeps every record, in
+"""The daemon's log writing (`tiny_scheduler/logs.py`): the log's thread keeps every record, in
 order, at each handler's level, and writes what is queued when stopped; values are escaped."""
 
 from __future__ import annotations

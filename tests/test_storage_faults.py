@@ -602,7 +602,7 @@ def checkpoint(db_path: Path) -> None:
 
 def save_within(db: storage.Writer, job: Job, timeout: float = 10.0) -> BaseException | None:
     """Save on another thread; the error it raised, None on success. A save that never
-    returns (a dead writer thread) fails the test instead of hanging it."""
+    returns (a turn to commit never passed on) fails the test instead of hanging it."""
     outcome: list[BaseException | None] = []
 
     def attempt() -> None:
@@ -615,14 +615,14 @@ def save_within(db: storage.Writer, job: Job, timeout: float = 10.0) -> BaseExce
     thread = threading.Thread(target=attempt, daemon=True)
     thread.start()
     thread.join(timeout)
-    assert outcome, f"save of {job.job_id} never returned: the writer thread is gone"
+    assert outcome, f"save of {job.job_id} never returned: the group commit is stuck"
     return outcome[0]
 
 
 def test_a_change_sqlite_cannot_take_fails_alone_and_the_writer_goes_on(tmp_path: Path) -> None:
     """No HTTP request can carry text that is not valid Unicode (the decoder refuses lone
     surrogates), but other ways in (a peer's message id, a future field) might: one such
-    change must fail on its own, not stop the one writer thread every write waits for."""
+    change must fail on its own, not stop the group commit every write waits for."""
     db = storage.Writer(sqlite.SqliteStore(str(tmp_path / "scheduler.db")))
     db.start()
     try:

@@ -3,7 +3,7 @@
 A backend (`sqlite.py`, and any other) is a `JobStore`: it loads every job and schedule at
 start-up and writes batches of changes, each batch in one transaction that either commits
 durably or raises. Writes, the load and the outbox reads come from one thread at a time (the
-writer, `writer.py`, or the start-up code), so they need no locking of their own. Group
+group commit's turn, `writer.py`, or the start-up code), so they need no locking of their own. Group
 commit, health tracking and the waiting of request threads live above it, written once in
 `writer.py`; the behavioural tests every backend must pass are in
 `tests/test_storage_contract.py`.

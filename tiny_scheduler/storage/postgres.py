@@ -281,7 +281,7 @@ class PostgresStore:
         self._fenced = fenced
         self._epoch: int | None = None
         self.on_fenced: Callable[[int], None] | None = None
-        """Called (from the writer thread) when a write found its epoch gone."""
+        """Called (by the thread committing) when a write found its epoch gone."""
         self._conn_lock = threading.Lock()  # guards swapping the connection, not its use
         # One operation at a time on the connection: the writer's periodic probe may come
         # while a start-up load runs on another thread, and a transaction must not interleave.

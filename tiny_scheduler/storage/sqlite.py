@@ -3,7 +3,7 @@
 Owns the schema, its migrations and the file's checks at start-up: a file this scheduler must
 not touch (another program's database, a newer scheduler's, a corrupt one, one another
 scheduler has open) is refused and left exactly as it was, and a row that cannot be read is
-named. Writes come from the one writer thread (`writer.py`), a batch per transaction, one
+named. Writes come one group at a time (`writer.py`), a batch per transaction, one
 statement per kind of change. Each transaction first makes sure the file it writes is still the
 one at the path (not deleted or replaced under the daemon), so nothing is acknowledged into a
 file that is gone. Output is read back by request threads, each on a read-only connection of

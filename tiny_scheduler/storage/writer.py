@@ -1,25 +1,28 @@
-"""Group commit above any backend: the one writer thread, and the health of the store.
+"""Group commit above any backend, and the health of the store.
 
 Durability rule: `save()` and `delete()` return only after the backend committed the change,
 and raise `StoreError` when it could not. Callers apply a change to memory only after it is
 durable, so memory never runs ahead of the database.
 
-Every change goes through one writer thread that commits whatever has queued up since its last
-commit in one transaction: eight requests arriving together cost one fsync, not eight. When a
-batch fails, each change is retried alone, so one change the backend cannot take (a value it
-cannot bind) fails only its own request. Whether the store is healthy is judged from the
+Changes are committed in groups: eight requests arriving together cost one fsync, not eight.
+There is no writer thread to hand each change to and wait on (two thread switches per commit,
+on the hottest path): the caller that finds nobody committing commits itself, taking in
+whatever has queued since; callers arriving meanwhile queue, and when a commit ends the turn
+passes to the first of them, which commits the next group. So only one thread at a time
+uses the backend. When a batch fails, each change is retried alone, so one change the backend
+cannot take (a value it cannot bind) fails only its own request. Whether the store is healthy is judged from the
 backend's own faults, never from one bad change. Nothing here knows which database it is.
 
-Health is never stale: when nothing has been written for `STORE_PROBE_INTERVAL_SECS`, the
-writer commits a tiny probe of its own, so a disk that filled, a file system that turned
+Health is never stale: when nothing has been written for `STORE_PROBE_INTERVAL_SECS`, a
+prober thread commits a tiny probe, so a disk that filled, a file system that turned
 read-only or a database file that was deleted while the daemon was idle is found within a
 few seconds, and reading the verdict (`health`) costs no I/O. A write that has hung for
 `STORE_STALL_SECS` (a disk that stopped answering) also counts as unhealthy.
 
-Reads other than the start-up load (the outbox) run on the writer thread too, between
-commits, so the backend is only ever used by one thread at a time; except the reads of
-output, which pass straight through to the backend in the reader's own thread (the contract
-has the backend take them beside its writer).
+Reads other than the start-up load (the outbox) take their turn like commits, so the backend
+is only ever used by one thread at a time; except the reads of output, which pass straight
+through to the backend in the reader's own thread (the contract has the backend take them
+beside its writes).
 """
 
 from __future__ import annotations
@@ -44,32 +47,38 @@ CommitObserver = Callable[[float, int], None]
 
 
 class _Ticket:
-    """One caller's changes (or read), and the writer thread's answer."""
+    """One caller's changes (or read), and the answer; or the turn to commit, passed on."""
 
-    __slots__ = ("batch", "done", "error", "read", "result")
+    __slots__ = ("batch", "done", "error", "probe", "read", "result", "turn")
 
-    def __init__(self, batch: Batch, read: Callable[[JobStore], Any] | None = None) -> None:
+    def __init__(
+        self, batch: Batch, read: Callable[[JobStore], Any] | None = None, probe: bool = False
+    ) -> None:
         self.batch = batch
         self.read = read
+        self.probe = probe  # the prober's own: the commit metrics leave it out
         self.result: Any = None
-        self.done = threading.Event()
+        self.done = threading.Event()  # answered, or given the turn
+        self.turn = False
         self.error: BaseException | None = None
 
 
 class Writer:
-    """A `JobStore` behind one group-committing thread; safe to call from any thread."""
+    """A `JobStore` behind group commit; safe to call from any thread."""
 
     def __init__(self, backend: JobStore) -> None:
         self._backend = backend
         self._queue: collections.deque[_Ticket] = collections.deque()
-        self._wakeup = threading.Condition()
+        self._idle = threading.Condition()  # guards the queue and the turn
+        self._committing = False  # a caller has the turn: the others queue behind it
         self._closing = False
-        self._thread: threading.Thread | None = None
+        self._prober: threading.Thread | None = None
+        self._stopping = threading.Event()  # tells the prober to end
         self.healthy = True
         self.last_error: str | None = None
         self.commit_observers: list[CommitObserver] = []
         self.events_waiting = 0
-        """Events in the outbox, kept up to date by the writer thread (cheap to read)."""
+        """Events in the outbox, kept up to date by whoever commits (cheap to read)."""
         self._last_attempt = 0.0  # monotonic time the last commit ended (0: probe at once)
         self._busy_since: float | None = None  # when the commit under way began
 
@@ -84,7 +93,7 @@ class Writer:
         return loaded
 
     def reload(self) -> Loaded:
-        """Every stored job and schedule again, read on the writer thread between commits (a
+        """Every stored job and schedule again, read in a turn between commits (a
         new leader's term, PostgreSQL), so the backend stays one thread's at a time."""
         loaded: Loaded = self._submit(Batch(), read=lambda backend: backend.load())
         self.events_waiting = loaded.events
@@ -122,8 +131,9 @@ class Writer:
             raise StoreError() from exc
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._write_loop, name="store-writer", daemon=True)
-        self._thread.start()
+        """Start probing the store while nothing is written."""
+        self._prober = threading.Thread(target=self._probe_loop, name="store-prober", daemon=True)
+        self._prober.start()
 
     def save(self, *changed: Job, events: Sequence[OutboxEvent] = ()) -> None:
         """Insert or replace these jobs, and add `events` to the outbox, in one transaction;
@@ -164,50 +174,79 @@ class Writer:
         return True
 
     def close(self) -> None:
-        """Commit what is queued, stop the writer and close the backend."""
-        with self._wakeup:
+        """Commit what is queued, stop probing and close the backend."""
+        self._stopping.set()
+        with self._idle:
             self._closing = True
-            self._wakeup.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._idle.wait_for(lambda: not self._committing, timeout=10)
+        if self._prober is not None:
+            self._prober.join(timeout=10)
         self._backend.close()
 
     def _submit(self, batch: Batch, read: Callable[[JobStore], Any] | None = None) -> Any:
-        ticket = _Ticket(batch, read)
-        with self._wakeup:
-            if self._closing:
-                raise StoreError("scheduler is shutting down; nothing was changed")
-            self._queue.append(ticket)
-            self._wakeup.notify()
-        ticket.done.wait()
+        ticket = self._queued(_Ticket(batch, read))
         if ticket.error is not None:
             raise StoreError() from ticket.error
         return ticket.result
 
-    def _write_loop(self) -> None:
+    def _queued(self, ticket: _Ticket) -> _Ticket:
+        """Queue the ticket and return it answered. The caller that finds nobody committing
+        takes the turn and commits itself, with whatever queues meanwhile; the others wait
+        for their answer, or for the turn, passed to the first of them still queued."""
+        with self._idle:
+            if self._closing:
+                raise StoreError("scheduler is shutting down; nothing was changed")
+            self._queue.append(ticket)
+            ticket.turn = not self._committing
+            self._committing = True
+        if not ticket.turn:
+            ticket.done.wait()
+        if ticket.turn:
+            self._take_turn()
+        return ticket
+
+    def _take_turn(self) -> None:
+        """Commit every queued change in one transaction, run the queued reads, then pass the
+        turn on. Only the turn's holder uses the backend, so it is one thread's at a time."""
+        with self._idle:
+            tickets = list(self._queue)
+            self._queue.clear()
+        try:
+            reads = [ticket for ticket in tickets if ticket.read is not None]
+            writes = [ticket for ticket in tickets if ticket.read is None]
+            if writes:
+                self._commit(writes)
+            for ticket in reads:
+                self._read(ticket)
+        except Exception as exc:  # a bug here must not leave a caller waiting forever
+            log.exception("job store writer: unexpected error")
+            for ticket in tickets:
+                if not ticket.done.is_set():
+                    ticket.error = exc
+                    ticket.done.set()
+        finally:
+            with self._idle:
+                following = self._queue[0] if self._queue else None
+                if following is None:
+                    self._committing = False
+                    self._idle.notify_all()
+            if following is not None:
+                following.turn = True
+                following.done.set()
+
+    def _probe_loop(self) -> None:
+        """While nothing is written, commit a tiny probe every `STORE_PROBE_INTERVAL_SECS`, so
+        that `health` is never older than that."""
         while True:
-            with self._wakeup:
-                while not self._queue and not self._closing:
-                    # Idle: wait for work, but no longer than until a probe is due.
-                    due = self._last_attempt + STORE_PROBE_INTERVAL_SECS - time.monotonic()
-                    if due <= 0:
-                        break
-                    self._wakeup.wait(due)
-                if not self._queue and self._closing:
+            due = self._last_attempt + STORE_PROBE_INTERVAL_SECS - time.monotonic()
+            if due > 0:
+                if self._stopping.wait(due):
                     return
-                # The probe's commit carries no caller: the commit metrics leave it out.
-                probing = not self._queue
-                tickets = [_Ticket(Batch(probe=True))] if probing else list(self._queue)
-                self._queue.clear()
+                continue  # a commit may have come meanwhile: look again
             try:
-                reads = [ticket for ticket in tickets if ticket.read is not None]
-                writes = [ticket for ticket in tickets if ticket.read is None]
-                if writes:
-                    self._commit(writes, observed=not probing)
-                for ticket in reads:
-                    self._read(ticket)
-            except Exception:  # every write waits on this thread: it must never die
-                log.exception("job store writer: unexpected error")
+                self._queued(_Ticket(Batch(probe=True), probe=True))
+            except StoreError:
+                return  # closing
 
     def _read(self, ticket: _Ticket) -> None:
         assert ticket.read is not None
@@ -218,7 +257,7 @@ class Writer:
         finally:
             ticket.done.set()
 
-    def _commit(self, tickets: list[_Ticket], observed: bool = True) -> None:
+    def _commit(self, tickets: list[_Ticket]) -> None:
         started = time.perf_counter()
         self._busy_since = time.monotonic()
         try:
@@ -229,8 +268,9 @@ class Writer:
                     batch = ticket.batch
                     self.events_waiting += len(batch.events) - len(batch.delivered)
             elapsed = time.perf_counter() - started
-            for observe in self.commit_observers if observed else ():
-                observe(elapsed, len(tickets))
+            callers = sum(not ticket.probe for ticket in tickets)
+            for observe in self.commit_observers if callers else ():
+                observe(elapsed, callers)
         finally:
             self._busy_since = None
             self._last_attempt = time.monotonic()
