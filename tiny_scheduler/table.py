@@ -268,7 +268,9 @@ class JobTable:
         node (after promoting what has come due)."""
         with self._lock:
             self._promote(jobs.now_us() if now is None else now)
-            return {node: (self._pending_runs[node], self._slots_used[node]) for node in node_ids}
+            # .get: a Counter's lookup of a missing node is a Python call (__missing__).
+            pending, used = self._pending_runs, self._slots_used
+            return {node: (pending.get(node, 0), used.get(node, 0)) for node in node_ids}
 
     def queue_depths(self) -> dict[str, int]:
         """Due pending jobs of every node that has any."""

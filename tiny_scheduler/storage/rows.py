@@ -13,7 +13,9 @@ by every backend.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import operator
+import typing
+from collections.abc import Callable, Sequence
 from enum import Enum
 from sys import intern
 from typing import Any
@@ -45,7 +47,10 @@ _GAPS = tuple(
 
 def to_row(job: Job) -> tuple[object, ...]:
     """The job's column values in `COLUMNS` order (its output is in `output_rows`)."""
-    return tuple(_encode(name, getattr(job, name)) for name in COLUMNS)
+    values = list(_COLUMN_VALUES(job))
+    for index, encode in _ENCODERS:
+        values[index] = encode(values[index])
+    return tuple(values)
 
 
 def output_rows(job: Job) -> list[tuple[int, int, str, str]]:
@@ -117,21 +122,51 @@ def _short(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _encode(name: str, value: Any) -> object:
-    if name in _JSON:
-        if not value:
-            return None
-        if name == "attempts":
-            value = [
-                {key: v for key, v in dataclasses.asdict(attempt).items() if key not in _OUTPUT}
-                for attempt in value
-            ]
-        return orjson.dumps(value).decode()
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, bool):
-        return int(value)  # a flag is 0 or 1: SQLite has no boolean, PostgreSQL's is BIGINT
-    return value
+def _env_vars_text(value: dict[str, str] | None) -> str | None:
+    return orjson.dumps(value).decode() if value else None
+
+
+def _attempts_text(value: Sequence[Attempt]) -> str | None:
+    if not value:
+        return None
+    return orjson.dumps(
+        [
+            {key: v for key, v in dataclasses.asdict(attempt).items() if key not in _OUTPUT}
+            for attempt in value
+        ]
+    ).decode()
+
+
+def _enum_value(value: Enum | None) -> object:
+    return value.value if value is not None else None
+
+
+def _flag(value: bool) -> int:
+    return int(value)  # a flag is 0 or 1: SQLite has no boolean, PostgreSQL's is BIGINT
+
+
+def _encoder(name: str, declared: Any) -> Callable[[Any], object] | None:
+    """How a column's value is stored, from its field's declared type; None: as it is."""
+    if name == "env_vars":
+        return _env_vars_text
+    if name == "attempts":
+        return _attempts_text
+    kinds = typing.get_args(declared) or (declared,)
+    if any(isinstance(kind, type) and issubclass(kind, Enum) for kind in kinds):
+        return _enum_value
+    if bool in kinds:
+        return _flag
+    return None
+
+
+# Every submission and report writes a row: the plain values are read in one call, and only
+# the few columns that need it are converted.
+_COLUMN_VALUES = operator.attrgetter(*COLUMNS)
+_ENCODERS = tuple(
+    (index, encode)
+    for index, name in enumerate(COLUMNS)
+    if (encode := _encoder(name, typing.get_type_hints(Job)[name])) is not None
+)
 
 
 def _attempt(item: Any) -> Attempt:
