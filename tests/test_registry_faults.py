@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import SchedulerFactory, log_tail
-from helpers import Agent, Api, expect_error, expect_json, set_nodes
+from helpers import Agent, Api, expect_error, expect_json, set_nodes, wait_for
 
 from tiny_scheduler.dev.daemon import free_port
 from tiny_scheduler.dev.registry import FakeRegistry
@@ -123,6 +123,7 @@ def test_node_ids_cannot_forge_log_lines_and_empty_ones_are_ignored(
     finally:
         api.close()
     assert {job["node_id"] for job in jobs} == {forged}
-    log = log_tail(proc, 100_000)
+    # Log lines are written a batch at a time: wait for the three jobs' lines.
+    log = wait_for(lambda: (text := log_tail(proc, 100_000)).count("created on node") >= 3 and text)
     assert "job-999" not in "\n".join(line for line in log.splitlines() if "node-x" not in line)
     assert "node-x\\n[2030-01-01" in log
