@@ -1,7 +1,10 @@
 """The table: our medians beside the Go original's figures and the issue's targets.
 
-The Go figures are the ones issue 7 quotes (same kind of machine: 2 cores, loopback, a fake
-registry, medians of 3 runs). A blank means the issue gives no figure for that case.
+The Go figures are the ones issue 7 quotes (the same kind of machine, 2 cores, loopback, a fake
+registry, medians of 3 runs, but not this machine and not this run: a reminder of where the
+original stood, not a side-by-side comparison). A blank means the issue gives no figure for
+that case. The machine-independent comparison is the floor's rows: our server CPU per request
+as a ratio of a trivial Flask app's, measured in the same run.
 """
 
 from __future__ import annotations
@@ -351,7 +354,7 @@ def _placement_rows(case: dict[str, Any] | None) -> list[Row]:
     ]
 
 
-_HEADERS = ("case", "figure", "ours", "Go orig.", "target", "met", "cpu srv/cli/other")
+_HEADERS = ("case", "figure", "ours", "Go (issue 7)", "target", "met", "cpu srv/cli/other")
 
 
 def _cells(row: Row) -> tuple[str, ...]:

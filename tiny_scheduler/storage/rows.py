@@ -59,6 +59,13 @@ def output_rows(job: Job) -> list[tuple[int, int, str, str]]:
     return [(job.seq, number, *output) for number, output in job.outputs().items()]
 
 
+# Enum members by stored value: a dict lookup, where calling the enum class costs a start-up
+# with a million jobs a second. An unknown value raises KeyError, which `problem` names.
+_JOB_TYPES = {member.value: member for member in JobType}
+_STATUSES = {member.value: member for member in Status}
+_REASONS = {member.value: member for member in Reason}
+
+
 def from_row(row: Sequence[Any]) -> Job:
     """A job without its output, from a row whose values come in `COLUMNS` order (select them
     by name)."""
@@ -70,10 +77,10 @@ def from_row(row: Sequence[Any]) -> Job:
     # would otherwise bring its own copy of them into memory.
     job.node_id = intern(job.node_id)
     job.instance_id = intern(job.instance_id)
-    job.job_type = JobType(job.job_type)
-    job.status = Status(job.status)
+    job.job_type = _JOB_TYPES[job.job_type]
+    job.status = _STATUSES[job.status]
     if job.reason is not None:
-        job.reason = Reason(job.reason)
+        job.reason = _REASONS[job.reason]
     job.holds_slot = bool(job.holds_slot)
     job.moved_from = intern(job.moved_from)
     if job.env_vars is not None:

@@ -10,8 +10,9 @@ on the hottest path): the caller that finds nobody committing commits itself, ta
 whatever has queued since; callers arriving meanwhile queue, and when a commit ends the turn
 passes to the first of them, which commits the next group. So only one thread at a time
 uses the backend. When a batch fails, each change is retried alone, so one change the backend
-cannot take (a value it cannot bind) fails only its own request. Whether the store is healthy is judged from the
-backend's own faults, never from one bad change. Nothing here knows which database it is.
+cannot take (a value it cannot bind) fails only its own request. Whether the store is healthy
+is judged from the backend's own faults, never from one bad change. Nothing here knows which
+database it is.
 
 Health is never stale: when nothing has been written for `STORE_PROBE_INTERVAL_SECS`, a
 prober thread commits a tiny probe, so a disk that filled, a file system that turned
