@@ -377,7 +377,6 @@ class PostgresStore:
             raise NotLeader("this scheduler is not the leader")
         upserts = [_escaped(rows.to_row(job)) for job in batch.upserts]
         outputs = [_escaped(row) for job in batch.upserts for row in rows.output_rows(job)]
-        high = max((job.seq for job in batch.upserts), default=0)
         conn = self._connection()
         try:
             # One round trip for the whole transaction: the writer gives up the GIL at every
@@ -392,8 +391,9 @@ class PostgresStore:
                     deleted = (list(batch.deletes),)
                     cursor.execute("DELETE FROM jobs WHERE seq = ANY(%s)", deleted)
                     cursor.execute("DELETE FROM outputs WHERE seq = ANY(%s)", deleted)
-                if high:
-                    cursor.execute(_HIGH_WATER, ("last_seq", high))
+                    # Only a deleted job's id needs the mark: every other is in the rows, and
+                    # the load takes the larger of the two.
+                    cursor.execute(_HIGH_WATER, ("last_seq", max(batch.deletes)))
                 if batch.schedules:
                     cursor.executemany(
                         _UPSERT_SCHEDULE,
