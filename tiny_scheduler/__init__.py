@@ -11,21 +11,22 @@ from __future__ import annotations
 import gc
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flask import Flask
 
 from . import jobs, storage
 from .config import SCHEDULE_TICK_SECS, Settings
-from .leadership import Leadership
 from .loops import Background
 from .peers import CallObserver
 from .placement import Placement
 from .registry import Registry
 from .schedule_table import ScheduleTable
 from .service import Scheduler
-from .storage.postgres import PostgresStore
 from .table import JobTable
+
+if TYPE_CHECKING:
+    from .leadership import Leadership
 
 __all__ = ["Settings", "create_app", "start_background", "stop_background"]
 
@@ -101,8 +102,13 @@ class _App(Flask):
 
 def _leadership(settings: Settings, backend: storage.JobStore) -> Leadership | None:
     """With PostgreSQL, this daemon's part in the election (None with SQLite)."""
-    if not isinstance(backend, PostgresStore):
+    if not storage.is_postgres(settings.db_path):
         return None
+    # Here, not at the top: a daemon on SQLite never loads psycopg (a tenth of its start).
+    from .leadership import Leadership
+    from .storage.postgres import PostgresStore
+
+    assert isinstance(backend, PostgresStore)  # open_store chose it by the same test
     assert settings.advertise_url is not None  # Settings insists on it with PostgreSQL
     return Leadership(settings.db_path, settings.advertise_url, settings.leader_lease_secs, backend)
 

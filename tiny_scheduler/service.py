@@ -23,11 +23,11 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from . import errors, jobs, schedules
 from .config import Settings
 from .jobs import Job, Output, Reason
-from .leadership import Leadership, LeaderView
 from .placement import NodeLoad, Placement
 from .registry import Nodes
 from .schedule_table import ScheduleTable
@@ -36,6 +36,9 @@ from .storage import OutboxEvent, Writer
 from .storage.writer import CommitObserver
 from .table import JobTable, NodeJobs
 from .validation import JobQuery, JobRequest, JobUpdate
+
+if TYPE_CHECKING:  # psycopg is imported only by a daemon on PostgreSQL
+    from .leadership import Leadership, LeaderView
 
 __all__ = ["Event", "Move", "NodeJobs", "NodeLoad", "Page", "Scheduler"]
 
