@@ -443,16 +443,16 @@ class JobTable:
         node = job.node_id
         self._counts[job.status] += 1
         if job.status == jobs.PENDING and not job.is_due(self._promoted_until):
-            self._waiting.setdefault(node, SortedDict())[job.seq] = job
+            _queue(self._waiting, node)[job.seq] = job
             heapq.heappush(self._due_heap, (job.not_before, job.seq))
         elif job.status == jobs.PENDING:
             self._add_due(job)
         elif job.status == jobs.RUNNING:
-            self._running.setdefault(node, SortedDict())[job.seq] = job
+            _queue(self._running, node)[job.seq] = job
         elif old is not None and not old.is_final:
             self._finished.append(job.seq)
         if job.holds_slot:
-            self._held.setdefault(node, SortedDict())[job.seq] = job
+            _queue(self._held, node)[job.seq] = job
         if job.uses_slot:
             self._slots_used[node] += 1
         if job.dedupe_key is not None:
@@ -496,11 +496,11 @@ class JobTable:
     def _add_due(self, job: Job) -> None:
         """A pending job that is due: in its node's queue, its load, and movable if it may."""
         node = job.node_id
-        self._pending.setdefault(node, SortedDict())[job.seq] = job
+        _queue(self._pending, node)[job.seq] = job
         if job.takes_slot:
             self._pending_runs[node] += 1
         if jobs.can_move(job):
-            self._movable.setdefault(node, SortedDict())[job.seq] = job
+            _queue(self._movable, node)[job.seq] = job
 
     def _remove_due(self, job: Job) -> None:
         node = job.node_id
@@ -525,6 +525,15 @@ def _decrement(counter: collections.Counter[str], node_id: str) -> None:
     counter[node_id] -= 1
     if not counter[node_id]:
         del counter[node_id]  # nodes come and go: don't keep a zero for each forever
+
+
+def _queue(index: dict[str, SortedDict], node_id: str) -> SortedDict:
+    """The node's queue in this index, made when it has none (not made on every call, as
+    `setdefault`'s argument would be: a SortedDict costs microseconds to build)."""
+    queue = index.get(node_id)
+    if queue is None:
+        queue = index[node_id] = SortedDict()
+    return queue
 
 
 def _discard(index: dict[str, SortedDict], node_id: str, seq: int) -> None:
