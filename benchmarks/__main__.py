@@ -28,7 +28,7 @@ from .procs import RegistryProcess
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-SCENARIOS = ("submit", "history", "cycle", "floor", "postgres", "placement")
+SCENARIOS = ("submit", "report", "history", "cycle", "floor", "postgres", "placement")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         steps = {
             "submit": scenarios.submissions,
             "history": scenarios.history_and_restart,
+            "report": scenarios.reports,
             "cycle": scenarios.cycle,
             "floor": scenarios.floor,
             "postgres": ha.postgres,

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from tiny_scheduler import jobs as jobs_module
-from tiny_scheduler.jobs import DONE, FAILED, Attempt, Job
+from tiny_scheduler.jobs import DONE, FAILED, Attempt, Job, job_id_of
 from tiny_scheduler.storage import Writer
 from tiny_scheduler.storage.sqlite import SqliteStore
 
@@ -97,6 +97,26 @@ def build(path: Path, total: int, nodes: list[str]) -> float:
     finally:
         store.close()
     return time.monotonic() - began
+
+
+def build_pending(path: Path, total: int, nodes: list[str]) -> list[str]:
+    """Write `total` pending jobs (and nothing else) into a fresh `path`, spread over the
+    nodes; returns their ids, oldest first."""
+    remove_database(path)
+    store = Writer(SqliteStore(str(path)))
+    store.start()
+    now = jobs_module.now_us()
+    try:
+        for first in range(1, total + 1, BATCH):
+            store.save(
+                *(
+                    Job(seq=seq, node_id=nodes[seq % len(nodes)], command="true", created_at=now)
+                    for seq in range(first, min(first + BATCH, total + 1))
+                )
+            )
+    finally:
+        store.close()
+    return [job_id_of(seq) for seq in range(1, total + 1)]
 
 
 def stored_jobs(path: Path) -> list[Job]:

@@ -106,6 +106,12 @@ def rows(results: dict[str, Any]) -> list[Row]:
             )
         )
 
+    reports = results.get("report_8")
+    if reports:
+        m = reports["median"]
+        out.append(Row("agent reports, 8 clients", "PATCHes/s", _num(m["rate"]), cpu=_cpu(m)))
+        out.append(Row("", "p50 / p99 ms", _ms(m)))
+
     sizes = sorted(
         int(key.split("_")[1]) for key in results if key.startswith("poll_") and key.endswith("_1")
     )
@@ -240,6 +246,13 @@ def _floor_rows(results: dict[str, Any], sizes: list[int]) -> list[Row]:
         ours = _us_per_request(results["submit_8"]["median"])
         out.append(
             ratio_row("submit, 8 clients", "CPU per request; x floor POST", ours, us["post"])
+        )
+    if "report_8" in results:
+        ours = _us_per_request(results["report_8"]["median"])
+        out.append(
+            ratio_row(
+                "agent reports, 8 clients", "CPU per request; x floor PATCH", ours, us["patch"]
+            )
         )
     if sizes and f"poll_{sizes[-1]}_8" in results:
         ours = _us_per_request(results[f"poll_{sizes[-1]}_8"]["median"])

@@ -332,6 +332,44 @@ def cycle(bench: Bench) -> dict[str, Any]:
 
 # --- 5. the floor: the same stack with a trivial app ---------------------------------------------
 
+REPORT_JOBS_PER_CLIENT = 1500
+"""Stored pending jobs each reporting client gets per run: more than it can claim and finish
+in a window (two PATCHes a job)."""
+
+
+def reports(bench: Bench) -> dict[str, Any]:
+    """The agent's reports from 8 clients: each claims (PATCH running) and finishes (PATCH
+    done) stored pending jobs of its own, back to back; every reply comes after a commit."""
+    db = bench.options.workdir / "report.db"
+    clients = 8
+    lists_needed = bench.options.runs * clients
+    ids = history.build_pending(db, lists_needed * REPORT_JOBS_PER_CLIENT, bench.nodes)
+    lists = [ids[i::lists_needed] for i in range(lists_needed)]
+    server = bench.server("report", db, fresh=False).start()
+    runs = []
+    try:
+        for run in range(bench.options.runs):
+            window = bench.window()
+            mine = lists[run * clients : (run + 1) * clients]
+            workers = [
+                (sessions.report_worker, (mine[first : first + CONNS_PER_PROCESS],))
+                for first in range(0, clients, CONNS_PER_PROCESS)
+            ]
+            result = bench.load(server, workers, window, "report-8")
+            latencies = [w["latencies"] for w in result.workers]
+            runs.append(
+                {
+                    "rate": round(sum(len(x) for x in latencies) / window.seconds, 1),
+                    **latency_figures(latencies),
+                    "errors": merge_errors(w["errors"] for w in result.workers),
+                    "cpu": result.cpu,
+                }
+            )
+    finally:
+        server.stop()
+    return {"report_8": _case(runs)}
+
+
 FLOOR_SHAPES = {
     "get": (sessions.poll_worker, "poll"),
     "post": (sessions.submit_worker, "submit"),

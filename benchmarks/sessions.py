@@ -86,6 +86,23 @@ def patch_worker(window: Window, clients: int) -> tuple[list[Session], Collect]:
     return [patcher() for _ in range(clients)], recorder.result
 
 
+def report_worker(window: Window, job_ids: list[str]) -> tuple[list[Session], Collect]:
+    """One session per list of job ids, each reporting on its own jobs back to back as an
+    agent does: the claim (PATCH running), then the end (PATCH done with a line of output)."""
+    recorder = Recorder(window)
+
+    def reporter(ids: list[str]) -> Session:
+        for job_id in ids:
+            path = f"/jobs/{job_id}"
+            for body in (RUNNING_BODY, DONE_BODY):
+                if time.monotonic_ns() >= window.t1:
+                    return
+                reply = yield request("PATCH", path, body, JSON)
+                recorder.add(reply)
+
+    return [reporter(ids) for ids in job_ids], recorder.result
+
+
 def cycle_submit_worker(
     window: Window, clients: int, slot: int, submitted: Any, done: Any, backlog: int
 ) -> tuple[list[Session], Collect]:
