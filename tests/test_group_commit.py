@@ -45,14 +45,6 @@ def test_concurrent_saves_are_grouped_and_every_one_is_durable(tmp_path: Path) -
     groups: list[int] = []
     db.commit_observers.append(lambda seconds, callers: groups.append(callers))
     db.start()
-    who_committed: set[str] = set()
-    original = db._backend.write
-
-    def noting(batch: Batch) -> None:
-        who_committed.add(threading.current_thread().name)
-        original(batch)
-
-    db._backend.write = noting  # type: ignore[method-assign]
     try:
         run_threads(
             THREADS,
@@ -63,13 +55,61 @@ def test_concurrent_saves_are_grouped_and_every_one_is_durable(tmp_path: Path) -
     assert sum(groups) == THREADS * SAVES, "each caller counted once, probes not at all"
     assert max(groups) > 1, "callers that arrived during a commit went in one group"
     assert len(groups) < THREADS * SAVES
-    assert len(who_committed) > 1, "the turn to commit passes between the callers' threads"
     reopened = sqlite.SqliteStore(path)
     try:
         stored = [j.seq for j in reopened.load().jobs]
     finally:
         reopened.close()
     assert sorted(stored) == list(range(1, THREADS * SAVES + 1))
+
+
+class GatedCommits(sqlite.SqliteStore):
+    """The real store, whose first commit waits until the test opens the gate, and which
+    notes the thread of every commit."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.gate = threading.Event()
+        self.writing = threading.Event()
+        self.threads: list[str] = []
+
+    def write(self, batch: Batch) -> None:
+        self.threads.append(threading.current_thread().name)
+        if len(self.threads) == 1:
+            self.writing.set()
+            assert self.gate.wait(30), "the test never opened the gate"
+        super().write(batch)
+
+
+def test_callers_queued_during_a_commit_get_the_next_turn(tmp_path: Path) -> None:
+    """The caller committing answers only its own group; the first caller that queued
+    meanwhile is given the turn and commits the next group, everyone still queued in it."""
+    backend = GatedCommits(str(tmp_path / "scheduler.db"))
+    db = storage.Writer(backend)
+    first = threading.Thread(target=db.save, args=(job(1),), name="first")
+    first.start()
+    assert backend.writing.wait(10), "the first save never reached the store"
+    followers = [
+        threading.Thread(target=db.save, args=(job(n),), name=f"follower-{n}") for n in range(2, 10)
+    ]
+    for thread in followers:
+        thread.start()
+    wait_until(lambda: len(db._queue) == len(followers))
+    backend.gate.set()
+    for thread in [first, *followers]:
+        thread.join(30)
+        assert not thread.is_alive(), "a caller never got its answer"
+    db.close()
+    assert backend.threads[0] == "first"
+    assert len(backend.threads) == 2, "the eight queued callers went in one group"
+    assert backend.threads[1].startswith("follower-"), "a follower took the turn"
+
+
+def wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.005)
 
 
 def test_reads_take_turns_between_commits(tmp_path: Path) -> None:
@@ -147,3 +187,18 @@ def test_idle_store_is_probed_and_probes_are_not_counted_as_commits(tmp_path: Pa
     finally:
         db.close()
     assert groups == [1], "the probe carried no caller: only the save was counted"
+
+
+def test_a_lone_caller_never_waits_for_company(tmp_path: Path) -> None:
+    """Gathering (waiting briefly for more changes) happens only once commits have carried
+    several callers: one client saving job after job is never held back."""
+    db = storage.Writer(sqlite.SqliteStore(str(tmp_path / "scheduler.db")))
+    db.start()
+    try:
+        for seq in range(1, 51):
+            db.save(job(seq))
+        assert db.gathered == 0
+        run_threads(THREADS, lambda n: [db.save(job(100 + n * 10 + i)) for i in range(10)])
+        assert db.gathered > 0, "concurrent callers: commits waited for the next changes"
+    finally:
+        db.close()
