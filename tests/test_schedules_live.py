@@ -239,6 +239,9 @@ def test_catch_up_after_a_ten_minute_stop(scheduler_factory: SchedulerFactory) -
         api.post("/schedules", schedule_body(name="dropped", cron="* * * * *")), 201
     )["schedule_id"]
     api.close()
+    # Restart early in a minute: a first look that fell past the next minute boundary would
+    # find that minute's fire due (a regular fire, for both schedules), not missed.
+    wait_for(lambda: jobs.now_us() % MINUTE < 40_000_000, timeout=30, message="a minute's start")
     # As if the daemon had stopped ten minutes ago: the next fire time it had then.
     stopped_at = jobs.now_us() - 10 * MINUTE
     first_missed = (stopped_at // MINUTE + 1) * MINUTE
