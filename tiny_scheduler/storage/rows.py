@@ -169,10 +169,11 @@ def _encoder(name: str, declared: Any) -> Callable[[Any], object] | None:
 # Every submission and report writes a row: the plain values are read in one call, and only
 # the few columns that need it are converted.
 _COLUMN_VALUES = operator.attrgetter(*COLUMNS)
+_DECLARED = typing.get_type_hints(Job)
 _ENCODERS = tuple(
     (index, encode)
     for index, name in enumerate(COLUMNS)
-    if (encode := _encoder(name, typing.get_type_hints(Job)[name])) is not None
+    if (encode := _encoder(name, _DECLARED[name])) is not None
 )
 
 
