@@ -14,6 +14,7 @@ history always matches the current store code.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tiny_scheduler import jobs as jobs_module
@@ -86,6 +87,26 @@ def remove_database(path: Path) -> None:
 def build(path: Path, total: int, nodes: list[str]) -> float:
     """Write a fresh history of `total` jobs into `path`; returns the seconds it took."""
     began = time.monotonic()
+    _write(path, total, lambda seq, now: _job(seq, total, nodes, now))
+    return time.monotonic() - began
+
+
+def build_pending(path: Path, total: int, nodes: list[str]) -> list[str]:
+    """Write `total` pending jobs (and nothing else) into a fresh `path`, spread over the
+    nodes; returns their ids, oldest first."""
+    _write(
+        path,
+        total,
+        lambda seq, now: Job(
+            seq=seq, node_id=nodes[seq % len(nodes)], command="true", created_at=now
+        ),
+    )
+    return [job_id_of(seq) for seq in range(1, total + 1)]
+
+
+def _write(path: Path, total: int, make: Callable[[int, int], Job]) -> None:
+    """A fresh database at `path` holding `make(seq, now)` for seq 1..total, written with the
+    store's own code, BATCH jobs a commit."""
     remove_database(path)
     store = Writer(SqliteStore(str(path)))
     store.start()
@@ -93,30 +114,9 @@ def build(path: Path, total: int, nodes: list[str]) -> float:
     try:
         for first in range(1, total + 1, BATCH):
             last = min(first + BATCH, total + 1)
-            store.save(*(_job(seq, total, nodes, now) for seq in range(first, last)))
+            store.save(*(make(seq, now) for seq in range(first, last)))
     finally:
         store.close()
-    return time.monotonic() - began
-
-
-def build_pending(path: Path, total: int, nodes: list[str]) -> list[str]:
-    """Write `total` pending jobs (and nothing else) into a fresh `path`, spread over the
-    nodes; returns their ids, oldest first."""
-    remove_database(path)
-    store = Writer(SqliteStore(str(path)))
-    store.start()
-    now = jobs_module.now_us()
-    try:
-        for first in range(1, total + 1, BATCH):
-            store.save(
-                *(
-                    Job(seq=seq, node_id=nodes[seq % len(nodes)], command="true", created_at=now)
-                    for seq in range(first, min(first + BATCH, total + 1))
-                )
-            )
-    finally:
-        store.close()
-    return [job_id_of(seq) for seq in range(1, total + 1)]
 
 
 def stored_jobs(path: Path) -> list[Job]:
