@@ -133,7 +133,7 @@ class Placement:
             loads = {node: queued + used for node, (queued, used) in counts.items()}
         else:
             loads = {
-                node: _load(queued, used, nodes.cpu_count(node))
+                node: _load(queued, used, self.slots(node, nodes))
                 for node, (queued, used) in counts.items()
             }
         lowest = min(loads.values())

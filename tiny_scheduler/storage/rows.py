@@ -34,7 +34,6 @@ COLUMNS = tuple(field.name for field in _FIELDS if not field.metadata.get("outpu
 SCHEDULE_COLUMNS = tuple(field.name for field in dataclasses.fields(Schedule))
 """Column names of the schedules table, in the declaration's order."""
 
-_JSON = frozenset({"env_vars", "attempts"})
 _OUTPUT = frozenset(Output._fields)  # an attempt's output fields, left out of its JSON
 _ATTEMPT_FIELDS = tuple(field.name for field in dataclasses.fields(Attempt))
 # Where the output fields go among Job's constructor arguments, and their (empty) defaults: a
@@ -59,11 +58,14 @@ def output_rows(job: Job) -> list[tuple[int, int, str, str]]:
     return [(job.seq, number, *output) for number, output in job.outputs().items()]
 
 
-# Enum members by stored value: a dict lookup, where calling the enum class costs a start-up
-# with a million jobs a second. An unknown value raises KeyError, which `problem` names.
-_JOB_TYPES = {member.value: member for member in JobType}
-_STATUSES = {member.value: member for member in Status}
-_REASONS = {member.value: member for member in Reason}
+# Enum members by stored value, per column: a dict lookup, where calling the enum class costs
+# a start-up with a million jobs a second. An unknown value raises KeyError, which `problem`
+# names.
+_MEMBERS = {
+    column: {member.value: member for member in enum}
+    for column, enum in (("job_type", JobType), ("status", Status), ("reason", Reason))
+}
+_JOB_TYPES, _STATUSES, _REASONS = _MEMBERS["job_type"], _MEMBERS["status"], _MEMBERS["reason"]
 
 
 def from_row(row: Sequence[Any]) -> Job:
@@ -117,11 +119,7 @@ def problem(row: Sequence[Any]) -> str | None:
     return None
 
 
-_ENUMS = {
-    "status": tuple(s.value for s in Status),
-    "job_type": tuple(t.value for t in JobType),
-    "reason": tuple(r.value for r in Reason),  # or NULL
-}
+_ENUMS = {column: tuple(members) for column, members in _MEMBERS.items()}  # reason: or NULL
 
 
 def _short(value: object, limit: int = 60) -> str:
@@ -144,6 +142,14 @@ def _attempts_text(value: Sequence[Attempt]) -> str | None:
     ).decode()
 
 
+_JSON_TEXT: dict[str, Callable[[Any], str | None]] = {
+    "env_vars": _env_vars_text,
+    "attempts": _attempts_text,
+}
+"""The columns SQL has no type for, stored as JSON text (NULL when empty), and how."""
+_JSON = frozenset(_JSON_TEXT)
+
+
 def _enum_value(value: Enum | None) -> object:
     return value.value if value is not None else None
 
@@ -154,10 +160,8 @@ def _flag(value: bool) -> int:
 
 def _encoder(name: str, declared: Any) -> Callable[[Any], object] | None:
     """How a column's value is stored, from its field's declared type; None: as it is."""
-    if name == "env_vars":
-        return _env_vars_text
-    if name == "attempts":
-        return _attempts_text
+    if name in _JSON_TEXT:
+        return _JSON_TEXT[name]
     kinds = typing.get_args(declared) or (declared,)
     if any(isinstance(kind, type) and issubclass(kind, Enum) for kind in kinds):
         return _enum_value
