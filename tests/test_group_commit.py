@@ -8,6 +8,8 @@ import threading
 import time
 from pathlib import Path
 
+from helpers import wait_for
+
 from tiny_scheduler import errors, storage
 from tiny_scheduler.jobs import Job
 from tiny_scheduler.storage import sqlite
@@ -94,7 +96,7 @@ def test_callers_queued_during_a_commit_get_the_next_turn(tmp_path: Path) -> Non
     ]
     for thread in followers:
         thread.start()
-    wait_until(lambda: len(db._queue) == len(followers))
+    wait_for(lambda: len(db._queue) == len(followers), message="the followers to queue")
     backend.gate.set()
     for thread in [first, *followers]:
         thread.join(30)
@@ -105,17 +107,12 @@ def test_callers_queued_during_a_commit_get_the_next_turn(tmp_path: Path) -> Non
     assert backend.threads[1].startswith("follower-"), "a follower took the turn"
 
 
-def wait_until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.005)
-
-
 def test_reads_take_turns_between_commits(tmp_path: Path) -> None:
+    """Reads queued among commits are answered, and each sees every change committed before
+    it: a reader's counts never go down, and end at all of them."""
     db = storage.Writer(SlowCommits(str(tmp_path / "scheduler.db")))
     db.start()
-    seen: list[int] = []
+    seen: dict[int, list[int]] = {n: [] for n in range(0, 8, 2)}
     try:
 
         def work(n: int) -> None:
@@ -123,13 +120,14 @@ def test_reads_take_turns_between_commits(tmp_path: Path) -> None:
                 if n % 2:
                     db.save(job(1 + n * 10 + i))
                 else:
-                    seen.append(len(db.reload().jobs))
+                    seen[n].append(len(db.reload().jobs))
 
         run_threads(8, work)
         assert len(db.reload().jobs) == 40
     finally:
         db.close()
-    assert len(seen) == 40 and all(0 <= count <= 40 for count in seen)
+    for counts in seen.values():
+        assert len(counts) == 10 and counts == sorted(counts), counts
 
 
 def test_closing_answers_every_queued_caller(tmp_path: Path) -> None:
@@ -179,10 +177,8 @@ def test_idle_store_is_probed_and_probes_are_not_counted_as_commits(tmp_path: Pa
     db._backend.write = noting  # type: ignore[method-assign]
     db.start()
     try:
-        deadline = time.monotonic() + 10
-        while not probes and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert probes, "an idle store is probed at once (nothing written yet)"
+        # An idle store is probed at once (nothing written yet).
+        wait_for(lambda: probes, message="the first probe")
         db.save(job(1))
     finally:
         db.close()
