@@ -91,15 +91,7 @@ def submissions(bench: scenarios.Bench) -> dict[str, Any]:
                     workers = [(sessions.submit_worker, (n,)) for n in per]
                     result = bench.load(server, workers, window, f"pg-submit-{clients}")
                     acknowledged += sum(w["ok"] for w in result.workers)
-                    latencies = [w["latencies"] for w in result.workers]
-                    runs.append(
-                        {
-                            "rate": round(sum(len(x) for x in latencies) / window.seconds, 1),
-                            **scenarios.latency_figures(latencies),
-                            "errors": scenarios.merge_errors(w["errors"] for w in result.workers),
-                            "cpu": result.cpu,
-                        }
-                    )
+                    runs.append(scenarios.run_figures(result, window))
                 out[f"pg_submit_{clients}"] = scenarios._case(runs)
         finally:
             server.process.kill()

@@ -134,6 +134,19 @@ def merge_errors(parts: Iterable[dict[int, int]]) -> dict[str, int]:
     return total
 
 
+def run_figures(result: LoadResult, window: Window) -> dict[str, Any]:
+    """One run of back-to-back requests: requests/s sent in the window, their latency, the
+    errors, the CPU, and how many load generator processes sent them."""
+    latencies = [w["latencies"] for w in result.workers]
+    return {
+        "rate": round(sum(len(x) for x in latencies) / window.seconds, 1),
+        **latency_figures(latencies),
+        "errors": merge_errors(w["errors"] for w in result.workers),
+        "cpu": result.cpu,
+        "load_processes": len(result.workers),
+    }
+
+
 def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The median of every number over the runs (nested dicts too, e.g. the CPU shares)."""
     out: dict[str, Any] = {}
@@ -173,16 +186,7 @@ def submissions(bench: Bench) -> dict[str, Any]:
                 ]
                 result = bench.load(server, workers, window, f"submit-{clients}")
                 acknowledged += sum(w["ok"] for w in result.workers)
-                latencies = [w["latencies"] for w in result.workers]
-                runs.append(
-                    {
-                        "rate": round(sum(len(x) for x in latencies) / window.seconds, 1),
-                        **latency_figures(latencies),
-                        "errors": merge_errors(w["errors"] for w in result.workers),
-                        "cpu": result.cpu,
-                        "load_processes": len(workers),
-                    }
-                )
+                runs.append(run_figures(result, window))
             out[f"submit_{clients}"] = _case(runs)
     finally:
         server.process.kill()
@@ -249,18 +253,8 @@ def _polls(bench: Bench, server: Server, size: int) -> dict[str, Any]:
                 (sessions.poll_worker, (n, bench.nodes)) for n in split(clients, CONNS_PER_PROCESS)
             ]
             result = bench.load(server, workers, window, f"poll-{size}-{clients}")
-            latencies = [w["latencies"] for w in result.workers]
-            count = sum(len(x) for x in latencies)
-            runs.append(
-                {
-                    "rate": round(count / window.seconds, 1),
-                    **latency_figures(latencies),
-                    "empty_replies": sum(w["empty"] for w in result.workers),
-                    "errors": merge_errors(w["errors"] for w in result.workers),
-                    "cpu": result.cpu,
-                    "load_processes": len(workers),
-                }
-            )
+            empty = sum(w["empty"] for w in result.workers)
+            runs.append({**run_figures(result, window), "empty_replies": empty})
         out[f"poll_{size}_{clients}"] = _case(runs)
     return out
 
@@ -356,15 +350,7 @@ def reports(bench: Bench) -> dict[str, Any]:
                 for first in range(0, clients, CONNS_PER_PROCESS)
             ]
             result = bench.load(server, workers, window, "report-8")
-            latencies = [w["latencies"] for w in result.workers]
-            runs.append(
-                {
-                    "rate": round(sum(len(x) for x in latencies) / window.seconds, 1),
-                    **latency_figures(latencies),
-                    "errors": merge_errors(w["errors"] for w in result.workers),
-                    "cpu": result.cpu,
-                }
-            )
+            runs.append(run_figures(result, window))
     finally:
         server.stop()
     return {"report_8": _case(runs)}
@@ -391,15 +377,7 @@ def floor(bench: Bench) -> dict[str, Any]:
                 extra: tuple[Any, ...] = (bench.nodes,) if shape == "get" else ()
                 workers = [(builder, (n, *extra)) for n in split(8, CONNS_PER_PROCESS)]
                 result = bench.load(server, workers, window, f"floor-{shape}")
-                count = sum(len(w["latencies"]) for w in result.workers)
-                runs.append(
-                    {
-                        "rate": round(count / window.seconds, 1),
-                        **latency_figures(w["latencies"] for w in result.workers),
-                        "errors": merge_errors(w["errors"] for w in result.workers),
-                        "cpu": result.cpu,
-                    }
-                )
+                runs.append(run_figures(result, window))
             out[f"floor_{shape}"] = _case(runs)
     finally:
         server.stop()
