@@ -73,6 +73,29 @@ SchedulerFactory = Callable[..., SchedulerProcess]
 _live: list[SchedulerProcess] = []  # schedulers running now, for the log tails of failures
 
 
+REFUSAL_TIMEOUT = 30.0
+"""Seconds a scheduler that must refuse to start has to exit by itself."""
+
+
+def refused_scheduler(db_path: Path, folder: Path, registry_url: str) -> str:
+    """Start a scheduler on `db_path` that must exit non-zero by itself, with a clear line and
+    no traceback; returns its output (logged to a new file in `folder`)."""
+    log_path = folder / f"refused-{uuid.uuid4().hex[:6]}.log"
+    proc = SchedulerProcess(
+        str(db_path), env={**BASE_ENV, "REGISTRY_URL": registry_url}, log_path=str(log_path)
+    )
+    proc.start(wait=False)
+    assert proc.proc is not None
+    try:
+        code = proc.proc.wait(REFUSAL_TIMEOUT)
+    finally:
+        proc.kill()
+    output = log_path.read_text(errors="replace")
+    assert code != 0, output
+    assert "Traceback" not in output, f"a refusal is one clear line, not a traceback: {output}"
+    return output
+
+
 def start_scheduler(
     db_path: Path, log_path: Path, registry_url: str, env: Mapping[str, str] | None = None
 ) -> SchedulerProcess:

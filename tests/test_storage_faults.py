@@ -32,18 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BASE_ENV, start_scheduler, stop_scheduler
+from conftest import refused_scheduler, start_scheduler, stop_scheduler
 from helpers import Agent, Api, expect_error, expect_json, wait_for
 
 from tiny_scheduler import Settings, create_app, errors, stop_background, storage
 from tiny_scheduler.config import STORE_STALL_SECS
-from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.jobs import Job
 from tiny_scheduler.storage import sqlite
-
-EXIT_TIMEOUT = 30.0
-"""Seconds a scheduler refusing its database may take to exit."""
 
 ENV = {"MAX_JOBS_PER_NODE": "4"}  # a running job must not hide the pending one from the poll
 
@@ -369,24 +365,6 @@ def test_a_disk_that_stops_answering_turns_health_unhealthy(
 # --- files the scheduler must refuse at start-up --------------------------------------------
 
 
-def refused_start(db_path: Path, tmp_path: Path, registry: FakeRegistry) -> str:
-    """Start gunicorn on `db_path`, expect it to exit non-zero by itself; returns its output."""
-    log_path = tmp_path / f"refused-{uuid.uuid4().hex[:6]}.log"
-    proc = SchedulerProcess(
-        str(db_path), env={**BASE_ENV, "REGISTRY_URL": registry.url}, log_path=str(log_path)
-    )
-    proc.start(wait=False)
-    assert proc.proc is not None
-    try:
-        code = proc.proc.wait(EXIT_TIMEOUT)
-    finally:
-        proc.kill()
-    output = log_path.read_text(errors="replace")
-    assert code != 0, output
-    assert "Traceback" not in output, "a refusal is one clear line, not a traceback"
-    return output
-
-
 def make_database(db_path: Path, tmp_path: Path, registry: FakeRegistry, jobs: int) -> None:
     """A real database, written by a real scheduler: `jobs` jobs with long commands."""
     proc = start_scheduler(db_path, tmp_path / "maker.log", registry.url)
@@ -409,7 +387,7 @@ def test_a_file_that_is_not_a_database_stops_start_up(
     db_path = tmp_path / "scheduler.db"
     db_path.write_bytes(b"these are not the jobs you are looking for\n" * 200)
     before = digest(db_path)
-    output = refused_start(db_path, tmp_path, registry)
+    output = refused_scheduler(db_path, tmp_path, registry.url)
     assert f"tiny-scheduler: cannot open job database '{db_path}'" in output, output
     assert "file is not a database" in output, output
     assert digest(db_path) == before, "a refused file must be left as it was"
@@ -427,7 +405,7 @@ def test_a_database_with_a_damaged_page_stops_start_up(
     with open(db_path, "r+b") as f:  # scribble over the header of the jobs table's root page
         f.seek((root - 1) * page_size)
         f.write(b"\x00" * 16)
-    output = refused_start(db_path, tmp_path, registry)
+    output = refused_scheduler(db_path, tmp_path, registry.url)
     assert f"tiny-scheduler: job database '{db_path}' is corrupt" in output, output
 
 
@@ -441,7 +419,7 @@ def test_a_database_from_a_newer_scheduler_stops_start_up(
         conn.execute("UPDATE schema_version SET version = ?", (sqlite.SCHEMA_VERSION + 1,))
     conn.close()
     before = digest(db_path)
-    output = refused_start(db_path, tmp_path, registry)
+    output = refused_scheduler(db_path, tmp_path, registry.url)
     newer = sqlite.SCHEMA_VERSION + 1
     assert f"has schema version {newer}, newer than the {sqlite.SCHEMA_VERSION}" in output, output
     assert "run a newer tiny-scheduler" in output
@@ -458,7 +436,7 @@ def test_a_foreign_sqlite_file_stops_start_up_untouched(
         conn.execute("INSERT INTO invoices (amount) VALUES (42)")
     conn.close()
     before = digest(db_path)
-    output = refused_start(db_path, tmp_path, registry)
+    output = refused_scheduler(db_path, tmp_path, registry.url)
     assert "is a SQLite file but not a tiny-scheduler database" in output, output
     assert digest(db_path) == before
 
@@ -469,7 +447,7 @@ def test_a_database_on_a_read_only_file_system_stops_start_up(
     db_path = small_disk / "scheduler.db"
     make_database(db_path, tmp_path, registry, jobs=1)
     run("mount", "-o", "remount,ro", str(small_disk))
-    output = refused_start(db_path, tmp_path, registry)
+    output = refused_scheduler(db_path, tmp_path, registry.url)
     # Found by the preflight check, before SQLite is asked (which would only say it cannot).
     assert (
         f"tiny-scheduler: SCHEDULER_DB: the directory {small_disk} for the database {db_path} "
@@ -504,7 +482,7 @@ def test_a_row_that_cannot_be_read_stops_start_up_naming_file_job_and_reason(
     conn.close()
     checkpoint(db_path)
     before = digest(db_path)
-    output = refused_start(db_path, tmp_path, registry)
+    output = refused_scheduler(db_path, tmp_path, registry.url)
     line = f"tiny-scheduler: job database '{db_path}': job job-2 cannot be read: {reason}"
     assert line in output, output
     assert "Worker failed to boot" not in output, output

@@ -19,15 +19,12 @@ import sqlite3
 import time
 from pathlib import Path
 
-from conftest import BASE_ENV, start_scheduler, stop_scheduler
+from conftest import refused_scheduler, start_scheduler, stop_scheduler
 from helpers import Agent, Api, expect_error, expect_json, wait_for
 
 from tiny_scheduler import errors
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
-
-EXIT_TIMEOUT = 30.0
-"""Seconds a refused scheduler may take to exit (it waits a few for the owner to let go)."""
 
 UNHEALTHY_WITHIN = 15.0
 """Seconds /health may take to notice a lost file (the probe runs every ~2 s when idle)."""
@@ -42,23 +39,6 @@ def worker_pid(proc: SchedulerProcess) -> int | None:
     except FileNotFoundError:
         return None
     return int(children[0]) if len(children) == 1 else None
-
-
-def refused(db_path: Path, log_path: Path, registry: FakeRegistry) -> str:
-    """Start a daemon on `db_path` that must exit non-zero by itself; returns its output."""
-    proc = SchedulerProcess(
-        str(db_path), env={**BASE_ENV, "REGISTRY_URL": registry.url}, log_path=str(log_path)
-    )
-    proc.start(wait=False)
-    assert proc.proc is not None
-    try:
-        code = proc.proc.wait(EXIT_TIMEOUT)
-    finally:
-        proc.kill()
-    output = log_path.read_text(errors="replace")
-    assert code != 0, output
-    assert "Traceback" not in output, output
-    return output
 
 
 def answers(proc: SchedulerProcess, worker: int) -> bool:
@@ -84,7 +64,7 @@ def test_a_second_scheduler_on_the_same_file_refuses_to_start(
     try:
         jobs = [api.submit(command=f"echo {n}") for n in range(3)]
         started = time.monotonic()
-        output = refused(db_path, tmp_path / "second.log", registry)
+        output = refused_scheduler(db_path, tmp_path, registry.url)
         print(f"a second daemon on the file exited after {time.monotonic() - started:.1f}s")
         owner = worker_pid(first)
         assert owner is not None
@@ -124,7 +104,7 @@ def test_a_worker_started_again_by_gunicorn_takes_the_file_back(
         wait_for(lambda: answers(proc, worker), timeout=30, message="a new worker to answer")
         assert api.jobs() == jobs
         assert api.submit(command="after")["job_id"] == "job-4"
-        output = refused(db_path, tmp_path / "other.log", registry)
+        output = refused_scheduler(db_path, tmp_path, registry.url)
         assert f"pid {worker_pid(proc)})" in output, output
     finally:
         api.close()
