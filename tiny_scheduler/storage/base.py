@@ -22,7 +22,7 @@ event; one between the delivery and the removal sends it again (at-least-once).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from ..jobs import Job, Output
@@ -116,3 +116,24 @@ class JobStore(Protocol):
     def close(self) -> None:
         """Release the database; no call follows."""
         ...
+
+
+def judge_version(
+    tables: set[str], read_version: Callable[[], int], newest: int, location: str, not_ours: str
+) -> int:
+    """The schema version of a database holding `tables` (0 for one without tables yet), read
+    by `read_version` from its `schema_version` table. StoreOpenError, without touching it, for
+    a database this scheduler must not use: `not_ours` when it has tables but not that one,
+    and one written by a newer scheduler than one that knows versions up to `newest`."""
+    if "schema_version" in tables:
+        version = read_version()
+    elif tables:
+        raise StoreOpenError(not_ours)
+    else:
+        version = 0
+    if version > newest:
+        raise StoreOpenError(
+            f"job database {location} has schema version {version}, newer than the {newest} "
+            "this tiny-scheduler understands; run a newer tiny-scheduler"
+        )
+    return version

@@ -36,7 +36,7 @@ from psycopg import sql
 from ..jobs import Job, Output
 from ..schedules import Schedule
 from . import rows
-from .base import Batch, Loaded, OutboxEvent, StoreOpenError
+from .base import Batch, Loaded, OutboxEvent, StoreOpenError, judge_version
 from .readers import ReaderPool
 
 log = logging.getLogger(__name__)
@@ -574,19 +574,13 @@ def _version(conn: psycopg.Connection[Any], location: str) -> int:
             "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
         )
     }
-    if "schema_version" in tables:
-        row = conn.execute("SELECT version FROM schema_version").fetchone()
-        version = row[0] if row else 0
-    elif tables:
-        raise StoreOpenError(f"{location} is a PostgreSQL database but not a tiny-scheduler one")
-    else:
-        version = 0
-    if version > SCHEMA_VERSION:
-        raise StoreOpenError(
-            f"job database {location} has schema version {version}, newer than the "
-            f"{SCHEMA_VERSION} this tiny-scheduler understands; run a newer tiny-scheduler"
-        )
-    return version
+    return judge_version(
+        tables,
+        lambda: (conn.execute("SELECT version FROM schema_version").fetchone() or (0,))[0],
+        SCHEMA_VERSION,
+        location,
+        f"{location} is a PostgreSQL database but not a tiny-scheduler one",
+    )
 
 
 _DECLARED: dict[str, type] = {"jobs": Job, "schedules": Schedule}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..jobs import Output, job_id_of
 from . import rows
-from .base import Batch, Loaded, OutboxEvent, StoreOpenError
+from .base import Batch, Loaded, OutboxEvent, StoreOpenError, judge_version
 from .lockfile import LockFile
 from .readers import ReaderPool
 
@@ -473,19 +473,13 @@ def _version(conn: sqlite3.Connection, path: str) -> int:
     """The file's schema version (0 for a file without tables); StoreOpenError for a file
     this scheduler must not touch."""
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    if "schema_version" in tables:
-        row = conn.execute("SELECT version FROM schema_version").fetchone()
-        version = row[0] if row else 0
-    elif tables:
-        raise StoreOpenError(f"{path!r} is a SQLite file but not a tiny-scheduler database")
-    else:
-        version = 0
-    if version > SCHEMA_VERSION:
-        raise StoreOpenError(
-            f"job database {path!r} has schema version {version}, newer than the {SCHEMA_VERSION} "
-            "this tiny-scheduler understands; run a newer tiny-scheduler"
-        )
-    return version
+    return judge_version(
+        tables,
+        lambda: (conn.execute("SELECT version FROM schema_version").fetchone() or (0,))[0],
+        SCHEMA_VERSION,
+        repr(path),
+        f"{path!r} is a SQLite file but not a tiny-scheduler database",
+    )
 
 
 def _migrate(conn: sqlite3.Connection, path: str, version: int) -> None:
