@@ -9,6 +9,7 @@ import pytest
 from helpers import set_nodes
 
 from tiny_scheduler import jobs
+from tiny_scheduler.clock import ManualClock
 from tiny_scheduler.config import Settings
 from tiny_scheduler.dev.daemon import free_port
 from tiny_scheduler.dev.http import PeerServer, Reply, Request
@@ -16,7 +17,7 @@ from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.errors import PlacementError
 from tiny_scheduler.jobs import Job
 from tiny_scheduler.placement import Placement
-from tiny_scheduler.registry import Registry
+from tiny_scheduler.registry import FAILURE_MEMORY_SECS, Registry
 from tiny_scheduler.table import JobTable
 
 
@@ -25,6 +26,7 @@ def placement_for(
     cache_secs: float = 0,
     key: str | None = None,
     table: JobTable | None = None,
+    clock: ManualClock | None = None,
     **options: object,
 ) -> Placement:
     settings = Settings(
@@ -33,7 +35,8 @@ def placement_for(
         api_key=key,
         **options,  # type: ignore[arg-type]
     )
-    return Placement(Registry(settings), settings, table if table is not None else JobTable())
+    registry = Registry(settings, clock=clock or ManualClock())
+    return Placement(registry, settings, table if table is not None else JobTable())
 
 
 def placement_error(placement: Placement, instance_id: str = "") -> str:
@@ -134,14 +137,20 @@ def test_a_pinned_job_needs_its_node_healthy(registry: FakeRegistry, placement: 
     assert placement_error(placement, "i-1") == "node node-x for instance i-1 is not healthy"
 
 
-def test_registry_errors(registry: FakeRegistry, placement: Placement) -> None:
+def test_registry_errors(registry: FakeRegistry) -> None:
+    clock = ManualClock()
+    placement = placement_for(registry.url, clock=clock)
     registry.fault = "error"
     assert placement_error(placement) == "failed to reach registry"
     assert placement_error(placement, "i-1") == "failed to reach registry"
     registry.fault = "garbage"
+    # A failure is remembered for a moment: callers then get it without asking again.
+    assert placement_error(placement) == "failed to reach registry"
+    clock.advance(FAILURE_MEMORY_SECS)
     assert placement_error(placement) == "failed to decode registry response"
     assert placement_error(placement, "i-1") == "failed to decode registry response"
     registry.fault = None
+    clock.advance(FAILURE_MEMORY_SECS)
     assert placement.place() in ("node-a", "node-b", "node-c")
 
 
@@ -258,7 +267,7 @@ def test_slots_from_cpu_count_with_auto(registry: FakeRegistry) -> None:
     registry.set_node("node-c", cpu_count=0)  # nonsense from a peer: at least one slot
     table = JobTable()
     placement = placement_for(registry.url, table=table, max_jobs_per_node="auto")
-    nodes = placement.registry.nodes()
+    nodes = placement.source.nodes()
     assert [placement.slots(node, nodes) for node in ("node-a", "node-b", "node-c")] == [4, 1, 1]
     assert placement.slots("node-gone", nodes) == 1
     assert placement.slots("node-a", None) == 1, "no node list yet: one slot"

@@ -311,11 +311,12 @@ def finish(
     )
 
 
-def fail_by_scheduler(job: Job, reason: Reason, now: int) -> Job:
+def fail_by_scheduler(job: Job, reason: Reason, now: int, stderr: str | None = None) -> Job:
     """End the running attempt from the scheduler's side (`timeout` or `node_lost`): exit -1
-    and the reason's fixed stderr text. A timed-out `run` attempt keeps its slot: the
-    scheduler cannot stop the process on the node (see `is_late_report`)."""
-    failed = finish(job, FAILED, -1, "", _SCHEDULER_STDERR[reason], now, reason)
+    and `stderr`, by default the reason's fixed text. A timed-out `run` attempt keeps its
+    slot: the scheduler cannot stop the process on the node (see `is_late_report`)."""
+    text = _SCHEDULER_STDERR[reason] if stderr is None else stderr
+    failed = finish(job, FAILED, -1, "", text, now, reason)
     if reason == Reason.TIMEOUT and job.takes_slot:
         failed = failed.evolve(holds_slot=True)
     return failed

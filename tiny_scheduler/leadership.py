@@ -27,24 +27,23 @@ import dataclasses
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import psycopg.errors
 
+from . import lease
+from .clock import SYSTEM, Clock
 from .storage.base import StoreOpenError
 from .storage.postgres import PostgresStore, application_name, connect, interrupt
 
 log = logging.getLogger(__name__)
 
-VALID_FRACTION = 0.9
-"""The leader serves for this fraction of the lease after sending a renewal, so that it stops
-before the database's clock lets a standby take over (and clocks that run a little apart)."""
-
-RENEW_FRACTION = 0.25
-"""The leader renews every this fraction of the lease: a lost renewal or two do not cost it."""
+FAILURE_LOG_SECS = 30.0
+"""While the lease connection keeps failing, one warning per this many seconds (the first
+failure is logged at once; a database that is down must not fill the log five times a
+second)."""
 
 POLL_SECS = 0.2
 """Seconds between a standby's looks at the lease row (at most a tenth of the lease): how soon
@@ -118,8 +117,10 @@ class Leadership:
         advertise_url: str,
         lease_secs: float,
         store: PostgresStore,
+        clock: Clock = SYSTEM,
     ) -> None:
         self._url = url
+        self._clock = clock
         self.advertise_url = advertise_url
         self.lease_secs = lease_secs
         self._store = store
@@ -127,7 +128,7 @@ class Leadership:
         """Begins a term (load the jobs, start the loops); runs before the leader serves."""
         self.on_deposed: Callback = _nothing
         """Ends a term (stop the loops); runs after the leader stopped serving."""
-        self.renew_secs = lease_secs * RENEW_FRACTION
+        self.renew_secs = lease_secs * lease.RENEW_FRACTION
         self.poll_secs = min(POLL_SECS, lease_secs / 10)
         self._lock = threading.Lock()
         self._epoch: int | None = None  # ours, while we lead (serving or starting a term)
@@ -138,6 +139,8 @@ class Leadership:
         self._call_deadline: float | None = None  # monotonic, while a lease call runs
         self._last_contact = 0.0  # monotonic, the last answer on the lease connection
         self._last_error: str | None = "not connected yet"
+        self._failures = 0  # lease-connection failures in a row
+        self._failure_logged = 0.0  # monotonic, when one was last logged
         self._terms: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -147,7 +150,7 @@ class Leadership:
 
     def is_serving(self) -> bool:
         """Whether this daemon leads, has loaded its term, and its lease is valid right now."""
-        return self._serving and time.monotonic() < self._valid_until
+        return self._serving and lease.is_valid(self._clock.monotonic(), self._valid_until)
 
     def view(self) -> LeaderView:
         with self._lock:
@@ -158,7 +161,7 @@ class Leadership:
 
     def health(self) -> tuple[bool, str | None]:
         """Whether the lease connection answered within the lease, and the error if not."""
-        if time.monotonic() - self._last_contact <= self.lease_secs:
+        if lease.database_reachable(self._clock.monotonic(), self._last_contact, self.lease_secs):
             return True, None
         return False, self._last_error or "no answer from the database"
 
@@ -221,12 +224,27 @@ class Leadership:
                 else:
                     self._look()
                 wait = self.renew_secs if leading else self.poll_secs
+                self._recovered()
             except (psycopg.Error, StoreOpenError) as exc:
                 self._last_error = str(exc).strip()
-                log.warning("leadership: lease connection failed: %s", self._last_error)
+                self._failed()
                 self._drop_connection()
                 wait = self.poll_secs  # the watchdog ends a term whose lease runs out meanwhile
             self._stop.wait(wait)
+
+    def _failed(self) -> None:
+        """Log a failure of the lease connection: the first at once, then one a while."""
+        now = self._clock.monotonic()
+        self._failures += 1
+        if self._failures == 1 or now - self._failure_logged >= FAILURE_LOG_SECS:
+            more = f" ({self._failures} failures so far)" if self._failures > 1 else ""
+            log.warning("leadership: lease connection failed: %s%s", self._last_error, more)
+            self._failure_logged = now
+
+    def _recovered(self) -> None:
+        if self._failures:
+            log.warning("leadership: lease connection back after %d failures", self._failures)
+            self._failures = 0
 
     def _look(self) -> None:
         """A standby's round: note who leads; take over when the lease is free."""
@@ -235,7 +253,7 @@ class Leadership:
         self._seen = LeaderView(False, url if known else None, epoch)
         if not (expired or gone):
             return
-        sent = time.monotonic()
+        sent = self._clock.monotonic()
         try:
             won = self._call(
                 _TAKE_OVER, {"url": self.advertise_url, "lease": self.lease_secs, "seen": epoch}
@@ -249,7 +267,7 @@ class Leadership:
             return  # another standby was quicker, or the leader renewed
         with self._lock:
             self._epoch = won[0]
-            self._valid_until = sent + self.lease_secs * VALID_FRACTION
+            self._valid_until = lease.valid_until(sent, self.lease_secs)
         self._store.fence_with(won[0])
         why = "its session is gone" if gone else "its lease expired"
         log.warning("leadership: took over as leader, epoch %d (%s)", won[0], why)
@@ -259,24 +277,24 @@ class Leadership:
         epoch = self._epoch
         if epoch is None:
             return
-        sent = time.monotonic()
+        sent = self._clock.monotonic()
         renewed = self._call(_RENEW, {"lease": self.lease_secs, "epoch": epoch}).fetchone()
         if renewed is None:
             self.step_down(epoch, "another scheduler holds the lease")
             return
         with self._lock:
             if self._epoch == epoch:
-                self._valid_until = sent + self.lease_secs * VALID_FRACTION
+                self._valid_until = lease.valid_until(sent, self.lease_secs)
 
     def _call(self, query: str, params: dict[str, object] | None = None) -> psycopg.Cursor[Any]:
         """One statement on the lease connection, broken by the watchdog if it hangs."""
         conn = self._connection()
-        self._call_deadline = time.monotonic() + self.lease_secs / 2 + 0.5
+        self._call_deadline = self._clock.monotonic() + self.lease_secs / 2 + 0.5
         try:
             cursor = conn.execute(query, params)
         finally:
             self._call_deadline = None
-        self._last_contact = time.monotonic()
+        self._last_contact = self._clock.monotonic()
         return cursor
 
     def _connection(self) -> psycopg.Connection[Any]:
@@ -301,9 +319,9 @@ class Leadership:
 
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_SECS):
-            now = time.monotonic()
+            now = self._clock.monotonic()
             epoch = self._epoch
-            if epoch is not None and now >= self._valid_until:
+            if epoch is not None and not lease.is_valid(now, self._valid_until):
                 self.step_down(epoch, "the lease was not renewed in time")
             deadline = self._call_deadline
             if deadline is not None and now >= deadline:
@@ -330,7 +348,7 @@ class Leadership:
     def _begin(self, epoch: int) -> None:
         if self._epoch != epoch:
             return  # deposed before the term could start
-        started = time.monotonic()
+        started = self._clock.monotonic()
         self.on_elected(epoch)
         with self._lock:
             if self._epoch == epoch:
@@ -338,5 +356,5 @@ class Leadership:
         log.warning(
             "leadership: serving as leader, epoch %d (ready in %.2fs)",
             epoch,
-            time.monotonic() - started,
+            self._clock.monotonic() - started,
         )

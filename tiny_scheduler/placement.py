@@ -18,9 +18,9 @@ waiting jobs an idle node may take over from others.
   are gone from the registry (`may_take`, `gives_work`). Which jobs may move is the job
   model's rule (`jobs.can_move`); the service does the moving.
 
-The registry client supplies the nodes, the job table (through the `Loads` interface) the
-load counts; this module owns the rules and touches neither the store nor the network itself
-beyond the registry client.
+A `NodeSource` (the registry client, or any other) supplies the nodes, the job table (through
+the `Loads` interface) the load counts, and a `Clock` the time at which a delayed job counts as
+due; this module owns the rules and touches neither the store nor the network itself.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Protocol
 
+from .clock import SYSTEM, Clock
 from .config import AUTO_SLOTS, ROUND_ROBIN, Settings
 from .errors import PlacementError
-from .registry import Nodes, Registry
+from .nodes import Nodes, NodeSource
 
 NO_HEALTHY_NODES = "no healthy compute nodes"
 
@@ -70,9 +71,12 @@ class NodeLoad:
 class Placement:
     """Chooses nodes for jobs; safe to call from any thread."""
 
-    def __init__(self, registry: Registry, settings: Settings, loads: Loads) -> None:
-        self.registry = registry
+    def __init__(
+        self, source: NodeSource, settings: Settings, loads: Loads, clock: Clock = SYSTEM
+    ) -> None:
+        self.source = source
         self._loads = loads
+        self._clock = clock
         self._max_jobs = settings.max_jobs_per_node
         self._round_robin = settings.placement == ROUND_ROBIN
         self._turn_lock = threading.Lock()
@@ -95,8 +99,8 @@ class Placement:
         healthy node is preferred, but when it is the only one the job goes back to it.
         """
         if instance_id:
-            return self.instance_node(instance_id)
-        nodes = self.registry.nodes()
+            return self.source.instance_node(instance_id)
+        nodes = self.source.nodes()
         with self._turn_lock:
             # Read the loads and move the rotation together: two submissions at once must
             # see each other's turn, or both would take the same "next" node.
@@ -107,7 +111,7 @@ class Placement:
     def peek(self) -> str:
         """The node `place()` would choose now for a job without instance or retry, without
         choosing it: a look changes nothing (GET /schedule)."""
-        nodes = self.registry.nodes()
+        nodes = self.source.nodes()
         with self._turn_lock:
             return self._choose(nodes.healthy, nodes)
 
@@ -127,7 +131,7 @@ class Placement:
         """The nodes of `healthy` with the lowest load, in the order given. Every submission
         comes through here, so it compares plain integers when it can: with a fixed number
         of slots, comparing (queued + used) compares the loads."""
-        counts = self._loads.node_loads(healthy)
+        counts = self._loads.node_loads(healthy, self._clock.now_us())
         loads: dict[str, int] | dict[str, Fraction]
         if self._max_jobs != AUTO_SLOTS:
             loads = {node: queued + used for node, (queued, used) in counts.items()}
@@ -138,17 +142,6 @@ class Placement:
             }
         lowest = min(loads.values())
         return [node for node in healthy if loads[node] == lowest]
-
-    def instance_node(self, instance_id: str) -> str:
-        """The node of a running instance whose node is healthy."""
-        instance = self.registry.instance(instance_id)
-        status = instance.get("status")
-        if status != "running":
-            raise PlacementError(f"instance {instance_id} not running (status={status})")
-        node_id = instance.get("node_id")
-        if not isinstance(node_id, str) or not self.registry.nodes().is_healthy(node_id):
-            raise PlacementError(f"node {node_id} for instance {instance_id} is not healthy")
-        return node_id
 
     # --- slots and loads ---------------------------------------------------------------------
 
@@ -165,7 +158,7 @@ class Placement:
     ) -> list[NodeLoad]:
         """The load of each node at `now` (default: the clock), in the order given (O(nodes),
         from the table's counters)."""
-        counts = self._loads.node_loads(node_ids, now)
+        counts = self._loads.node_loads(node_ids, self._clock.now_us() if now is None else now)
         return [
             NodeLoad(node_id, self.slots(node_id, nodes), *counts[node_id]) for node_id in node_ids
         ]

@@ -1,25 +1,37 @@
-"""The registry client: which compute nodes exist, which are healthy, where an instance lives.
+"""The registry client: the `NodeSource` of a daemon in the tiny-aws cloud (`REGISTRY_URL`).
 
-Every call has a total deadline (`peers.Peer`), so a hung or trickling registry costs a
-request a few seconds and a clear 503, never a hung thread. The node list is cached for
-`REGISTRY_CACHE_SECS`, and concurrent callers share one fetch rather than each sending their
-own (a slow registry is not then hit by every waiting request); they wait for it no longer
-than the fetch's own deadline. Every failure is a `PlacementError` carrying one of the spec's
-texts. A node with an empty id is ignored: no agent could ever poll for its jobs.
+Every call has a total deadline (`peers.Peer`), so a hung or trickling registry costs a call a
+few seconds and a clear 503, never a hung thread. A deadline per call is not isolation on its
+own, though: forty submissions waiting on one trickling fetch would hold forty request threads,
+and `/health` and the agents' polls would queue behind them. So the node list is fetched by one
+caller at a time, and:
+
+- a list younger than `REGISTRY_CACHE_SECS` is reused as it is;
+- while one caller refreshes an older list, the others go on with it (for at most the fetch's
+  own deadline past its freshness): a slow registry then holds one thread, not all of them;
+- with no usable list, at most `MAX_WAITERS` callers wait for the fetch under way; the rest
+  are told at once that the registry cannot be reached;
+- a failed fetch is remembered for `FAILURE_MEMORY_SECS`: callers in that moment get its
+  failure at once instead of each starting a fetch that would fail the same way.
+
+Every failure is a `PlacementError` carrying one of the spec's texts. A node with an empty id
+is ignored: no agent could ever poll for its jobs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
-import time
 from typing import Any
 from urllib.parse import quote
 
+from .clock import SYSTEM, Clock
 from .config import REGISTRY_DEADLINE_SECS, Settings
 from .errors import PlacementError
+from .nodes import Nodes
 from .peers import CallFailed, CallObserver, Outcome, Peer
+
+__all__ = ["Nodes", "Registry"]
 
 log = logging.getLogger(__name__)
 
@@ -27,43 +39,36 @@ REACH_FAILED = "failed to reach registry"
 DECODE_FAILED = "failed to decode registry response"
 INSTANCE_NOT_FOUND = "instance not found"
 
+MAX_WAITERS = 8
+"""Callers that may wait at once for a node-list fetch when no usable list is cached: the
+other request threads stay free for the polls, reports and health checks."""
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Nodes:
-    """One answer of the registry: every compute node it listed, and their health."""
-
-    status: dict[str, str]  # node id -> "healthy", "unhealthy", ...
-    fetched_at: float
-    healthy: tuple[str, ...] = ()  # healthy node ids, sorted: the round-robin order
-    cpus: dict[str, int] = dataclasses.field(default_factory=dict)  # node id -> cpu_count
-
-    @classmethod
-    def of(cls, status: dict[str, str], cpus: dict[str, int] | None = None) -> Nodes:
-        healthy = tuple(sorted(node for node, state in status.items() if state == "healthy"))
-        return cls(status=status, fetched_at=time.monotonic(), healthy=healthy, cpus=cpus or {})
-
-    def is_healthy(self, node_id: str) -> bool:
-        return self.status.get(node_id) == "healthy"
-
-    def cpu_count(self, node_id: str) -> int:
-        """The node's `cpu_count` as the registry gave it; 1 when it gave none usable."""
-        return self.cpus.get(node_id, 1)
+FAILURE_MEMORY_SECS = 1.0
+"""How long a failed fetch answers for the registry before the next caller asks it again."""
 
 
 class Registry:
-    """Client of the registry's `/nodes` and `/instances/{id}`."""
+    """Client of the registry's `/nodes` and `/instances/{id}`; a `NodeSource`."""
 
-    def __init__(self, settings: Settings, observers: list[CallObserver] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        observers: list[CallObserver] | None = None,
+        clock: Clock = SYSTEM,
+    ) -> None:
         headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else None
         self._peer = Peer(
             "registry", settings.registry_url, REGISTRY_DEADLINE_SECS, observers, headers
         )
+        self._clock = clock
         self._cache_secs = settings.registry_cache_secs
         self._lock = threading.Lock()
         self._fetched = threading.Condition(self._lock)
         self._cached: Nodes | None = None
         self._in_flight = False
+        self._waiters = 0
         self._flight_result: Nodes | PlacementError | None = None
+        self._failed_at: float | None = None  # monotonic, when the last fetch failed
         self._flight_number = 0
 
     @property
@@ -71,20 +76,19 @@ class Registry:
         return self._peer.base_url
 
     def nodes(self) -> Nodes:
-        """The compute nodes, from the cache when it is fresh enough."""
+        """The compute nodes: from the cache when it is fresh enough, else fetched (see the
+        module's notes on who waits for a fetch and who does not)."""
         with self._lock:
+            now = self._clock.monotonic()
             cached = self._cached
-            if cached is not None and time.monotonic() - cached.fetched_at < self._cache_secs:
-                return cached
+            age = None if cached is None else now - cached.fetched_at
+            if age is not None and age < self._cache_secs:
+                return cached  # type: ignore[return-value]
             if self._in_flight:
-                flight = self._flight_number
-                # The fetch is bounded by its deadline; the wait is too, whatever happens.
-                until = time.monotonic() + REGISTRY_DEADLINE_SECS + 0.5
-                while self._flight_number == flight:
-                    left = until - time.monotonic()
-                    if left <= 0:
-                        raise PlacementError(REACH_FAILED)
-                    self._fetched.wait(left)
+                if age is not None and age < self._cache_secs + REGISTRY_DEADLINE_SECS:
+                    return cached  # type: ignore[return-value]
+                return self._wait_for_flight()
+            if self._failed_at is not None and now - self._failed_at < FAILURE_MEMORY_SECS:
                 return _unwrap(self._flight_result)
             self._in_flight = True
         result: Nodes | PlacementError
@@ -99,11 +103,32 @@ class Registry:
         with self._lock:
             if isinstance(result, Nodes):
                 self._cached = result
+                self._failed_at = None
+            else:
+                self._failed_at = self._clock.monotonic()
             self._in_flight = False
             self._flight_result = result
             self._flight_number += 1
             self._fetched.notify_all()
         return _unwrap(result)
+
+    def _wait_for_flight(self) -> Nodes:
+        """(Lock held.) Wait for the fetch under way, unless enough callers wait already."""
+        if self._waiters >= MAX_WAITERS:
+            raise PlacementError(REACH_FAILED)
+        flight = self._flight_number
+        self._waiters += 1
+        try:
+            # The fetch is bounded by its deadline; the wait is too, whatever happens.
+            until = self._clock.monotonic() + REGISTRY_DEADLINE_SECS + 0.5
+            while self._flight_number == flight:
+                left = until - self._clock.monotonic()
+                if left <= 0:
+                    raise PlacementError(REACH_FAILED)
+                self._fetched.wait(left)
+        finally:
+            self._waiters -= 1
+        return _unwrap(self._flight_result)
 
     def last_outcome(self) -> str | None:
         """The last node-list fetch's failure text, "" when it succeeded, None before any."""
@@ -117,6 +142,17 @@ class Registry:
         """The last node list fetched, however old; never calls the registry."""
         with self._lock:
             return self._cached
+
+    def instance_node(self, instance_id: str) -> str:
+        """The node of a running instance whose node is healthy."""
+        instance = self.instance(instance_id)
+        status = instance.get("status")
+        if status != "running":
+            raise PlacementError(f"instance {instance_id} not running (status={status})")
+        node_id = instance.get("node_id")
+        if not isinstance(node_id, str) or not self.nodes().is_healthy(node_id):
+            raise PlacementError(f"node {node_id} for instance {instance_id} is not healthy")
+        return node_id
 
     def instance(self, instance_id: str) -> dict[str, Any]:
         """The registry's record of an instance; PlacementError when it has none."""
@@ -142,7 +178,7 @@ class Registry:
                 # CPU: a node the registry lists can always run one job.
                 if isinstance(count, int) and not isinstance(count, bool) and count >= 1:
                     cpus[node_id] = count
-        return Nodes.of(status, cpus)
+        return Nodes.of(status, cpus, self._clock.monotonic())
 
     def _get(self, path: str, endpoint: str, accept: tuple[int, ...] = (200,)) -> tuple[int, Any]:
         try:

@@ -246,6 +246,12 @@ class JobTable:
         with self._lock:
             return [job for queue in self._running.values() for job in queue.values()]
 
+    def running_on(self, node_id: str) -> list[Job]:
+        """The node's running jobs, oldest first (O(its running jobs): the poll asks)."""
+        with self._lock:
+            queue = self._running.get(node_id)
+            return list(queue.values()) if queue else []
+
     def busy_nodes(self) -> set[str]:
         """Nodes that have pending or running jobs, or a timed-out job holding a slot."""
         with self._lock:

@@ -31,7 +31,9 @@ def list_jobs() -> Response:
     node_id = validation.agent_poll_node(request.args)
     if node_id is not None:
         # Pending jobs: no output to show, so nothing is read from disk on this hot path.
-        return json_reply([job.to_wire() for job in service.poll(node_id)])
+        # A poll without a key is the tiny-aws agent's, and tells what its node runs.
+        from_agent = "Authorization" not in request.headers
+        return json_reply([job.to_wire() for job in service.poll(node_id, from_agent)])
     query = validation.parse_query(request.args)
     page = service.list_jobs(query)
     headers = None

@@ -20,11 +20,11 @@ that are in trouble, so its cost does not grow with history.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from .. import errors, jobs
 from ..service import Scheduler
+from ..service.moves import judge_nodes
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ class Scan:
     def __init__(self, service: Scheduler) -> None:
         self.service = service
         self.settings = service.settings
+        self.clock = service.clock
         self._down_since: dict[str, float] = {}  # node id -> monotonic time first seen down
 
     def reset(self) -> None:
@@ -51,7 +52,7 @@ class Scan:
 
     def expire_timeouts(self) -> int:
         """Fail every running job past its deadline; returns how many."""
-        now = jobs.now_us()
+        now = self.clock.now_us()
         expired = 0
         for job in self.service.running():
             deadline = jobs.run_deadline(job, self.settings.job_timeout_secs)
@@ -72,30 +73,27 @@ class Scan:
         except errors.PlacementError as exc:
             log.warning("lost-node scan skipped: %s", exc.message)
             return
-        now = time.monotonic()
-        down = {node for node in busy if not nodes.is_healthy(node)}
-        for node in list(self._down_since):
-            if node not in down:
-                del self._down_since[node]  # back, or no work there any more
-        can_move = bool(nodes.healthy)
-        for node in sorted(down):
-            since = self._down_since.setdefault(node, now)
-            on_node = self.service.jobs_on(node)
-            for job in on_node.pending if can_move else ():
+        verdict = judge_nodes(
+            busy, nodes, self._down_since, self.clock.monotonic(), self.settings.node_lost_secs
+        )
+        self._down_since = verdict.down_since
+        for node in verdict.replace:
+            for job in self.service.jobs_on(node).pending:
                 _guarded(self.service.move_pending, job)  # it leaves pinned jobs where they are
-            if now - since > self.settings.node_lost_secs:
-                for job in on_node.running:
-                    if _guarded(self.service.fail_running, job, jobs.Reason.NODE_LOST):
-                        log.warning("job %s lost with node %s", job.job_id, node)
-                for job in on_node.held:
-                    _guarded(self.service.release_slot, job)
+        for node in verdict.lost:
+            on_node = self.service.jobs_on(node)
+            for job in on_node.running:
+                if _guarded(self.service.fail_running, job, jobs.Reason.NODE_LOST):
+                    log.warning("job %s lost with node %s", job.job_id, node)
+            for job in on_node.held:
+                _guarded(self.service.release_slot, job)
 
     def apply_retention(self) -> int:
         """Delete finished jobs older than JOB_RETENTION_SECS; returns how many."""
         keep_secs = self.settings.job_retention_secs
         if not keep_secs:
             return 0
-        cutoff = jobs.now_us() - keep_secs * 1_000_000
+        cutoff = self.clock.now_us() - keep_secs * 1_000_000
         removed = 0
         while True:
             count = self.service.expire(cutoff, RETENTION_BATCH)

@@ -48,10 +48,10 @@ FireObserver = Callable[[Outcome, "SkipCause | None"], None]
 class ScheduleFiring:
     """The schedules loop's tick and the little it remembers between ticks."""
 
-    def __init__(self, service: Scheduler, clock: Callable[[], int] = jobs.now_us) -> None:
+    def __init__(self, service: Scheduler, clock: Callable[[], int] | None = None) -> None:
         self.service = service
-        self.clock = clock
-        self.since = clock()
+        self.clock = service.clock.now_us if clock is None else clock
+        self.since = self.clock()
         self.observers: list[FireObserver] = []
         self._failures: dict[int, tuple[int, SkipCause]] = {}  # seq -> (fire time, cause)
 

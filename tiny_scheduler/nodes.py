@@ -1,0 +1,126 @@
+"""Where the compute nodes come from: the `NodeSource` interface, and the node list it gives.
+
+Placement, the poll, the lost-node scan, health and the dashboard ask a `NodeSource`, never a
+concrete client, so they work the same whichever source a daemon runs with:
+
+- `registry.Registry`: the tiny-aws node registry over HTTP (`REGISTRY_URL=http://…`);
+- `StaticNodes`: a list the caller sets, for tests of the decisions (and anything that knows
+  its nodes without asking anyone).
+
+A source answers two questions: `nodes()`, a list fresh enough to place work by (it may call
+a peer, so only paths that may wait a peer's deadline ask it), and `cached_nodes()`, the last
+list it had, however old, which never waits on anything: the agent poll and `/health` read
+only that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Protocol
+
+from .errors import PlacementError
+
+__all__ = ["NodeSource", "Nodes", "StaticNodes"]
+
+HEALTHY = "healthy"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Nodes:
+    """One node list: every compute node the source knows, and their health."""
+
+    status: dict[str, str]  # node id -> "healthy", "unhealthy", ...
+    fetched_at: float = 0.0  # monotonic seconds, by the source's clock
+    healthy: tuple[str, ...] = ()  # healthy node ids, sorted: the round-robin order
+    cpus: dict[str, int] = dataclasses.field(default_factory=dict)  # node id -> cpu_count
+
+    @classmethod
+    def of(
+        cls, status: dict[str, str], cpus: dict[str, int] | None = None, fetched_at: float = 0.0
+    ) -> Nodes:
+        healthy = tuple(sorted(node for node, state in status.items() if state == HEALTHY))
+        return cls(status=status, fetched_at=fetched_at, healthy=healthy, cpus=cpus or {})
+
+    def is_healthy(self, node_id: str) -> bool:
+        return self.status.get(node_id) == HEALTHY
+
+    def cpu_count(self, node_id: str) -> int:
+        """The node's `cpu_count` as the source gave it; 1 when it gave none usable."""
+        return self.cpus.get(node_id, 1)
+
+
+class NodeSource(Protocol):
+    """Which compute nodes exist, which are healthy, and where an instance lives."""
+
+    def nodes(self) -> Nodes:
+        """A node list fresh enough to place work by; PlacementError (with the spec's text)
+        when there is none. May wait on a peer, within its deadline."""
+        ...
+
+    def cached_nodes(self) -> Nodes | None:
+        """The last node list, however old; None before the first. Never waits."""
+        ...
+
+    def last_outcome(self) -> str | None:
+        """The last fetch's failure text, "" when it succeeded, None before any."""
+        ...
+
+    def instance_node(self, instance_id: str) -> str:
+        """The healthy node a running instance lives on; PlacementError otherwise."""
+        ...
+
+
+class StaticNodes:
+    """A node list set by its owner; instances as a dict of instance id -> node id."""
+
+    def __init__(
+        self,
+        status: dict[str, str] | None = None,
+        cpus: dict[str, int] | None = None,
+        instances: dict[str, str] | None = None,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._nodes: Nodes | None = None
+        self._failure: str | None = None
+        self.instances = dict(instances or {})
+        if status is not None:
+            self.set(status, cpus)
+
+    def set(self, status: dict[str, str], cpus: dict[str, int] | None = None) -> None:
+        """From now on the nodes are these (and the source answers again)."""
+        with self._lock:
+            self._nodes = Nodes.of(dict(status), dict(cpus or {}))
+            self._failure = None
+
+    def fail(self, text: str) -> None:
+        """From now on `nodes()` raises PlacementError(text), as an unreachable peer would;
+        the cached list stays."""
+        with self._lock:
+            self._failure = text
+
+    def nodes(self) -> Nodes:
+        with self._lock:
+            if self._failure is not None:
+                raise PlacementError(self._failure)
+            if self._nodes is None:
+                raise PlacementError("no node list yet")
+            return self._nodes
+
+    def cached_nodes(self) -> Nodes | None:
+        with self._lock:
+            return self._nodes
+
+    def last_outcome(self) -> str | None:
+        with self._lock:
+            if self._failure is not None:
+                return self._failure
+            return None if self._nodes is None else ""
+
+    def instance_node(self, instance_id: str) -> str:
+        node_id = self.instances.get(instance_id)
+        if node_id is None:
+            raise PlacementError("instance not found")
+        if not self.nodes().is_healthy(node_id):
+            raise PlacementError(f"node {node_id} for instance {instance_id} is not healthy")
+        return node_id

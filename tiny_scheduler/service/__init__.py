@@ -1,0 +1,117 @@
+"""The service: the one way in to the jobs, for the API, the loops, the dashboard and metrics.
+
+It knows nothing of HTTP. Its parts each own one concern and decide apart from committing:
+
+- `core`: the shared state (settings, clock, store, placement, the term's tables) and the one
+  place a change is committed and announced;
+- `lifecycle`: submit, the agent's reports, cancel, failures seen by the scheduler, retries,
+  retention;
+- `dispatch` with `moves`: the agent poll and moving waiting work (`moves` decides, purely,
+  which jobs go where);
+- `schedule_ops`: schedule changes and fires (`schedules.plan` decides);
+- `terms`: leadership terms and `/health`;
+- `reads`: every read, and the outbox of final-state events.
+
+`Scheduler` below only wires them together and names their operations.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..clock import SYSTEM, Clock
+from ..config import Settings
+from ..placement import NodeLoad, Placement
+from ..schedule_table import ScheduleTable
+from ..storage import OutboxEvent, Writer
+from ..table import JobTable, NodeJobs
+from .core import Core, Event, Listener, Move
+from .dispatch import Dispatch
+from .lifecycle import Lifecycle
+from .reads import Page, Reads
+from .schedule_ops import ScheduleOps
+from .terms import Terms
+
+if TYPE_CHECKING:  # psycopg is imported only by a daemon on PostgreSQL
+    from ..leadership import Leadership
+
+__all__ = [
+    "Event",
+    "Listener",
+    "Move",
+    "NodeJobs",
+    "NodeLoad",
+    "OutboxEvent",
+    "Page",
+    "Scheduler",
+]
+
+
+class Scheduler:
+    """The facade: every change and every read of the jobs goes through one of its methods."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Writer,
+        table: JobTable,
+        placement: Placement,
+        schedule_table: ScheduleTable | None = None,
+        leadership: Leadership | None = None,
+        clock: Clock = SYSTEM,
+    ) -> None:
+        core = Core(settings, clock, store, table, placement, schedule_table or ScheduleTable())
+        self._core = core
+        self.settings = settings
+        self.clock = clock
+        self.listeners = core.listeners
+
+        lifecycle = Lifecycle(core)
+        self.submit = lifecycle.submit
+        self.update = lifecycle.update
+        self.cancel = lifecycle.cancel
+        self.fail_running = lifecycle.fail_running
+        self.release_slot = lifecycle.release_slot
+        self.expire = lifecycle.expire
+
+        dispatch = Dispatch(core, lifecycle)
+        self.dispatch = dispatch
+        self.poll = dispatch.poll
+        self.move_pending = dispatch.move_pending
+
+        schedule_ops = ScheduleOps(core, lifecycle)
+        self.list_schedules = schedule_ops.list_schedules
+        self.get_schedule = schedule_ops.get_schedule
+        self.create_schedule = schedule_ops.create_schedule
+        self.update_schedule = schedule_ops.update_schedule
+        self.delete_schedule = schedule_ops.delete_schedule
+        self.due_schedules = schedule_ops.due_schedules
+        self.fire_schedule = schedule_ops.fire_schedule
+
+        terms = Terms(core, leadership)
+        self.is_serving = terms.is_serving
+        self.leader = terms.leader
+        self.take_over = terms.take_over
+        self.hand_over = terms.hand_over
+        self.health = terms.health
+
+        reads = Reads(core)
+        self.get = reads.get
+        self.list_jobs = reads.list_jobs
+        self.with_output = reads.with_output
+        self.counts = reads.counts
+        self.running = reads.running
+        self.busy_nodes = reads.busy_nodes
+        self.jobs_on = reads.jobs_on
+        self.queue_depths = reads.queue_depths
+        self.recent_jobs = reads.recent_jobs
+        self.node_health = reads.node_health
+        self.node_loads = reads.node_loads
+        self.cached_nodes = reads.cached_nodes
+        self.schedule = reads.schedule
+        self.store_health = reads.store_health
+        self.watch_commits = reads.watch_commits
+        self.keep_final_events = reads.keep_final_events
+        self.waiting_events = reads.waiting_events
+        self.events_delivered = reads.events_delivered
+        self.events_waiting = reads.events_waiting

@@ -1,0 +1,162 @@
+"""What every part of the service shares, and the one place a change is committed.
+
+A `Core` holds the collaborators (settings, clock, store, placement) and the current term's
+tables (a new leader's term replaces them). Its `commit` is the only way a job's next version
+becomes durable and visible: saved with its outbox event (the SNS message of a final state,
+in the same transaction), then put in the table, then announced to listeners. The parts of
+the service decide what the next version is; they hand it here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from enum import Enum
+
+from .. import errors, jobs, schedules
+from ..clock import Clock
+from ..config import Settings
+from ..jobs import Job
+from ..placement import Placement
+from ..schedule_table import ScheduleTable
+from ..storage import OutboxEvent, Writer
+from ..table import JobTable
+
+log = logging.getLogger("tiny_scheduler.service")
+
+
+class Event(str, Enum):
+    """What a committed change did, as told to listeners."""
+
+    __str__ = str.__str__
+
+    SUBMITTED = "submitted"  # detail: the source (http, sqs, schedule)
+    STARTED = "started"
+    FINISHED = "finished"  # a final status
+    RETRIED = "retried"
+    MOVED = "moved"  # detail: why (Move)
+    POLLED = "polled"  # job None, detail: the node
+
+
+class Move(str, Enum):
+    """Why a waiting job went to another node (the detail of a `moved` event)."""
+
+    __str__ = str.__str__
+
+    STOLEN = "stolen"  # taken by an idle node's poll from a node that could not start it
+    NODE_DOWN = "node_down"  # re-placed by the scan: its node is unhealthy or gone
+
+
+Listener = Callable[[Event, "Job | None", str], None]
+"""Called after a committed change as listener(event, job, detail)."""
+
+
+class Core:
+    """The shared state of one scheduler and the committer of its changes."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Clock,
+        store: Writer,
+        table: JobTable,
+        placement: Placement,
+        schedule_table: ScheduleTable,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.store = store
+        self.table = table  # replaced at each term's start (PostgreSQL)
+        self.placement = placement
+        self.schedules = schedule_table
+        self.listeners: list[Listener] = []
+        self.final_event: Callable[[Job], str] | None = None  # see keep_final_events
+
+    def now(self) -> int:
+        return self.clock.now_us()
+
+    # --- committing ----------------------------------------------------------------------
+
+    def commit(self, job: Job, becomes_final: bool = True) -> None:
+        """Save and show the job's next version. `becomes_final` is False for a change to a
+        job that was final already (a timed-out job's slot freed): its event went out with
+        the change that made it final."""
+        events: tuple[OutboxEvent, ...] = ()
+        # A job is saved in a final status once: the change that made it final.
+        if self.final_event is not None and job.is_final and becomes_final:
+            events = (OutboxEvent(job.seq, self.final_event(job)),)
+        self.store.save(job, events=events)  # with its output
+        self.table.put(job)  # without it
+
+    def commit_all(self, changed: Sequence[Job]) -> None:
+        """Save and show several jobs' next versions in one transaction (none becomes final)."""
+        self.store.save(*changed)
+        for job in changed:
+            self.table.put(job)
+
+    # --- telling -------------------------------------------------------------------------
+
+    def created(self, job: Job, source: str) -> None:
+        log.info("job %s created on node %s (from %s)", job.job_id, job.node_id, source)
+        self.emit(Event.SUBMITTED, job, source)
+
+    def announce(self, new: Job) -> None:
+        """Log and tell listeners what a committed change did."""
+        if new.status == jobs.RUNNING:
+            log.info("job %s claimed by node %s", new.job_id, new.node_id)
+            self.emit(Event.STARTED, new)
+        elif new.status == jobs.PENDING:
+            last = new.attempts[-1]
+            log.info(
+                "job %s failed on node %s (exit %s), retry %d on node %s",
+                new.job_id,
+                last.node_id,
+                last.exit_code,
+                new.retry_count,
+                new.node_id,
+            )
+            self.emit(Event.RETRIED, new)
+        else:
+            log.info(
+                "job %s %s%s on node %s (exit %s)",
+                new.job_id,
+                new.status,
+                f" ({new.reason})" if new.reason else "",
+                new.node_id,
+                new.exit_code,
+            )
+            self.emit(Event.FINISHED, new)
+
+    def emit(self, event: Event, job: Job | None, detail: str = "") -> None:
+        for listener in self.listeners:
+            try:
+                listener(event, job, detail)
+            except Exception:
+                log.exception("listener failed on %s", event)
+
+    # --- small shared reads --------------------------------------------------------------
+
+    def with_stored_output(self, job: Job) -> Job:
+        """A job from the table with its (and its attempts') output read from the store."""
+        if not (job.is_final or job.attempts):
+            return job  # nothing has ended yet: no output anywhere
+        outputs = self.store.read_outputs(job.seq)
+        if outputs is None:  # removed by retention since the table was read
+            raise errors.NotFound(errors.JOB_NOT_FOUND)
+        return job.with_output(outputs)
+
+
+def job_seq(job_id: str) -> int:
+    """The sequence number of a job id; NotFound for a text that names no job."""
+    seq = jobs.parse_job_id(job_id)
+    if seq is None:
+        raise errors.NotFound(errors.JOB_NOT_FOUND)
+    return seq
+
+
+def schedule_seq(schedule_id: str) -> int:
+    """The sequence number of a schedule id; NotFound for a text that names none."""
+    seq = schedules.parse_schedule_id(schedule_id)
+    if seq is None:
+        raise errors.NotFound(errors.SCHEDULE_NOT_FOUND)
+    return seq

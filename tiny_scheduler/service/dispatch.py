@@ -1,0 +1,133 @@
+"""Handing work out and moving it: the agent poll, idle nodes taking waiting jobs, pending
+jobs of a node that went down placed again, and what a poll proves about claimed jobs.
+
+What moves where is decided in `moves` (pure); this part reads the table, holds the jobs
+busy while it checks them again, and hands the moves to the core's committer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from .. import errors, jobs
+from ..jobs import Job
+from ..nodes import Nodes
+from . import moves
+from .core import Core, Event, Move
+from .lifecycle import Lifecycle
+
+log = logging.getLogger("tiny_scheduler.service")
+
+
+class Dispatch:
+    """The poll and the moving of waiting work."""
+
+    def __init__(self, core: Core, lifecycle: Lifecycle) -> None:
+        self._core = core
+        self._lifecycle = lifecycle
+        self.heartbeating: set[str] = set()
+        """Nodes whose agent reports what it runs by heartbeat (their polls prove nothing)."""
+
+    def poll(self, node_id: str, from_agent: bool = False) -> list[Job]:
+        """The agent poll: the node's oldest pending jobs that are due (a delayed job waits
+        for its not_before), at most as many as its free slots; with JOB_STEALING, free slots
+        its own queue cannot fill are topped up with the oldest due waiting jobs of nodes that
+        cannot start them (moved here before this returns). `from_agent`: the poll came
+        without a key, as the tiny-aws agent's does, so it is evidence of what the node runs
+        (`moves.claims_disproved`)."""
+        core = self._core
+        placement = core.placement
+        now = core.now()
+        if from_agent and node_id not in self.heartbeating:
+            self._forget_disproved_claims(node_id, now)
+        nodes = placement.source.cached_nodes()  # never a registry call on this path
+        slots = placement.slots(node_id, nodes)
+        stealing = core.settings.job_stealing
+        found = core.table.poll(node_id, slots, now, remember=stealing)
+        if stealing and nodes is not None and placement.may_take(node_id, nodes):
+            (load,) = placement.loads([node_id], nodes, now)
+            wanted = load.free - len(found)
+            if wanted > 0:
+                found += self._take_over(node_id, nodes, wanted, now)
+        core.emit(Event.POLLED, None, node_id)
+        return found
+
+    def _forget_disproved_claims(self, node_id: str, now: int) -> None:
+        running = self._core.table.running_on(node_id)
+        if not running:
+            return
+        for job in moves.claims_disproved(running, now):
+            try:
+                failed = self._lifecycle.fail_running(
+                    job.seq, jobs.Reason.NODE_LOST, moves.LOST_BY_AGENT
+                )
+            except errors.ServiceError as exc:
+                # The poll is a read and goes on when the store cannot write: the scan or the
+                # next poll tries again.
+                log.warning("poll of node %s: job %s not failed: %s", node_id, job.job_id, exc)
+                continue
+            if failed is not None:
+                log.warning(
+                    "job %s: node %s polled while it should be running it; lost by its agent",
+                    job.job_id,
+                    node_id,
+                )
+
+    def move_pending(self, seq: int) -> Job | None:
+        """Place a pending job again (its node is gone); None when it is no longer pending
+        or no other node can take it."""
+        core = self._core
+        with core.table.changing(seq) as job:
+            if job.status != jobs.PENDING or job.instance_id:
+                return None
+            node_id = core.placement.place(avoid=job.node_id)
+            if node_id == job.node_id:
+                return None
+            new = job.evolve(node_id=node_id, moved_from=job.node_id)
+            core.commit(new)
+        log.info("job %s moved from node %s to %s (node down)", job.job_id, job.node_id, node_id)
+        core.emit(Event.MOVED, new, Move.NODE_DOWN)
+        return new
+
+    def _take_over(self, node_id: str, nodes: Nodes, wanted: int, now: int) -> list[Job]:
+        """Move up to `wanted` of the oldest waiting jobs of nodes that cannot start them to
+        `node_id`, committed before this returns; the moved jobs, oldest first.
+
+        A job is checked again once it is held busy: its old node's agent may have claimed
+        it, or been offered it, since the candidates were read. The claim and the move take
+        turns on the same busy marker, so exactly one of them happens to a pending job.
+        """
+        core = self._core
+        table = core.table
+        others = [node for node in table.movable_nodes() if node != node_id]
+        if not others:
+            return []
+        donors = moves.donors(core.placement.loads(others, nodes, now), nodes)
+        candidates = table.movable(donors, now, wanted) if donors else []
+        if not candidates:
+            return []
+        moved: list[Job] = []
+        with contextlib.ExitStack() as held:
+            # In id order, as every other poll's take-over: two of them never wait for each
+            # other's busy jobs in a circle (nothing else holds more than one).
+            for candidate in candidates:
+                job = held.enter_context(table.changing(candidate.seq))
+                if moves.still_movable(job, candidate, table.just_offered(job, now)):
+                    moved.append(job.evolve(node_id=node_id, moved_from=job.node_id))
+            if not moved:
+                return []
+            try:
+                core.commit_all(moved)
+            except errors.StoreError as exc:
+                # The poll is a read and goes on from memory when the store cannot write
+                # (the contract): the node gets its own jobs, the others stay where they are.
+                log.warning("poll of node %s: jobs not moved: %s", node_id, exc.message)
+                return []
+            table.offered(node_id, moved, now)
+        for job in moved:
+            log.info(
+                "job %s moved from node %s to idle node %s", job.job_id, job.moved_from, node_id
+            )
+            core.emit(Event.MOVED, job, Move.STOLEN)
+        return moved

@@ -1,0 +1,185 @@
+"""A job's life: submit, the agent's reports, cancel, failures seen by the scheduler, retries,
+retention.
+
+Each operation holds the job busy in the table (`table.changing`), lets the state machine
+(`jobs`) decide the next version, and hands it to the core's one committer. Placement is asked
+for a node only when a job is created or retried.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from .. import errors, jobs
+from ..jobs import Job, Reason
+from ..validation import JobRequest, JobUpdate
+from .core import Core, job_seq
+
+log = logging.getLogger("tiny_scheduler.service")
+
+# The request fields a job keeps as they are (delay_secs becomes the job's not_before).
+_REQUEST_FIELDS = tuple(
+    field.name
+    for field in dataclasses.fields(JobRequest)
+    if field.name in {job_field.name for job_field in dataclasses.fields(Job)}
+)
+
+
+class Lifecycle:
+    """Creating jobs and moving them through their states."""
+
+    def __init__(self, core: Core) -> None:
+        self._core = core
+
+    def submit(
+        self, request: JobRequest, dedupe_key: str | None = None, source: str = "http"
+    ) -> tuple[Job, bool]:
+        """Create a pending job, durable before this returns. With a dedupe key that already
+        created a job, return that job instead; the bool says whether a job was created."""
+        core = self._core
+        table = core.table
+        with table.deduplicating(dedupe_key) as existing:
+            if existing is not None:
+                return core.with_stored_output(existing), False
+            node_id = core.placement.place(request.instance_id)
+            with table.creating() as seq:
+                job = self.new_job(request, dedupe_key, seq, node_id)
+                core.commit(job)
+        core.created(job, source)
+        return job, True
+
+    def new_job(
+        self,
+        request: JobRequest,
+        dedupe_key: str | None,
+        seq: int,
+        node_id: str,
+        schedule_id: str = "",
+    ) -> Job:
+        """A new pending job for the request (not yet committed). Its node is chosen first,
+        and only then its id taken (`table.creating`): a slow registry must not hold back
+        every listing at an id in flight."""
+        now = self._core.now()
+        fields = {name: getattr(request, name) for name in _REQUEST_FIELDS}
+        if request.delay_secs:
+            fields["not_before"] = now + request.delay_secs * 1_000_000
+        return Job(
+            seq=seq,
+            node_id=node_id,
+            created_at=now,
+            dedupe_key=dedupe_key,
+            schedule_id=schedule_id,
+            **fields,
+        )
+
+    def update(self, job_id: str, update: JobUpdate) -> Job:
+        """Apply an agent's report: the claim (running), or the end of an attempt. The late
+        end of an attempt that timed out leaves the job as it is and frees its slot."""
+        core = self._core
+        with core.table.changing(job_seq(job_id)) as job:
+            late = jobs.is_late_report(job, update.status)
+            if late:
+                new = self._late_report(job, update)
+            else:
+                now = core.now()
+                try:
+                    if update.status == jobs.RUNNING:
+                        new = jobs.start(job, now)
+                    else:
+                        new = self._end_attempt(job, update, now)
+                except jobs.TransitionError as exc:
+                    raise errors.Conflict(str(exc)) from None
+                core.commit(new)
+        if late:
+            # The job as it stands, with the output its timeout gave it (on disk by now).
+            return core.with_stored_output(new)
+        core.announce(new)
+        return new
+
+    def _late_report(self, job: Job, update: JobUpdate) -> Job:
+        """(Busy marker held.) The agent ended an attempt the scheduler had timed out."""
+        log.info(
+            "job %s: late %s report (exit %s) from node %s after its timeout; job unchanged",
+            job.job_id,
+            update.status,
+            update.exit_code,
+            job.node_id,
+        )
+        if not job.holds_slot:
+            return job  # a repeated report, or the node was counted as lost meanwhile
+        freed = jobs.release_slot(job)
+        self._core.commit(freed, becomes_final=False)
+        log.info("job %s: node %s's slot freed", job.job_id, job.node_id)
+        return freed
+
+    def cancel(self, job_id: str) -> Job:
+        core = self._core
+        with core.table.changing(job_seq(job_id)) as job:
+            try:
+                new = jobs.cancel(job, core.now())
+            except jobs.TransitionError as exc:
+                raise errors.Conflict(str(exc)) from None
+            core.commit(new)
+        core.announce(new)
+        return new
+
+    def fail_running(self, seq: int, reason: Reason, stderr: str | None = None) -> Job | None:
+        """Fail a running job from the scheduler's side (`timeout`, `node_lost`), with the
+        retry rule; `stderr` replaces the reason's usual text. None when the job is no longer
+        running by the time it is looked at."""
+        core = self._core
+        with core.table.changing(seq) as job:
+            if job.status != jobs.RUNNING:
+                return None
+            new = self._maybe_retry(jobs.fail_by_scheduler(job, reason, core.now(), stderr))
+            core.commit(new)
+        core.announce(new)
+        return new
+
+    def release_slot(self, seq: int) -> Job | None:
+        """Free the slot a timed-out job kept (its node counts as lost: whatever ran there is
+        gone); None when it holds none by now."""
+        core = self._core
+        with core.table.changing(seq) as job:
+            if not job.holds_slot:
+                return None
+            new = jobs.release_slot(job)
+            core.commit(new, becomes_final=False)
+        log.info("job %s: slot on lost node %s freed", job.job_id, job.node_id)
+        return new
+
+    def expire(self, cutoff: int, limit: int = 10000) -> int:
+        """Delete up to `limit` jobs that finished before `cutoff`; returns how many."""
+        core = self._core
+        seqs = core.table.finished_before(cutoff, limit)
+        if seqs:
+            core.store.delete(seqs)
+            core.table.remove(seqs)
+            log.info("retention removed %d finished jobs", len(seqs))
+        return len(seqs)
+
+    def _end_attempt(self, job: Job, update: JobUpdate, now: int) -> Job:
+        cap = self._core.settings.max_output_bytes
+        new = jobs.finish(
+            job,
+            update.status,
+            update.exit_code,
+            jobs.cap_output(update.stdout, cap),
+            jobs.cap_output(update.stderr, cap),
+            now,
+        )
+        return self._maybe_retry(new)
+
+    def _maybe_retry(self, failed: Job) -> Job:
+        core = self._core
+        if not jobs.should_retry(failed, core.settings.max_job_retries):
+            return failed
+        try:
+            node_id = core.placement.place(failed.instance_id, avoid=failed.node_id)
+        except errors.PlacementError as exc:
+            # The agent never repeats its final report, so a registry hiccup must not turn
+            # it into an error: keep the node; the lost-node scan moves the job if need be.
+            log.warning("job %s: retry stays on node %s (%s)", failed.job_id, failed.node_id, exc)
+            node_id = failed.node_id
+        return jobs.retry(failed, node_id)

@@ -1,0 +1,142 @@
+"""Reads of jobs, nodes and the store's state, what the API, the dashboard, the metrics and the
+loops look at; and the outbox of final-state events, which the SNS loop empties.
+
+Output lives in the store, not in the table: the reads that show it (`get`, `with_output`)
+fetch it from disk after the table was asked, never holding the table's lock, and the agent's
+poll (pending jobs, which show none) never touches the disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from .. import errors
+from ..jobs import Job, Output
+from ..nodes import Nodes
+from ..placement import NodeLoad
+from ..storage import OutboxEvent
+from ..storage.writer import CommitObserver
+from ..table import NodeJobs
+from ..validation import JobQuery
+from .core import Core, job_seq
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Page:
+    jobs: list[Job]  # without their output: `Scheduler.with_output` reads it
+    next_after: int | None  # seq to continue after, when more jobs match
+
+
+class Reads:
+    """Looking at jobs, nodes and the store."""
+
+    def __init__(self, core: Core) -> None:
+        self._core = core
+
+    def get(self, job_id: str) -> Job:
+        """One job with its output and its earlier attempts' (read from the store)."""
+        job = self._core.table.get(job_seq(job_id))
+        if job is None:
+            raise errors.NotFound(errors.JOB_NOT_FOUND)
+        return self._core.with_stored_output(job)
+
+    def list_jobs(self, query: JobQuery) -> Page:
+        """Jobs matching the query, oldest first (the agent's own query is `poll`), without
+        their output."""
+        found, more = self._core.table.query(
+            query.node_id, query.status, query.job_type, query.after, query.limit, query.reason
+        )
+        return Page(found, found[-1].seq if more and found else None)
+
+    def with_output(self, found: Sequence[Job]) -> Iterator[Job]:
+        """The jobs of a page, in order, each with its latest output, read from the store one
+        job at a time as the caller goes: a page of big outputs is never in memory at once.
+        A job that retention removed since the page was taken is left out."""
+        stored = self._core.store.read_latest_outputs([job.seq for job in found if job.is_final])
+        held: tuple[int, Output | None] | None = None  # read, for a job further on
+        with contextlib.closing(stored):
+            for job in found:
+                if not job.is_final:
+                    yield job  # only a finished attempt has output
+                    continue
+                if held is None:
+                    held = next(stored, None)
+                if held is None or held[0] != job.seq:
+                    continue  # gone from the store: removed by retention meanwhile
+                output, held = held[1], None
+                yield job.with_output({job.retry_count: output}) if output else job
+
+    def counts(self) -> dict[str, int]:
+        """Number of jobs in each status."""
+        return self._core.table.counts()
+
+    def running(self) -> list[Job]:
+        """Every running job (O(running), not O(history))."""
+        return self._core.table.running()
+
+    def busy_nodes(self) -> set[str]:
+        """Nodes that have pending or running jobs, or a timed-out job keeping a slot."""
+        return self._core.table.busy_nodes()
+
+    def jobs_on(self, node_id: str) -> NodeJobs:
+        """The node's pending, running and slot-holding timed-out jobs, oldest first."""
+        return self._core.table.on_node(node_id)
+
+    def queue_depths(self) -> dict[str, int]:
+        """Due pending jobs of every node that has any."""
+        return self._core.table.queue_depths()
+
+    def recent_jobs(self, since_us: int) -> list[Job]:
+        """Every job that is pending or running, or finished at or after `since_us`, oldest
+        first: what the dashboard's last-hour chart counts. O(recent jobs), not O(history)."""
+        return self._core.table.recent(since_us)
+
+    # --- nodes ---------------------------------------------------------------------------
+
+    def node_health(self) -> Nodes:
+        """The compute nodes and their health; PlacementError when the source cannot say."""
+        return self._core.placement.source.nodes()
+
+    def node_loads(self, node_ids: list[str], nodes: Nodes | None) -> list[NodeLoad]:
+        """Slots, waiting `run` jobs and slots in use of each node (O(nodes)); slots from
+        `nodes` when MAX_JOBS_PER_NODE is `auto`."""
+        return self._core.placement.loads(node_ids, nodes)
+
+    def cached_nodes(self) -> Nodes | None:
+        """The node list as last fetched, however old; never waits on a peer."""
+        return self._core.placement.source.cached_nodes()
+
+    def schedule(self) -> str:
+        """The node the next submission would go to; a pure read (the rotation stays)."""
+        return self._core.placement.peek()
+
+    # --- the store -----------------------------------------------------------------------
+
+    def store_health(self) -> tuple[bool, str | None]:
+        """Whether the store can be written (its latest write or probe, at most a few seconds
+        old, succeeded), and the error when it cannot."""
+        return self._core.store.health()
+
+    def watch_commits(self, observer: CommitObserver) -> None:
+        """Have `observer` told the duration and size of every group commit."""
+        self._core.store.commit_observers.append(observer)
+
+    def keep_final_events(self, message: Callable[[Job], str]) -> None:
+        """From now on, store `message(job)` in the outbox with every change that makes a job
+        final, in the same transaction: the event is durable exactly when the change is."""
+        self._core.final_event = message
+
+    def waiting_events(self, limit: int) -> list[OutboxEvent]:
+        """The oldest events not yet delivered (at most `limit`), oldest first; StoreError
+        when the store cannot be read."""
+        return self._core.store.outbox(limit)
+
+    def events_delivered(self, ids: Iterable[int]) -> None:
+        """Remove delivered events from the outbox; StoreError when that cannot be stored."""
+        self._core.store.delivered(ids)
+
+    def events_waiting(self) -> int:
+        """How many events the outbox holds (no I/O)."""
+        return self._core.store.events_waiting

@@ -1,0 +1,90 @@
+"""Terms of leadership (PostgreSQL): who serves, beginning and ending a term, and `/health`.
+
+With SQLite there are no terms: the one daemon always serves. With PostgreSQL a daemon serves
+only while it leads; a term begins by loading every job and schedule into fresh tables and
+ends by forgetting them (a standby holds none).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from ..schedule_table import ScheduleTable
+from ..table import JobTable
+from .core import Core
+
+if TYPE_CHECKING:  # psycopg is imported only by a daemon on PostgreSQL
+    from ..leadership import Leadership, LeaderView
+
+log = logging.getLogger("tiny_scheduler.service")
+
+
+class Terms:
+    """This daemon's part in leadership, as the service sees it."""
+
+    def __init__(self, core: Core, leadership: Leadership | None) -> None:
+        self._core = core
+        self._leadership = leadership  # None with SQLite: the one daemon always serves
+
+    def is_serving(self) -> bool:
+        """Whether this daemon answers the API itself: always with SQLite; with PostgreSQL
+        only while it leads (a standby sends clients to the leader)."""
+        return self._leadership is None or self._leadership.is_serving()
+
+    def leader(self) -> LeaderView | None:
+        """Who leads; None with SQLite, where this daemon is the only one."""
+        return None if self._leadership is None else self._leadership.view()
+
+    def take_over(self) -> int:
+        """Begin a term as leader: every job and schedule from the store in fresh tables, so
+        nothing of an earlier term survives; ids go on after the store's high-water marks.
+        Returns the number of jobs."""
+        core = self._core
+        loaded = core.store.reload()
+        core.table = JobTable(loaded.jobs, loaded.last_seq)
+        core.placement.count_loads_in(core.table)
+        core.schedules = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
+        log.info(
+            "loaded %d jobs (last id job-%d), %d schedules, %d SNS events waiting",
+            len(loaded.jobs),
+            loaded.last_seq,
+            len(loaded.schedules),
+            loaded.events,
+        )
+        return len(loaded.jobs)
+
+    def hand_over(self) -> None:
+        """End a term: forget the jobs and schedules (a standby holds none)."""
+        core = self._core
+        core.table = JobTable()
+        core.placement.count_loads_in(core.table)
+        core.schedules = ScheduleTable()
+
+    def health(self) -> dict[str, object]:
+        core = self._core
+        body: dict[str, object] = {"service": "scheduler"}
+        if self._leadership is not None and not self._leadership.is_serving():
+            # A standby writes nothing: it is healthy while it can reach the database.
+            reachable, error = self._leadership.health()
+            body.update(status="healthy" if reachable else "unhealthy", role="standby")
+            if error is not None:
+                body["error"] = f"job database cannot be reached: {error}"
+            return body
+        # The store's own probe keeps its verdict fresh: nothing here touches the disk, so
+        # load balancers may poll as often as they like.
+        healthy, error = core.store.health()
+        body["status"] = "healthy" if healthy else "unhealthy"
+        if self._leadership is not None:
+            body["role"] = "leader"
+        body["jobs"] = core.table.counts()
+        if not healthy:
+            body["error"] = f"job store cannot be written: {error}"
+        # The node source's state as last seen (never a call from here: a health check must
+        # not wait on a peer). It does not make the scheduler unhealthy: agents still poll
+        # and report while it is away.
+        registry = core.placement.source.last_outcome()
+        body["registry"] = "unknown" if registry is None else "unreachable" if registry else "ok"
+        if registry:
+            body["registry_error"] = registry
+        return body
