@@ -3,7 +3,8 @@ back exactly what was saved, never reuses an id, and fails a write loudly rather
 it keeps each job's output apart, loads jobs without it, and reads it back beside the writer,
 one job at a time.
 
-A backend joins by adding one entry to `BACKENDS` (huey's StorageTests, as a fixture).
+A backend joins by adding one entry to `BACKENDS` (huey's StorageTests, as a fixture); the
+in-memory one of the decision tests' harness is held to the same contract.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tiny_scheduler.errors import StoreError
 from tiny_scheduler.jobs import Attempt, Job, Output
 from tiny_scheduler.schedules import Overlap, Schedule
 from tiny_scheduler.storage import JobStore, OutboxEvent, Writer
+from tiny_scheduler.storage.memory import MemoryDatabase, MemoryStore
 from tiny_scheduler.storage.postgres import PostgresStore
 from tiny_scheduler.storage.sqlite import SqliteStore
 from tiny_scheduler.validation import JobRequest
@@ -38,9 +40,16 @@ def _postgres(request: pytest.FixtureRequest) -> Callable[[], JobStore]:
     return lambda: PostgresStore(url)
 
 
+def _memory(request: pytest.FixtureRequest) -> Callable[[], JobStore]:
+    # The decision tests' harness stands on it: it must keep the same contract.
+    database = MemoryDatabase()
+    return lambda: MemoryStore(database)
+
+
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Callable[[], JobStore]]] = {
     "sqlite": _sqlite,
     "postgres": _postgres,
+    "memory": _memory,
 }
 """Backend name -> (the test's fixtures -> a function opening that test's store)."""
 

@@ -11,8 +11,10 @@ caller at a time, and:
   own deadline past its freshness): a slow registry then holds one thread, not all of them;
 - with no usable list, at most `MAX_WAITERS` callers wait for the fetch under way; the rest
   are told at once that the registry cannot be reached;
-- a failed fetch is remembered for `FAILURE_MEMORY_SECS`: callers in that moment get its
-  failure at once instead of each starting a fetch that would fail the same way.
+- a fetch that failed slowly (it took `SLOW_FAILURE_SECS` or more: a registry that hangs or
+  trickles) is remembered for `FAILURE_MEMORY_SECS`: callers in that moment get its failure
+  at once instead of each starting a fetch that would hang the same way. A quick failure (a
+  refused connection, an error status) is not remembered: asking again costs nothing.
 
 Every failure is a `PlacementError` carrying one of the spec's texts. A node with an empty id
 is ignored: no agent could ever poll for its jobs.
@@ -44,7 +46,10 @@ MAX_WAITERS = 8
 other request threads stay free for the polls, reports and health checks."""
 
 FAILURE_MEMORY_SECS = 1.0
-"""How long a failed fetch answers for the registry before the next caller asks it again."""
+"""How long a slow failed fetch answers for the registry before the next caller asks again."""
+
+SLOW_FAILURE_SECS = 0.5
+"""A failed fetch that took at least this long is remembered (see the module's notes)."""
 
 
 class Registry:
@@ -91,6 +96,7 @@ class Registry:
             if self._failed_at is not None and now - self._failed_at < FAILURE_MEMORY_SECS:
                 return _unwrap(self._flight_result)
             self._in_flight = True
+        started = self._clock.monotonic()
         result: Nodes | PlacementError
         try:
             result = self._fetch_nodes()
@@ -104,7 +110,7 @@ class Registry:
             if isinstance(result, Nodes):
                 self._cached = result
                 self._failed_at = None
-            else:
+            elif self._clock.monotonic() - started >= SLOW_FAILURE_SECS:
                 self._failed_at = self._clock.monotonic()
             self._in_flight = False
             self._flight_result = result
