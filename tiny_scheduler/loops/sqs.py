@@ -91,9 +91,8 @@ class SqsIngest:
             )
             self.delete(message_id)
             return Handled.INVALID
-        digest = hashlib.sha256(raw).hexdigest()[:16]
         try:
-            job, created = self.service.submit(request, f"sqs:{message_id}:{digest}", "sqs")
+            job, created = self.service.submit(request, message_key(message_id, raw), "sqs")
         except errors.PlacementError as exc:
             log.warning("SQS message %s kept for later: %s", message_id, exc.message)
             return Handled.KEPT
@@ -130,6 +129,13 @@ class SqsIngest:
         except CallFailed:
             return False
         return True
+
+
+def message_key(message_id: str, raw: bytes) -> str:
+    """The dedupe key of a message: its id and a digest of its body. The id alone is not
+    enough: an SQS that was reset numbers its messages from msg-1 again, and a new message
+    with an old id must make its own job; a redelivery (same id, same body) makes none."""
+    return f"sqs:{message_id}:{hashlib.sha256(raw).hexdigest()[:16]}"
 
 
 def _encodable(text: str) -> bool:

@@ -1,0 +1,126 @@
+"""The decision tests' harness: one scheduler, all in memory, at an instant the test sets.
+
+Nomad's scheduler harness is the model: it holds the state, records every plan committed, and
+runs the real scheduler against them. Here that is the real service (placement, the job table,
+the state machine, the schedules) on a `MemoryStore` that records every batch it commits, with
+a `ManualClock` that moves only when the test moves it and a `StaticNodes` node source the
+test sets. The real scan and schedules loop objects run on the same clock, one tick at a
+time. No port, no thread of its own, no sleep: a rule can be checked exactly at its boundary.
+
+What crosses processes (HTTP, crashes, failover, agents) is tested on real daemons instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from tiny_scheduler import jobs, validation
+from tiny_scheduler.clock import ManualClock
+from tiny_scheduler.config import Settings
+from tiny_scheduler.jobs import Job
+from tiny_scheduler.loops.scan import Scan
+from tiny_scheduler.loops.schedules import ScheduleFiring
+from tiny_scheduler.nodes import StaticNodes
+from tiny_scheduler.placement import Placement
+from tiny_scheduler.schedule_table import ScheduleTable
+from tiny_scheduler.service import Event, Scheduler
+from tiny_scheduler.storage import Batch, Writer
+from tiny_scheduler.storage.memory import MemoryDatabase, MemoryStore
+from tiny_scheduler.table import JobTable
+from tiny_scheduler.validation import JobRequest, JobUpdate
+
+NODES = ("node-a", "node-b", "node-c")
+
+T0 = 1_800_000_000_000_000  # 2027-01-15T08:00:00Z: the harness's clock starts here
+
+
+class Harness:
+    """A scheduler in memory. `settings` are Settings fields (max_jobs_per_node=2, ...)."""
+
+    def __init__(
+        self,
+        nodes: Iterable[str] | StaticNodes = NODES,
+        database: MemoryDatabase | None = None,
+        clock: ManualClock | None = None,
+        **settings: Any,
+    ) -> None:
+        self.clock = clock or ManualClock(T0)
+        if isinstance(nodes, StaticNodes):
+            self.nodes = nodes
+        else:
+            self.nodes = StaticNodes({node: "healthy" for node in nodes})
+        self.database = database or MemoryDatabase()
+        self.store = MemoryStore(self.database)
+        self.settings = Settings(registry_url="http://registry.invalid", **settings)
+        writer = Writer(self.store)
+        loaded = writer.load()
+        table = JobTable(loaded.jobs, loaded.last_seq)
+        schedule_table = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
+        placement = Placement(self.nodes, self.settings, table, self.clock)
+        self.service = Scheduler(
+            self.settings, writer, table, placement, schedule_table, clock=self.clock
+        )
+        self.scan = Scan(self.service)
+        self.firing = ScheduleFiring(self.service)
+        self.events: list[tuple[Event, str, str]] = []  # (event, job id or "", detail)
+        self.service.listeners.append(
+            lambda event, job, detail: self.events.append(
+                (event, job.job_id if job else "", detail)
+            )
+        )
+
+    # --- the world -----------------------------------------------------------------------
+
+    def advance(self, secs: float) -> None:
+        self.clock.advance(secs)
+
+    def set_nodes(self, healthy: Iterable[str] = (), unhealthy: Iterable[str] = ()) -> None:
+        status = {node: "healthy" for node in healthy}
+        status.update({node: "unhealthy" for node in unhealthy})
+        self.nodes.set(status)
+
+    def restart(self) -> Harness:
+        """A new scheduler on the same database and clock, as after a crash or a failover."""
+        fields = {
+            name: getattr(self.settings, name)
+            for name in ("max_jobs_per_node", "max_job_retries", "node_lost_secs", "job_stealing")
+        }
+        return Harness(self.nodes, self.database, self.clock, **fields)
+
+    # --- what clients and agents do ------------------------------------------------------
+
+    def submit(self, command: str = "true", key: str | None = None, **fields: Any) -> Job:
+        body = validation.orjson.dumps({"command": command, **fields})
+        job, _ = self.service.submit(validation.parse_job_request(body), key)
+        return job
+
+    def submit_request(self, request: JobRequest, key: str | None = None) -> tuple[Job, bool]:
+        return self.service.submit(request, key)
+
+    def poll(self, node: str, from_agent: bool = False) -> list[str]:
+        return [job.job_id for job in self.service.poll(node, from_agent)]
+
+    def claim(self, job_id: str) -> Job:
+        return self.service.update(job_id, JobUpdate(status=jobs.RUNNING))
+
+    def report(self, job_id: str, exit_code: int = 0, stdout: str = "", stderr: str = "") -> Job:
+        status = jobs.DONE if exit_code == 0 else jobs.FAILED
+        update = JobUpdate(status=status, exit_code=exit_code, stdout=stdout, stderr=stderr)
+        return self.service.update(job_id, update)
+
+    def job(self, job_id: str) -> Job:
+        return self.service.get(job_id)
+
+    # --- what was committed --------------------------------------------------------------
+
+    @property
+    def commits(self) -> list[Batch]:
+        """Every batch committed, in order."""
+        return self.store.batches
+
+    def stored(self, job_id: str) -> Job:
+        """The job as the store holds it (without output)."""
+        seq = jobs.parse_job_id(job_id)
+        assert seq is not None
+        return self.database.jobs[seq]
