@@ -17,14 +17,16 @@ from typing import Any
 
 from tiny_scheduler import jobs, validation
 from tiny_scheduler.clock import ManualClock
-from tiny_scheduler.config import Settings
+from tiny_scheduler.config import BUILTIN_REGISTRY, Settings
 from tiny_scheduler.jobs import Job
 from tiny_scheduler.loops.scan import Scan
 from tiny_scheduler.loops.schedules import ScheduleFiring
-from tiny_scheduler.nodes import StaticNodes
+from tiny_scheduler.node_book import BuiltinNodes, Drains, NodeBook
+from tiny_scheduler.node_requests import Heartbeat
+from tiny_scheduler.nodes import NodeSource, StaticNodes
 from tiny_scheduler.placement import Placement
 from tiny_scheduler.schedule_table import ScheduleTable
-from tiny_scheduler.service import Event, Scheduler
+from tiny_scheduler.service import Event, Orders, Scheduler
 from tiny_scheduler.storage import Batch, Writer
 from tiny_scheduler.storage.memory import MemoryDatabase, MemoryStore
 from tiny_scheduler.table import JobTable
@@ -43,8 +45,11 @@ class Harness:
         nodes: Iterable[str] | StaticNodes = NODES,
         database: MemoryDatabase | None = None,
         clock: ManualClock | None = None,
+        builtin: bool = False,
         **settings: Any,
     ) -> None:
+        """`builtin`: the scheduler is its own node registry (the nodes are the agents that
+        heartbeat, `h.heartbeat`), as with REGISTRY_URL=builtin; else `nodes` is the list."""
         self.clock = clock or ManualClock(T0)
         if isinstance(nodes, StaticNodes):
             self.nodes = nodes
@@ -52,14 +57,24 @@ class Harness:
             self.nodes = StaticNodes({node: "healthy" for node in nodes})
         self.database = database or MemoryDatabase()
         self.store = MemoryStore(self.database)
-        self.settings = Settings(registry_url="http://registry.invalid", **settings)
+        registry_url = BUILTIN_REGISTRY if builtin else "http://registry.invalid"
+        self.settings = Settings(registry_url=registry_url, **settings)
         writer = Writer(self.store)
         loaded = writer.load()
         table = JobTable(loaded.jobs, loaded.last_seq)
         schedule_table = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
-        placement = Placement(self.nodes, self.settings, table, self.clock)
+        book = NodeBook(self.clock, self.settings.node_heartbeat_secs, self.settings.node_lost_secs)
+        source: NodeSource = BuiltinNodes(book) if builtin else self.nodes
+        placement = Placement(Drains(source, book), self.settings, table, self.clock)
         self.service = Scheduler(
-            self.settings, writer, table, placement, schedule_table, clock=self.clock
+            self.settings,
+            writer,
+            table,
+            placement,
+            schedule_table,
+            clock=self.clock,
+            book=book,
+            nodes=loaded.nodes,
         )
         self.scan = Scan(self.service)
         self.firing = ScheduleFiring(self.service)
@@ -84,9 +99,16 @@ class Harness:
         """A new scheduler on the same database and clock, as after a crash or a failover."""
         fields = {
             name: getattr(self.settings, name)
-            for name in ("max_jobs_per_node", "max_job_retries", "node_lost_secs", "job_stealing")
+            for name in (
+                "max_jobs_per_node",
+                "max_job_retries",
+                "node_lost_secs",
+                "job_stealing",
+                "node_heartbeat_secs",
+            )
         }
-        return Harness(self.nodes, self.database, self.clock, **fields)
+        builtin = self.settings.builtin_registry
+        return Harness(self.nodes, self.database, self.clock, builtin, **fields)
 
     # --- what clients and agents do ------------------------------------------------------
 
@@ -108,6 +130,15 @@ class Harness:
         status = jobs.DONE if exit_code == 0 else jobs.FAILED
         update = JobUpdate(status=status, exit_code=exit_code, stdout=stdout, stderr=stderr)
         return self.service.update(job_id, update)
+
+    def heartbeat(
+        self, node: str, running: Iterable[str] = (), cpu_count: int = 2, version: str = "t"
+    ) -> Orders:
+        beat = Heartbeat(cpu_count, frozenset(running), version)
+        return self.service.heartbeat(node, beat)
+
+    def cancel(self, job_id: str) -> Job:
+        return self.service.cancel(job_id)
 
     def job(self, job_id: str) -> Job:
         return self.service.get(job_id)

@@ -146,7 +146,7 @@ def test_polls_that_prove_nothing_change_nothing(case: str) -> None:
     h.claim(job.job_id)
     h.advance(60)
     if case == "a heartbeating node":
-        h.service.dispatch.heartbeating.add("node-a")
+        h.heartbeat("node-a", running=[job.job_id])
     h.poll("node-a", from_agent=case != "with a key")
     assert h.job(job.job_id).status == jobs.RUNNING
 

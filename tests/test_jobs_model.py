@@ -253,9 +253,9 @@ def test_update_transitions(current: str, wanted: str) -> None:
 
 
 @pytest.mark.parametrize("current", STATUSES)
-def test_only_a_pending_job_can_be_cancelled(current: str) -> None:
+def test_a_job_that_has_not_ended_can_be_cancelled(current: str) -> None:
     job = new_job(status=current)
-    if current == "pending":
+    if current in ("pending", "running"):
         cancelled = jobs.cancel(job, T0 + 9)
         assert cancelled.to_wire() == {
             **job.to_wire(),
@@ -267,6 +267,8 @@ def test_only_a_pending_job_can_be_cancelled(current: str) -> None:
         }
         assert cancelled.is_final
         assert not jobs.should_retry(cancelled, 5), "a cancel is final"
+        # A running job's process is still on its node until its agent stops it.
+        assert cancelled.holds_slot == (current == "running")
     else:
         with pytest.raises(TransitionError) as caught:
             jobs.cancel(job, T0 + 9)

@@ -16,8 +16,11 @@ from typing import TYPE_CHECKING, Any
 from flask import Flask
 
 from . import jobs, storage
+from .clock import SYSTEM
 from .config import SCHEDULE_TICK_SECS, Settings
 from .loops import Background
+from .node_book import BuiltinNodes, Drains, NodeBook, NodeRecord
+from .nodes import NodeSource
 from .peers import CallObserver
 from .placement import Placement
 from .registry import Registry
@@ -52,6 +55,7 @@ def create_app(settings: Settings | None = None, owner_wait_secs: float = 0.0) -
             raise
         table = JobTable(loaded.jobs, loaded.last_seq)
         schedule_table = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
+        node_records: list[NodeRecord] = loaded.nodes
         last_seq = loaded.last_seq
         del loaded
         # The loaded jobs live as long as the process: move them out of the cycle collector's
@@ -61,10 +65,17 @@ def create_app(settings: Settings | None = None, owner_wait_secs: float = 0.0) -
     else:
         # A standby holds no jobs and no schedules: each term as leader loads them.
         table, schedule_table = JobTable(), ScheduleTable()
+        node_records = []
     store.start()
     peer_calls: list[CallObserver] = []  # told of every call to a peer (the metrics count them)
-    placement = Placement(Registry(settings, peer_calls), settings, table)
-    service = Scheduler(settings, store, table, placement, schedule_table, leadership)
+    book = NodeBook(SYSTEM, settings.node_heartbeat_secs, settings.node_lost_secs)
+    source: NodeSource = (
+        BuiltinNodes(book) if settings.builtin_registry else Registry(settings, peer_calls)
+    )
+    placement = Placement(Drains(source, book), settings, table)
+    service = Scheduler(
+        settings, store, table, placement, schedule_table, leadership, SYSTEM, book, node_records
+    )
     if store.events_waiting and not settings.sns_url:
         log.warning(
             "%d SNS events of an earlier run wait in the outbox; SNS_URL is unset, so they stay "

@@ -87,6 +87,19 @@ DEFAULT_LEADER_LEASE_SECS = 5.0
 MIN_LEADER_LEASE_SECS = 1.0
 """The shortest lease LEADER_LEASE_SECS accepts: renewals and checks run at fractions of it."""
 
+BUILTIN_REGISTRY = "builtin"
+"""REGISTRY_URL's value for a scheduler that is its own node registry (the nodes are the agents
+that heartbeat)."""
+
+DEFAULT_NODE_HEARTBEAT_SECS = 5.0
+"""Seconds between two heartbeats asked of this project's agents."""
+
+DEFAULT_KILL_GRACE_SECS = 10.0
+"""Seconds an agent waits after SIGTERM before SIGKILL when it stops a job."""
+
+DEFAULT_MAX_WAITERS = 64
+"""Open output waits and event streams at most; more get 503."""
+
 REGISTRY_DEADLINE_SECS = 3.0
 """Seconds one registry call may take in all (connect, send, the whole answer) before the
 request that needed it gets 503: a hung or trickling registry."""
@@ -143,6 +156,15 @@ class Settings:
     log_level: str = "info"
     advertise_url: str | None = None
     leader_lease_secs: float = DEFAULT_LEADER_LEASE_SECS
+    node_heartbeat_secs: float = DEFAULT_NODE_HEARTBEAT_SECS
+    kill_grace_secs: float = DEFAULT_KILL_GRACE_SECS
+    max_waiters: int = DEFAULT_MAX_WAITERS
+    ha_forward: bool = True
+
+    @property
+    def builtin_registry(self) -> bool:
+        """Whether the scheduler is its own node registry (REGISTRY_URL=builtin)."""
+        return self.registry_url == BUILTIN_REGISTRY
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -156,7 +178,7 @@ class Settings:
         return cls(
             bind=env.text("SCHEDULER_BIND", DEFAULT_BIND),
             db_path=db_path,
-            registry_url=env.url("REGISTRY_URL", DEFAULT_REGISTRY_URL),
+            registry_url=env.url_or("REGISTRY_URL", DEFAULT_REGISTRY_URL, BUILTIN_REGISTRY),
             registry_cache_secs=env.number("REGISTRY_CACHE_SECS", DEFAULT_REGISTRY_CACHE_SECS, 0),
             api_key=env.optional("TINYAWS_API_KEY"),
             auth_agent_exempt=env.flag("AUTH_AGENT_EXEMPT", True),
@@ -185,6 +207,10 @@ class Settings:
             leader_lease_secs=env.number(
                 "LEADER_LEASE_SECS", DEFAULT_LEADER_LEASE_SECS, MIN_LEADER_LEASE_SECS
             ),
+            node_heartbeat_secs=env.number("NODE_HEARTBEAT_SECS", DEFAULT_NODE_HEARTBEAT_SECS, 0.1),
+            kill_grace_secs=env.number("KILL_GRACE_SECS", DEFAULT_KILL_GRACE_SECS, 0),
+            max_waiters=env.integer("MAX_WAITERS", DEFAULT_MAX_WAITERS, 0),
+            ha_forward=env.flag("HA_FORWARD", True),
         )
 
 
@@ -203,6 +229,13 @@ class _Env:
 
     def url(self, name: str, default: str) -> str:
         return self.optional_url(name) or default
+
+    def url_or(self, name: str, default: str, word: str) -> str:
+        """A URL, or the one `word` that stands for something else (`builtin`)."""
+        raw = self.optional(name)
+        if raw is not None and raw.lower() == word:
+            return word
+        return self.url(name, default)
 
     def optional_url(self, name: str) -> str | None:
         value = self.optional(name)

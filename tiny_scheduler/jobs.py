@@ -181,8 +181,9 @@ class Job:
     attempts: tuple[Attempt, ...] = _field(DETAIL, ())
     # Where the job came from, for deduplication (an Idempotency-Key or an SQS message).
     dedupe_key: str | None = _field(HIDDEN, None)
-    # A timed-out `run` attempt whose process may still be running on its node: it keeps its
-    # slot until the agent's late report arrives or the node counts as lost.
+    # An attempt the scheduler ended while it ran (timed out, cancelled) whose process may
+    # still be running on its node: it is in the node's stop orders, and a `run` job keeps
+    # its slot, until the agent's late report arrives or the node counts as lost.
     holds_slot: bool = _field(HIDDEN, False)
     # The node the job was last moved away from while it waited (stolen by an idle node, or
     # taken off a lost one); cleared when it is placed afresh for a retry. For the job page.
@@ -210,7 +211,7 @@ class Job:
     def uses_slot(self) -> bool:
         """Whether this job occupies one of its node's slots now: a running `run` job, or a
         timed-out one whose process may still be running there."""
-        return (self.status == RUNNING and self.takes_slot) or self.holds_slot
+        return self.takes_slot and (self.status == RUNNING or self.holds_slot)
 
     def evolve(self, **changes: Any) -> Job:
         """A new version of the job with `changes` (field names and values)."""
@@ -313,8 +314,8 @@ def finish(
 
 def fail_by_scheduler(job: Job, reason: Reason, now: int, stderr: str | None = None) -> Job:
     """End the running attempt from the scheduler's side (`timeout` or `node_lost`): exit -1
-    and `stderr`, by default the reason's fixed text. A timed-out `run` attempt keeps its
-    slot: the scheduler cannot stop the process on the node (see `is_late_report`)."""
+    and `stderr`, by default the reason's fixed text. A timed-out attempt's process goes on
+    until its agent stops it (see `is_late_report`): it keeps its slot meanwhile."""
     text = _SCHEDULER_STDERR[reason] if stderr is None else stderr
     failed = finish(job, FAILED, -1, "", text, now, reason)
     if reason == Reason.TIMEOUT and job.takes_slot:
@@ -324,9 +325,14 @@ def fail_by_scheduler(job: Job, reason: Reason, now: int, stderr: str | None = N
 
 def is_late_report(job: Job, status: str) -> bool:
     """Whether a `done`/`failed` report is the late end of an attempt the scheduler already
-    timed out. It is answered 200 with the job unchanged (the timeout is final), and it
-    frees the slot the attempt kept (`release_slot`)."""
-    return status in (DONE, FAILED) and job.status == FAILED and job.reason == Reason.TIMEOUT
+    ended while it ran (timed out, or cancelled while running). It is answered 200 with the
+    job unchanged (the scheduler's end is final), and it frees the slot the attempt kept
+    (`release_slot`)."""
+    if status not in (DONE, FAILED) or job.status != FAILED:
+        return False
+    return job.reason == Reason.TIMEOUT or (
+        job.reason == Reason.CANCELLED and job.running_at is not None
+    )
 
 
 def release_slot(job: Job) -> Job:
@@ -369,13 +375,15 @@ def retry(job: Job, node_id: str) -> Job:
 
 
 def can_cancel(job: Job) -> bool:
-    """Only a job no agent has claimed yet can be cancelled."""
-    return job.status == PENDING
+    """A job that has not ended can be cancelled: a pending one, or a running one (its agent
+    is told to stop it)."""
+    return job.status in (PENDING, RUNNING)
 
 
 def cancel(job: Job, now: int) -> Job:
     """A cancelled job ends as a failure every existing client understands: `failed`, reason
-    `cancelled`, exit -1, stderr `job cancelled`; it is never retried."""
+    `cancelled`, exit -1, stderr `job cancelled`; it is never retried. A running one keeps
+    its process on the node until its agent stops it and reports (`holds_slot`)."""
     if not can_cancel(job):
         raise TransitionError(job, CANCEL)
     return job.evolve(
@@ -384,6 +392,7 @@ def cancel(job: Job, now: int) -> Job:
         exit_code=-1,
         stderr=CANCELLED_STDERR,
         finished_at=now,
+        holds_slot=job.status == RUNNING,
     )
 
 

@@ -34,16 +34,33 @@ class Nodes:
     fetched_at: float = 0.0  # monotonic seconds, by the source's clock
     healthy: tuple[str, ...] = ()  # healthy node ids, sorted: the round-robin order
     cpus: dict[str, int] = dataclasses.field(default_factory=dict)  # node id -> cpu_count
+    drained: frozenset[str] = frozenset()  # nodes an operator drains: healthy, but no new work
+    accepting: tuple[str, ...] = ()  # healthy nodes not drained, sorted: where work may go
 
     @classmethod
     def of(
-        cls, status: dict[str, str], cpus: dict[str, int] | None = None, fetched_at: float = 0.0
+        cls,
+        status: dict[str, str],
+        cpus: dict[str, int] | None = None,
+        fetched_at: float = 0.0,
+        drained: frozenset[str] = frozenset(),
     ) -> Nodes:
         healthy = tuple(sorted(node for node, state in status.items() if state == HEALTHY))
-        return cls(status=status, fetched_at=fetched_at, healthy=healthy, cpus=cpus or {})
+        accepting = tuple(node for node in healthy if node not in drained) if drained else healthy
+        return cls(status, fetched_at, healthy, cpus or {}, drained, accepting)
+
+    def draining(self, drained: frozenset[str]) -> Nodes:
+        """The same list with `drained` as the drained nodes."""
+        if drained == self.drained:
+            return self
+        return Nodes.of(self.status, self.cpus, self.fetched_at, drained)
 
     def is_healthy(self, node_id: str) -> bool:
         return self.status.get(node_id) == HEALTHY
+
+    def accepts(self, node_id: str) -> bool:
+        """Whether new work may go to the node: healthy and not drained."""
+        return node_id not in self.drained and self.is_healthy(node_id)
 
     def cpu_count(self, node_id: str) -> int:
         """The node's `cpu_count` as the source gave it; 1 when it gave none usable."""

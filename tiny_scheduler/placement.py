@@ -37,6 +37,7 @@ from .errors import PlacementError
 from .nodes import Nodes, NodeSource
 
 NO_HEALTHY_NODES = "no healthy compute nodes"
+ALL_DRAINED = "no healthy compute nodes (every healthy node is draining)"
 
 
 class Loads(Protocol):
@@ -104,7 +105,7 @@ class Placement:
         with self._turn_lock:
             # Read the loads and move the rotation together: two submissions at once must
             # see each other's turn, or both would take the same "next" node.
-            chosen = self._choose(_candidates(nodes.healthy, avoid), nodes)
+            chosen = self._choose(_candidates(nodes.accepting, avoid), nodes)
             self._previous = chosen
         return chosen
 
@@ -113,10 +114,12 @@ class Placement:
         choosing it: a look changes nothing (GET /schedule)."""
         nodes = self.source.nodes()
         with self._turn_lock:
-            return self._choose(nodes.healthy, nodes)
+            return self._choose(nodes.accepting, nodes)
 
     def _choose(self, healthy: Sequence[str], nodes: Nodes) -> str:
         if not healthy:
+            if nodes.healthy:
+                raise PlacementError(ALL_DRAINED)
             raise PlacementError(NO_HEALTHY_NODES)
         candidates = healthy if self._round_robin else self._least_loaded(healthy, nodes)
         # `healthy` is sorted by id: the first candidate after the previous choice, wrapping.
@@ -170,13 +173,13 @@ class Placement:
         """Whether a polling node may take jobs from others: only one the registry (as last
         fetched) lists as healthy. An agent that polls but whose node the registry thinks
         dead, or that it has never listed, gets only its own jobs."""
-        return nodes is not None and nodes.is_healthy(node_id)
+        return nodes is not None and nodes.accepts(node_id)
 
     @staticmethod
     def gives_work(load: NodeLoad, nodes: Nodes) -> bool:
         """Whether a node's waiting jobs may go to an idle node: it has no free slot to start
         them, or it is unhealthy or gone from the registry, so they would wait."""
-        return load.free == 0 or not nodes.is_healthy(load.node_id)
+        return load.free == 0 or not nodes.accepts(load.node_id)
 
 
 def _candidates(healthy: tuple[str, ...], avoid: str | None) -> tuple[str, ...]:

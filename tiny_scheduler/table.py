@@ -252,6 +252,12 @@ class JobTable:
             queue = self._running.get(node_id)
             return list(queue.values()) if queue else []
 
+    def node_counts(self, node_id: str) -> tuple[int, int]:
+        """(pending jobs, running jobs) of the node: three lookups."""
+        with self._lock:
+            pending = len(self._pending.get(node_id, ())) + len(self._waiting.get(node_id, ()))
+            return pending, len(self._running.get(node_id, ()))
+
     def busy_nodes(self) -> set[str]:
         """Nodes that have pending or running jobs, or a timed-out job holding a slot."""
         with self._lock:

@@ -1,6 +1,5 @@
-"""The HTTP API: blueprints for jobs, schedule, schedules, health, the leader and the OpenAPI
-document,
-authentication, and error replies.
+"""The HTTP API: blueprints for jobs, nodes, schedule, schedules, health, the leader and the
+OpenAPI document, authentication, and error replies.
 
 Views only translate between HTTP and the service: read the request, call one service method,
 shape the reply. Every rule lives in the service or below it.
@@ -10,7 +9,7 @@ from __future__ import annotations
 
 from flask import Flask
 
-from . import auth, health, jobs, leader, metrics, openapi, replies, schedule, schedules
+from . import auth, health, jobs, leader, metrics, nodes, openapi, replies, schedule, schedules
 
 
 def init_app(app: Flask) -> None:
@@ -23,5 +22,6 @@ def init_app(app: Flask) -> None:
     app.register_blueprint(schedule.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(schedules.bp)
+    app.register_blueprint(nodes.bp)
     app.register_blueprint(openapi.bp)
     app.register_blueprint(metrics.bp)

@@ -9,6 +9,7 @@ It knows nothing of HTTP. Its parts each own one concern and decide apart from c
 - `dispatch` with `moves`: the agent poll and moving waiting work (`moves` decides, purely,
   which jobs go where);
 - `schedule_ops`: schedule changes and fires (`schedules.plan` decides);
+- `node_ops`: heartbeats (with the nodes' stop orders), drains, the node listing;
 - `terms`: leadership terms and `/health`;
 - `reads`: every read, and the outbox of final-state events.
 
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from ..clock import SYSTEM, Clock
 from ..config import Settings
+from ..node_book import NodeBook, NodeRecord
 from ..placement import NodeLoad, Placement
 from ..schedule_table import ScheduleTable
 from ..storage import OutboxEvent, Writer
@@ -28,6 +30,7 @@ from ..table import JobTable, NodeJobs
 from .core import Core, Event, Listener, Move
 from .dispatch import Dispatch
 from .lifecycle import Lifecycle
+from .node_ops import NodeOps, NodeView, Orders
 from .reads import Page, Reads
 from .schedule_ops import ScheduleOps
 from .terms import Terms
@@ -41,6 +44,8 @@ __all__ = [
     "Move",
     "NodeJobs",
     "NodeLoad",
+    "NodeView",
+    "Orders",
     "OutboxEvent",
     "Page",
     "Scheduler",
@@ -59,7 +64,11 @@ class Scheduler:
         schedule_table: ScheduleTable | None = None,
         leadership: Leadership | None = None,
         clock: Clock = SYSTEM,
+        book: NodeBook | None = None,
+        nodes: list[NodeRecord] | None = None,
     ) -> None:
+        """`book` is the node book the node source reads (made here when none is given);
+        `nodes` the stored nodes (SQLite: loaded with the jobs)."""
         core = Core(settings, clock, store, table, placement, schedule_table or ScheduleTable())
         self._core = core
         self.settings = settings
@@ -74,8 +83,8 @@ class Scheduler:
         self.release_slot = lifecycle.release_slot
         self.expire = lifecycle.expire
 
-        dispatch = Dispatch(core, lifecycle)
-        self.dispatch = dispatch
+        book = book or NodeBook(clock, settings.node_heartbeat_secs, settings.node_lost_secs)
+        dispatch = Dispatch(core, lifecycle, book)
         self.poll = dispatch.poll
         self.move_pending = dispatch.move_pending
 
@@ -88,7 +97,14 @@ class Scheduler:
         self.due_schedules = schedule_ops.due_schedules
         self.fire_schedule = schedule_ops.fire_schedule
 
-        terms = Terms(core, leadership)
+        node_ops = NodeOps(core, lifecycle, dispatch, book, settings.builtin_registry)
+        node_ops.load(nodes or [])
+        self.heartbeat = node_ops.heartbeat
+        self.set_drain = node_ops.set_drain
+        self.nodes = node_ops.nodes
+        self.node = node_ops.node
+
+        terms = Terms(core, node_ops, leadership)
         self.is_serving = terms.is_serving
         self.leader = terms.leader
         self.take_over = terms.take_over

@@ -12,6 +12,7 @@ import logging
 
 from .. import errors, jobs
 from ..jobs import Job
+from ..node_book import NodeBook
 from ..nodes import Nodes
 from . import moves
 from .core import Core, Event, Move
@@ -23,11 +24,11 @@ log = logging.getLogger("tiny_scheduler.service")
 class Dispatch:
     """The poll and the moving of waiting work."""
 
-    def __init__(self, core: Core, lifecycle: Lifecycle) -> None:
+    def __init__(self, core: Core, lifecycle: Lifecycle, book: NodeBook) -> None:
         self._core = core
         self._lifecycle = lifecycle
-        self.heartbeating: set[str] = set()
-        """Nodes whose agent reports what it runs by heartbeat (their polls prove nothing)."""
+        # A node whose agent heartbeats says what it runs there: its polls prove nothing.
+        self._book = book
 
     def poll(self, node_id: str, from_agent: bool = False) -> list[Job]:
         """The agent poll: the node's oldest pending jobs that are due (a delayed job waits
@@ -39,7 +40,7 @@ class Dispatch:
         core = self._core
         placement = core.placement
         now = core.now()
-        if from_agent and node_id not in self.heartbeating:
+        if from_agent and self._book.last_beat(node_id) is None:
             self._forget_disproved_claims(node_id, now)
         nodes = placement.source.cached_nodes()  # never a registry call on this path
         slots = placement.slots(node_id, nodes)

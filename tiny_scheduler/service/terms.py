@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from ..schedule_table import ScheduleTable
 from ..table import JobTable
 from .core import Core
+from .node_ops import NodeOps
 
 if TYPE_CHECKING:  # psycopg is imported only by a daemon on PostgreSQL
     from ..leadership import Leadership, LeaderView
@@ -23,8 +24,9 @@ log = logging.getLogger("tiny_scheduler.service")
 class Terms:
     """This daemon's part in leadership, as the service sees it."""
 
-    def __init__(self, core: Core, leadership: Leadership | None) -> None:
+    def __init__(self, core: Core, node_ops: NodeOps, leadership: Leadership | None) -> None:
         self._core = core
+        self._node_ops = node_ops
         self._leadership = leadership  # None with SQLite: the one daemon always serves
 
     def is_serving(self) -> bool:
@@ -45,6 +47,7 @@ class Terms:
         core.table = JobTable(loaded.jobs, loaded.last_seq)
         core.placement.count_loads_in(core.table)
         core.schedules = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
+        self._node_ops.load(loaded.nodes)
         log.info(
             "loaded %d jobs (last id job-%d), %d schedules, %d SNS events waiting",
             len(loaded.jobs),
@@ -60,6 +63,7 @@ class Terms:
         core.table = JobTable()
         core.placement.count_loads_in(core.table)
         core.schedules = ScheduleTable()
+        self._node_ops.forget()
 
     def health(self) -> dict[str, object]:
         core = self._core

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from ..jobs import Job, Output
+from ..node_book import NodeRecord
 from ..schedules import Schedule
 
 
@@ -51,6 +52,7 @@ class Loaded:
     events: int = 0  # events waiting in the outbox
     schedules: list[Schedule] = dataclasses.field(default_factory=list)  # in id order
     last_schedule_seq: int = 0  # the highest schedule id ever handed out
+    nodes: list[NodeRecord] = dataclasses.field(default_factory=list)  # by node id
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,6 +68,7 @@ class Batch:
     # fire commits its job and the schedule's new state in one batch.
     schedules: Sequence[Schedule] = ()
     schedule_deletes: Sequence[int] = ()
+    nodes: Sequence[NodeRecord] = ()  # insert or replace (by node id)
 
 
 class JobStore(Protocol):

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from ..jobs import Job, Output
+from ..node_book import NodeRecord
 from ..schedules import Schedule
 from .base import Batch, Loaded, OutboxEvent
 
@@ -37,6 +38,7 @@ class MemoryDatabase:
     last_seq: int = 0
     last_schedule_seq: int = 0
     last_event_id: int = 0
+    nodes: dict[str, NodeRecord] = dataclasses.field(default_factory=dict)
 
 
 class MemoryStore:
@@ -64,6 +66,7 @@ class MemoryStore:
                 events=len(db.outbox),
                 schedules=[db.schedules[seq] for seq in sorted(db.schedules)],
                 last_schedule_seq=db.last_schedule_seq,
+                nodes=[db.nodes[node] for node in sorted(db.nodes)],
             )
 
     def outbox(self, limit: int) -> list[OutboxEvent]:
@@ -100,6 +103,8 @@ class MemoryStore:
                 db.last_schedule_seq = max(db.last_schedule_seq, schedule.seq)
             for seq in batch.schedule_deletes:
                 db.schedules.pop(seq, None)
+            for record in batch.nodes:
+                db.nodes[record.node_id] = record
         if _changes(batch):
             self.batches.append(batch)
 
@@ -135,4 +140,5 @@ def _changes(batch: Batch) -> bool:
         or batch.delivered
         or batch.schedules
         or batch.schedule_deletes
+        or batch.nodes
     )

@@ -32,6 +32,7 @@ beside its writes).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import threading
 import time
@@ -41,6 +42,7 @@ from typing import Any
 from ..config import STORE_PROBE_INTERVAL_SECS, STORE_STALL_SECS
 from ..errors import StoreError
 from ..jobs import Job, Output
+from ..node_book import NodeRecord
 from ..schedules import Schedule
 from .base import Batch, JobStore, Loaded, OutboxEvent
 
@@ -168,6 +170,10 @@ class Writer:
         """Insert or replace a schedule, together with these jobs (a fire), in one
         transaction; returns once committed, else raises StoreError."""
         self._submit(Batch(upserts=changed, schedules=(schedule,)))
+
+    def save_nodes(self, *records: NodeRecord) -> None:
+        """Insert or replace these nodes' records; returns once committed."""
+        self._submit(Batch(nodes=records))
 
     def delete_schedule(self, seq: int) -> None:
         """Remove a schedule; its id is never handed out again."""
@@ -340,14 +346,15 @@ class Writer:
 
 
 def _merged(tickets: list[_Ticket]) -> Batch:
+    """One batch doing what the tickets' batches do, in their order (field by field, so a
+    field added to `Batch` merges without a change here)."""
     if len(tickets) == 1:
         return tickets[0].batch
-    return Batch(
-        upserts=[job for t in tickets for job in t.batch.upserts],
-        deletes=[seq for t in tickets for seq in t.batch.deletes],
-        probe=any(t.batch.probe for t in tickets),
-        events=[event for t in tickets for event in t.batch.events],
-        delivered=[id_ for t in tickets for id_ in t.batch.delivered],
-        schedules=[schedule for t in tickets for schedule in t.batch.schedules],
-        schedule_deletes=[seq for t in tickets for seq in t.batch.schedule_deletes],
-    )
+    merged: dict[str, Any] = {}
+    for field in _BATCH_FIELDS:
+        parts = [getattr(ticket.batch, field) for ticket in tickets]
+        merged[field] = any(parts) if field == "probe" else [x for part in parts for x in part]
+    return Batch(**merged)
+
+
+_BATCH_FIELDS = tuple(field.name for field in dataclasses.fields(Batch))

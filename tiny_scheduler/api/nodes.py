@@ -1,0 +1,35 @@
+"""The /nodes resource: agents' heartbeats, the node listing, and drains."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response
+
+from ..node_requests import DECODE_HEARTBEAT, DECODE_NODE_CHANGE, parse_drain, parse_heartbeat
+from .jobs import read_body
+from .replies import json_reply, scheduler
+
+bp = Blueprint("nodes", __name__)
+
+
+@bp.put("/nodes/<node_id>")
+def heartbeat(node_id: str) -> Response:
+    """An agent's heartbeat; the answer carries the node's orders (drain, stop)."""
+    beat = parse_heartbeat(read_body(DECODE_HEARTBEAT))
+    return json_reply(scheduler().heartbeat(node_id, beat).to_wire())
+
+
+@bp.get("/nodes")
+def list_nodes() -> Response:
+    return json_reply([node.to_wire() for node in scheduler().nodes()])
+
+
+@bp.get("/nodes/<node_id>")
+def get_node(node_id: str) -> Response:
+    return json_reply(scheduler().node(node_id).to_wire())
+
+
+@bp.patch("/nodes/<node_id>")
+def change_node(node_id: str) -> Response:
+    """Drain a node (`{"drain":true}`) or undrain it."""
+    drain = parse_drain(read_body(DECODE_NODE_CHANGE))
+    return json_reply(scheduler().set_drain(node_id, drain).to_wire())

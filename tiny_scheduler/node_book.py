@@ -1,0 +1,182 @@
+"""What the scheduler itself knows of its nodes: the agents' heartbeats and the operators'
+drains; and the two node sources built on it.
+
+- `NodeBook` keeps, per node, its last heartbeat (when, `cpu_count`, `labels`, `version`, the
+  jobs its agent says it runs) and whether it is drained. It is memory only: the service
+  stores what must outlive a restart (drains, the nodes' last facts) and loads it back with
+  every heartbeat counted as "seen at start-up", so lost-node clocks start again.
+- `BuiltinNodes` (`REGISTRY_URL=builtin`) is the node source made of heartbeats alone: a node
+  is healthy while its last heartbeat is at most `HEALTHY_BEATS` periods old, unhealthy after
+  that, and gone (not listed) after `NODE_LOST_SECS` without one.
+- `Drains` wraps any node source (the registry or the built-in one) and marks the drained
+  nodes in the lists it gives: healthy, but taking no new work.
+
+Health from heartbeats is read at the instant asked, from the clock handed in; nothing here
+calls a peer, so every read is instant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from .clock import Clock
+from .errors import PlacementError
+from .nodes import HEALTHY, Nodes, NodeSource
+
+HEALTHY_BEATS = 3
+"""A node is healthy while its last heartbeat is at most this many periods old."""
+
+UNHEALTHY = "unhealthy"
+
+INSTANCE_NOT_FOUND = "instance not found"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """What is stored of a node: the facts of its last heartbeat that changed, and its drain.
+    Not the heartbeat's time: after a restart every node counts as seen at start-up."""
+
+    node_id: str
+    cpu_count: int = 1
+    labels: tuple[tuple[str, str], ...] = ()
+    version: str = ""
+    drain: bool = False
+    seen_at: int = 0  # wall-clock microseconds of the heartbeat that changed the facts
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Beat:
+    """A node's last heartbeat, as the book keeps it."""
+
+    at: float  # monotonic seconds, by the book's clock
+    at_us: int  # wall-clock microseconds (shown as last_heartbeat_at)
+    cpu_count: int
+    running: frozenset[str]  # job ids the agent says it runs
+    version: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+class NodeBook:
+    """Heartbeats and drains by node id; safe to use from any thread."""
+
+    def __init__(self, clock: Clock, heartbeat_secs: float, lost_secs: float) -> None:
+        self.clock = clock
+        self.heartbeat_secs = heartbeat_secs
+        self.lost_secs = lost_secs
+        self._lock = threading.Lock()
+        self._beats: dict[str, Beat] = {}
+        self._drained: frozenset[str] = frozenset()
+        self._misses: dict[str, int] = {}  # job id -> heartbeats in a row that left it out
+
+    # --- changes ---------------------------------------------------------------------------
+
+    def beat(self, node_id: str, beat: Beat) -> None:
+        with self._lock:
+            self._beats[node_id] = beat
+
+    def restore(self, node_id: str, beat: Beat, drained: bool) -> None:
+        """A node known from the store: counted as seen now (its lost clock starts again)."""
+        now = self.clock.monotonic()
+        with self._lock:
+            self._beats[node_id] = dataclasses.replace(beat, at=now)
+            if drained:
+                self._drained = self._drained | {node_id}
+
+    def set_drain(self, node_id: str, drain: bool) -> None:
+        with self._lock:
+            self._drained = self._drained | {node_id} if drain else self._drained - {node_id}
+
+    def forget_all(self) -> None:
+        """A term ended: a standby knows no nodes (the next term loads them)."""
+        with self._lock:
+            self._beats.clear()
+            self._drained = frozenset()
+            self._misses.clear()
+
+    def missing(self, job_ids: list[str], listed: frozenset[str]) -> list[str]:
+        """Of the jobs the scheduler has running on a node, those its heartbeats have left
+        out twice in a row now (one heartbeat may have been built before the agent started
+        a job it had just claimed); the count of the others starts again."""
+        lost = []
+        with self._lock:
+            for job_id in job_ids:
+                if job_id in listed:
+                    self._misses.pop(job_id, None)
+                    continue
+                misses = self._misses.get(job_id, 0) + 1
+                if misses >= 2:
+                    self._misses.pop(job_id, None)
+                    lost.append(job_id)
+                else:
+                    self._misses[job_id] = misses
+        return lost
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def drained(self) -> frozenset[str]:
+        return self._drained
+
+    def beats(self) -> dict[str, Beat]:
+        with self._lock:
+            return dict(self._beats)
+
+    def last_beat(self, node_id: str) -> Beat | None:
+        with self._lock:
+            return self._beats.get(node_id)
+
+    def health(self, beat: Beat) -> str:
+        """`healthy`, `unhealthy` or `gone`, by the age of the node's last heartbeat."""
+        age = self.clock.monotonic() - beat.at
+        if age <= HEALTHY_BEATS * self.heartbeat_secs:
+            return HEALTHY
+        return UNHEALTHY if age <= self.lost_secs else "gone"
+
+
+class BuiltinNodes:
+    """The node source of `REGISTRY_URL=builtin`: the agents that heartbeat."""
+
+    def __init__(self, book: NodeBook) -> None:
+        self._book = book
+
+    def nodes(self) -> Nodes:
+        book = self._book
+        status: dict[str, str] = {}
+        cpus: dict[str, int] = {}
+        for node_id, beat in book.beats().items():
+            health = book.health(beat)
+            if health != "gone":
+                status[node_id] = health
+                cpus[node_id] = beat.cpu_count
+        return Nodes.of(status, cpus, book.clock.monotonic())
+
+    def cached_nodes(self) -> Nodes | None:
+        return self.nodes()  # made from memory at once: never stale
+
+    def last_outcome(self) -> str | None:
+        return ""
+
+    def instance_node(self, instance_id: str) -> str:
+        # Instances are the tiny-aws cloud's; a cluster of our own agents has none.
+        raise PlacementError(INSTANCE_NOT_FOUND)
+
+
+class Drains:
+    """A node source whose lists mark the book's drained nodes."""
+
+    def __init__(self, source: NodeSource, book: NodeBook) -> None:
+        self.source = source
+        self._book = book
+
+    def nodes(self) -> Nodes:
+        return self.source.nodes().draining(self._book.drained())
+
+    def cached_nodes(self) -> Nodes | None:
+        nodes = self.source.cached_nodes()
+        return None if nodes is None else nodes.draining(self._book.drained())
+
+    def last_outcome(self) -> str | None:
+        return self.source.last_outcome()
+
+    def instance_node(self, instance_id: str) -> str:
+        return self.source.instance_node(instance_id)

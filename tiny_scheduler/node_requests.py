@@ -1,0 +1,65 @@
+"""The checks of what agents and operators send about nodes: a heartbeat (`PUT /nodes/{id}`)
+and a drain (`PATCH /nodes/{id}`). Each refusal is a 400 whose text starts with the field."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from . import errors, jobs
+from .validation import decode_object
+
+DECODE_HEARTBEAT = "failed to decode heartbeat"
+DECODE_NODE_CHANGE = "failed to decode node change"
+NODE_NOT_FOUND = "node not found"
+
+MAX_RUNNING_LISTED = 10_000
+MAX_LABELS = 64
+MAX_TEXT = 256
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A valid heartbeat."""
+
+    cpu_count: int
+    running: frozenset[str]
+    version: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+def parse_heartbeat(body: bytes) -> Heartbeat:
+    data = decode_object(body, DECODE_HEARTBEAT)
+    cpu_count = data.get("cpu_count")
+    if not _is_int(cpu_count) or not 1 <= cpu_count <= 100_000:
+        raise errors.BadRequest("cpu_count must be an integer of at least 1")
+    running = data.get("running")
+    if not isinstance(running, list) or len(running) > MAX_RUNNING_LISTED:
+        raise errors.BadRequest(f"running must be a list of at most {MAX_RUNNING_LISTED} job ids")
+    for job_id in running:
+        if not isinstance(job_id, str) or jobs.parse_job_id(job_id) is None:
+            raise errors.BadRequest(f"running must list job ids (job-N), not {job_id!r:.60}")
+    version = data.get("version", "")
+    if version is None:
+        version = ""
+    if not isinstance(version, str) or len(version) > MAX_TEXT:
+        raise errors.BadRequest(f"version must be a string of at most {MAX_TEXT} characters")
+    labels = data.get("labels") or {}
+    if not isinstance(labels, dict) or len(labels) > MAX_LABELS:
+        raise errors.BadRequest(f"labels must be an object of at most {MAX_LABELS} strings")
+    for key, value in labels.items():
+        if not isinstance(value, str) or len(key) > MAX_TEXT or len(value) > MAX_TEXT:
+            raise errors.BadRequest(f"labels must map names to strings ({key!r:.60} does not)")
+    return Heartbeat(cpu_count, frozenset(running), version, tuple(sorted(labels.items())))
+
+
+def parse_drain(body: bytes) -> bool:
+    data = decode_object(body, DECODE_NODE_CHANGE)
+    drain = data.get("drain")
+    if not isinstance(drain, bool):
+        raise errors.BadRequest("drain must be true or false")
+    return drain
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,243 @@
+"""Nodes as the scheduler itself knows them: agents' heartbeats (with what they run and what
+they must stop), drains, and the node listing.
+
+- A **heartbeat** records the node in the book (and in the store when its facts changed), and
+  answers with the node's orders: `drain`, and `stop`, the jobs it runs that must end (the
+  scheduler ended them: cancelled or timed out, or they are not the node's any more). It is
+  also evidence: a job the scheduler has `running` there that two heartbeats in a row leave
+  out is not running anywhere; it fails as lost by its agent (the retry rule applies).
+- A **drain** is stored, takes the node out of placement at once and moves its pending jobs
+  (not pinned ones) elsewhere; its running jobs finish.
+- The **listing** joins the node source's list, the heartbeats, the drains and the jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from .. import errors, jobs
+from ..node_book import Beat, NodeBook, NodeRecord
+from ..node_requests import NODE_NOT_FOUND, Heartbeat
+from ..nodes import Nodes
+from . import moves
+from .core import Core
+from .dispatch import Dispatch
+from .lifecycle import Lifecycle
+
+log = logging.getLogger("tiny_scheduler.service")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeView:
+    """One node as `GET /nodes` shows it."""
+
+    node_id: str
+    health: str  # healthy, unhealthy, gone
+    source: str  # registry or heartbeat
+    slots: int
+    running: int
+    pending: int
+    drain: bool
+    last_heartbeat_at: int | None = None
+    cpu_count: int | None = None
+    labels: dict[str, str] | None = None
+    version: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "node_id": self.node_id,
+            "health": self.health,
+            "source": self.source,
+            "slots": self.slots,
+            "running": self.running,
+            "pending": self.pending,
+            "drain": self.drain,
+        }
+        if self.last_heartbeat_at is not None:
+            out["last_heartbeat_at"] = jobs.format_time(self.last_heartbeat_at)
+        if self.cpu_count is not None:
+            out["cpu_count"] = self.cpu_count
+        if self.labels:
+            out["labels"] = self.labels
+        if self.version:
+            out["version"] = self.version
+        return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Orders:
+    """The answer to a heartbeat."""
+
+    node_id: str
+    heartbeat_secs: float
+    drain: bool
+    stop: list[str]
+
+    def to_wire(self) -> dict[str, Any]:
+        secs = self.heartbeat_secs
+        return {
+            "node_id": self.node_id,
+            "heartbeat_secs": int(secs) if secs == int(secs) else secs,
+            "drain": self.drain,
+            "stop": self.stop,
+        }
+
+
+class NodeOps:
+    """Heartbeats, drains and the node listing."""
+
+    def __init__(
+        self, core: Core, lifecycle: Lifecycle, dispatch: Dispatch, book: NodeBook, builtin: bool
+    ) -> None:
+        self._core = core
+        self._lifecycle = lifecycle
+        self._dispatch = dispatch
+        self.book = book
+        self._builtin = builtin  # the heartbeats are the node list (REGISTRY_URL=builtin)
+        self._records: dict[str, NodeRecord] = {}  # as stored
+
+    def load(self, records: list[NodeRecord]) -> None:
+        """Start a term (or the daemon) with the stored nodes, each counted as seen now."""
+        self.book.forget_all()
+        self._records = {record.node_id: record for record in records}
+        for record in records:
+            beat = Beat(0.0, record.seen_at, record.cpu_count, frozenset(), record.version)
+            self.book.restore(
+                record.node_id, dataclasses.replace(beat, labels=record.labels), record.drain
+            )
+
+    def forget(self) -> None:
+        self.book.forget_all()
+        self._records = {}
+
+    # --- heartbeats ----------------------------------------------------------------------
+
+    def heartbeat(self, node_id: str, beat: Heartbeat) -> Orders:
+        core = self._core
+        book = self.book
+        now_us = core.now()
+        old = self._records.get(node_id)
+        record = NodeRecord(
+            node_id,
+            beat.cpu_count,
+            beat.labels,
+            beat.version,
+            drain=old.drain if old else False,
+            seen_at=now_us,
+        )
+        if old is None or dataclasses.replace(old, seen_at=now_us) != record:
+            core.store.save_nodes(record)  # the facts changed: durable before the answer
+            self._records[node_id] = record
+        book.beat(
+            node_id,
+            Beat(
+                core.clock.monotonic(),
+                now_us,
+                beat.cpu_count,
+                beat.running,
+                beat.version,
+                beat.labels,
+            ),
+        )
+        self._reconcile(node_id, beat.running)
+        return Orders(
+            node_id,
+            core.settings.node_heartbeat_secs,
+            node_id in book.drained(),
+            self._stop_orders(node_id, beat.running),
+        )
+
+    def _reconcile(self, node_id: str, listed: frozenset[str]) -> None:
+        running = self._core.table.running_on(node_id)
+        lost = self.book.missing([job.job_id for job in running], listed)
+        for job_id in lost:
+            seq = jobs.parse_job_id(job_id)
+            assert seq is not None
+            failed = self._lifecycle.fail_running(seq, jobs.Reason.NODE_LOST, moves.LOST_BY_AGENT)
+            if failed is not None:
+                log.warning("job %s: node %s's agent no longer runs it", job_id, node_id)
+
+    def _stop_orders(self, node_id: str, listed: frozenset[str]) -> list[str]:
+        """What the node must stop: each job its agent runs that is not running there as far
+        as the scheduler knows: ended by the scheduler while it ran (cancelled, timed out),
+        failed as lost and retried elsewhere, or forgotten altogether."""
+        table = self._core.table
+        stop = []
+        for job_id in listed:
+            seq = jobs.parse_job_id(job_id)
+            job = table.get(seq) if seq is not None else None
+            if job is None or job.node_id != node_id or job.status != jobs.RUNNING:
+                stop.append(job_id)
+        return sorted(stop, key=lambda job_id: jobs.parse_job_id(job_id) or 0)
+
+    # --- drains --------------------------------------------------------------------------
+
+    def set_drain(self, node_id: str, drain: bool) -> NodeView:
+        """Drain a node, or undrain it; NotFound for a node nobody ever heard of."""
+        core = self._core
+        if node_id not in self._known():
+            raise errors.NotFound(NODE_NOT_FOUND)
+        old = self._records.get(node_id) or NodeRecord(node_id, seen_at=core.now())
+        if old.drain != drain:
+            record = dataclasses.replace(old, drain=drain)
+            core.store.save_nodes(record)
+            self._records[node_id] = record
+        self.book.set_drain(node_id, drain)
+        if drain:
+            log.info("node %s drained", node_id)
+            for job in core.table.on_node(node_id).pending:
+                try:
+                    self._dispatch.move_pending(job.seq)  # pinned jobs stay
+                except errors.ServiceError as exc:
+                    log.warning("drain of %s: job %s stays: %s", node_id, job.job_id, exc)
+        else:
+            log.info("node %s undrained", node_id)
+        return self.node(node_id)
+
+    # --- the listing ---------------------------------------------------------------------
+
+    def nodes(self) -> list[NodeView]:
+        """Every known node, sorted by id."""
+        cached = self._core.placement.source.cached_nodes()
+        return [self._view(node_id, cached) for node_id in sorted(self._known(cached))]
+
+    def node(self, node_id: str) -> NodeView:
+        cached = self._core.placement.source.cached_nodes()
+        if node_id not in self._known(cached):
+            raise errors.NotFound(NODE_NOT_FOUND)
+        return self._view(node_id, cached)
+
+    def _known(self, cached: Nodes | None = None) -> set[str]:
+        if cached is None:
+            cached = self._core.placement.source.cached_nodes()
+        known = set(self.book.beats()) | set(self._records) | self._core.table.busy_nodes()
+        if cached is not None:
+            known |= set(cached.status)
+        return known
+
+    def _view(self, node_id: str, cached: Nodes | None) -> NodeView:
+        core = self._core
+        beat = self.book.last_beat(node_id)
+        listed = cached is not None and node_id in cached.status
+        if self._builtin or not listed:
+            health = self.book.health(beat) if beat is not None else "gone"
+            if not self._builtin and beat is None:
+                health = "gone"
+        else:
+            health = cached.status[node_id]  # type: ignore[union-attr]
+        pending, running = core.table.node_counts(node_id)
+        return NodeView(
+            node_id=node_id,
+            health=health,
+            source="registry" if listed and not self._builtin else "heartbeat",
+            slots=core.placement.slots(node_id, cached),
+            running=running,
+            pending=pending,
+            drain=node_id in self.book.drained(),
+            last_heartbeat_at=beat.at_us if beat is not None else None,
+            cpu_count=beat.cpu_count if beat is not None else None,
+            labels=dict(beat.labels) if beat is not None and beat.labels else None,
+            version=beat.version if beat is not None else "",
+        )
