@@ -54,6 +54,10 @@ class Unavailable(ServiceError):
 
     status = 503
 
+    def __init__(self, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds, sent as Retry-After
+
 
 class PlacementError(Unavailable):
     """No node can take the job; the message is one of the spec's placement texts."""

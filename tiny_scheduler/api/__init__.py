@@ -9,7 +9,20 @@ from __future__ import annotations
 
 from flask import Flask
 
-from . import auth, health, jobs, leader, metrics, nodes, openapi, replies, schedule, schedules
+from . import (
+    auth,
+    events,
+    health,
+    jobs,
+    leader,
+    metrics,
+    nodes,
+    openapi,
+    output,
+    replies,
+    schedule,
+    schedules,
+)
 
 
 def init_app(app: Flask) -> None:
@@ -23,5 +36,7 @@ def init_app(app: Flask) -> None:
     app.register_blueprint(jobs.bp)
     app.register_blueprint(schedules.bp)
     app.register_blueprint(nodes.bp)
+    app.register_blueprint(output.bp)
+    app.register_blueprint(events.bp)
     app.register_blueprint(openapi.bp)
     app.register_blueprint(metrics.bp)

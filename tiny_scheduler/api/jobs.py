@@ -72,7 +72,7 @@ def update_job(job_id: str) -> Response:
 
 @bp.post("/jobs/<job_id>/cancel")
 def cancel_job(job_id: str) -> Response:
-    """Cancel a pending job."""
+    """Cancel a job that has not ended: a pending one, or a running one (its agent stops it)."""
     return json_reply(scheduler().cancel(job_id).to_wire())
 
 

@@ -106,8 +106,12 @@ def init_app(app: Flask) -> None:
 
 
 def _service_error(exc: errors.ServiceError) -> Response:
-    headers = {"WWW-Authenticate": 'Bearer realm="tiny-scheduler"'}
-    return text_reply(exc.message, exc.status, headers if exc.status == 401 else None)
+    headers = None
+    if exc.status == 401:
+        headers = {"WWW-Authenticate": 'Bearer realm="tiny-scheduler"'}
+    elif isinstance(exc, errors.Unavailable) and exc.retry_after is not None:
+        headers = {"Retry-After": str(exc.retry_after)}
+    return text_reply(exc.message, exc.status, headers)
 
 
 DRAIN_LIMIT_FACTOR = 4

@@ -10,10 +10,12 @@ It knows nothing of HTTP. Its parts each own one concern and decide apart from c
   which jobs go where);
 - `schedule_ops`: schedule changes and fires (`schedules.plan` decides);
 - `node_ops`: heartbeats (with the nodes' stop orders), drains, the node listing;
+- `output_ops`: live output, appended by agents and read from any offset;
 - `terms`: leadership terms and `/health`;
 - `reads`: every read, and the outbox of final-state events.
 
-`Scheduler` below only wires them together and names their operations.
+`Scheduler` below only wires them together and names their operations; it also keeps the
+event log of job changes (`GET /events`) and the count of waiting requests.
 """
 
 from __future__ import annotations
@@ -22,15 +24,19 @@ from typing import TYPE_CHECKING
 
 from ..clock import SYSTEM, Clock
 from ..config import Settings
+from ..event_log import EventLog
+from ..jobs import Job
 from ..node_book import NodeBook, NodeRecord
 from ..placement import NodeLoad, Placement
 from ..schedule_table import ScheduleTable
 from ..storage import OutboxEvent, Writer
 from ..table import JobTable, NodeJobs
+from ..waiting import Waiters
 from .core import Core, Event, Listener, Move
 from .dispatch import Dispatch
 from .lifecycle import Lifecycle
 from .node_ops import NodeOps, NodeView, Orders
+from .output_ops import OutputOps, OutputRead
 from .reads import Page, Reads
 from .schedule_ops import ScheduleOps
 from .terms import Terms
@@ -47,6 +53,7 @@ __all__ = [
     "NodeView",
     "Orders",
     "OutboxEvent",
+    "OutputRead",
     "Page",
     "Scheduler",
 ]
@@ -104,6 +111,15 @@ class Scheduler:
         self.nodes = node_ops.nodes
         self.node = node_ops.node
 
+        output_ops = OutputOps(core)
+        self.append_output = output_ops.append
+        self.read_output = output_ops.read
+        self.output_signal = output_ops.signal
+
+        self.events = EventLog(clock)
+        self.listeners.append(self._log_event)
+        self.waiters = Waiters(settings.max_waiters)
+
         terms = Terms(core, node_ops, leadership)
         self.is_serving = terms.is_serving
         self.leader = terms.leader
@@ -131,3 +147,7 @@ class Scheduler:
         self.waiting_events = reads.waiting_events
         self.events_delivered = reads.events_delivered
         self.events_waiting = reads.events_waiting
+
+    def _log_event(self, event: Event, job: Job | None, detail: str) -> None:
+        if job is not None:
+            self.events.add(job)
