@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from flask import Flask
 
 from . import jobs, storage
-from .clock import SYSTEM
+from .clock import SYSTEM, Clock
 from .config import SCHEDULE_TICK_SECS, Settings
 from .loops import Background
 from .node_book import BuiltinNodes, Drains, NodeBook, NodeRecord
@@ -36,11 +36,13 @@ __all__ = ["Settings", "create_app", "start_background", "stop_background"]
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings | None = None, owner_wait_secs: float = 0.0) -> Flask:
+def create_app(
+    settings: Settings | None = None, owner_wait_secs: float = 0.0, clock: Clock = SYSTEM
+) -> Flask:
     """The scheduler as a WSGI app; settings default to the environment's. The database is
     the app's alone until `stop_background`; another scheduler that has it open is waited for
     up to `owner_wait_secs`, then refused (StoreOpenError, like a database that cannot be
-    read)."""
+    read). `clock` is the time every decision reads (tests hand in one they move)."""
     from . import api, metrics, ui
 
     settings = settings or Settings.from_env()
@@ -68,13 +70,15 @@ def create_app(settings: Settings | None = None, owner_wait_secs: float = 0.0) -
         node_records = []
     store.start()
     peer_calls: list[CallObserver] = []  # told of every call to a peer (the metrics count them)
-    book = NodeBook(SYSTEM, settings.node_heartbeat_secs, settings.node_lost_secs)
+    book = NodeBook(clock, settings.node_heartbeat_secs, settings.node_lost_secs)
     source: NodeSource = (
-        BuiltinNodes(book) if settings.builtin_registry else Registry(settings, peer_calls)
+        BuiltinNodes(book)
+        if settings.builtin_registry
+        else Registry(settings, peer_calls, clock)
     )
-    placement = Placement(Drains(source, book), settings, table)
+    placement = Placement(Drains(source, book), settings, table, clock)
     service = Scheduler(
-        settings, store, table, placement, schedule_table, leadership, SYSTEM, book, node_records
+        settings, store, table, placement, schedule_table, leadership, clock, book, node_records
     )
     if store.events_waiting and not settings.sns_url:
         log.warning(
