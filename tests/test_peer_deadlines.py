@@ -85,6 +85,37 @@ def peer() -> Iterator[TricklingPeer]:
 NODES = orjson.dumps({"node-t": {"id": "node-t", "status": "healthy", "role": "compute"}})
 
 
+def test_forty_submissions_against_a_trickling_registry_leave_the_threads_free(
+    scheduler_factory: SchedulerFactory, peer: TricklingPeer
+) -> None:
+    # The scale: more submissions than the daemon has threads for the registry.
+    # Without isolation every request thread waited on the registry and /health took
+    # seconds; now at most one fetch and a few waiters are held, the rest answer at once.
+    api = Api(scheduler_factory(registry_url=peer.url).url)
+    agent = Agent(api.base_url, "node-t")
+    try:
+        with ThreadPoolExecutor(40) as pool:
+            answers = [pool.submit(api.post, "/jobs", {"command": "x"}) for _ in range(40)]
+            health_times = []
+            for _ in range(20):
+                started = time.monotonic()
+                assert api.get("/health", timeout=LIVENESS_SECS).status_code == 200
+                health_times.append(time.monotonic() - started)
+                assert agent.poll() == []
+            statuses = [answer.result(LIVENESS_SECS).status_code for answer in answers]
+        assert statuses == [503] * 40
+        # A fetch is never begun for a caller that is refused: one flight at a time.
+        assert peer.calls <= 3, peer.calls
+        health_times.sort()
+        print(f"/health during 40 trickled submissions: max {health_times[-1] * 1000:.0f} ms")
+        # Every health check answered while the submissions waited (not a timing test: the
+        # bound is the "under a second", ten times what it takes when idle here).
+        assert health_times[-1] < 1.0
+    finally:
+        agent.close()
+        api.close()
+
+
 def test_a_trickling_registry_costs_a_submission_its_deadline_and_nothing_more(
     scheduler_factory: SchedulerFactory, peer: TricklingPeer
 ) -> None:

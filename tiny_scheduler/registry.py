@@ -11,10 +11,9 @@ caller at a time, and:
   own deadline past its freshness): a slow registry then holds one thread, not all of them;
 - with no usable list, at most `MAX_WAITERS` callers wait for the fetch under way; the rest
   are told at once that the registry cannot be reached;
-- a fetch that failed slowly (it took `SLOW_FAILURE_SECS` or more: a registry that hangs or
-  trickles) is remembered for `FAILURE_MEMORY_SECS`: callers in that moment get its failure
-  at once instead of each starting a fetch that would hang the same way. A quick failure (a
-  refused connection, an error status) is not remembered: asking again costs nothing.
+- a fetch's failure is every waiter's answer; the next caller asks again, so a registry that
+  is back is used at once. At most one fetch and `MAX_WAITERS` callers are ever held by a
+  registry that hangs or trickles: the other request threads stay free.
 
 Every failure is a `PlacementError` carrying one of the spec's texts. A node with an empty id
 is ignored: no agent could ever poll for its jobs.
@@ -45,11 +44,6 @@ MAX_WAITERS = 8
 """Callers that may wait at once for a node-list fetch when no usable list is cached: the
 other request threads stay free for the polls, reports and health checks."""
 
-FAILURE_MEMORY_SECS = 1.0
-"""How long a slow failed fetch answers for the registry before the next caller asks again."""
-
-SLOW_FAILURE_SECS = 0.5
-"""A failed fetch that took at least this long is remembered (see the module's notes)."""
 
 
 class Registry:
@@ -73,7 +67,6 @@ class Registry:
         self._in_flight = False
         self._waiters = 0
         self._flight_result: Nodes | PlacementError | None = None
-        self._failed_at: float | None = None  # monotonic, when the last fetch failed
         self._flight_number = 0
 
     @property
@@ -93,10 +86,7 @@ class Registry:
                 if age is not None and age < self._cache_secs + REGISTRY_DEADLINE_SECS:
                     return cached  # type: ignore[return-value]
                 return self._wait_for_flight()
-            if self._failed_at is not None and now - self._failed_at < FAILURE_MEMORY_SECS:
-                return _unwrap(self._flight_result)
             self._in_flight = True
-        started = self._clock.monotonic()
         result: Nodes | PlacementError
         try:
             result = self._fetch_nodes()
@@ -109,9 +99,6 @@ class Registry:
         with self._lock:
             if isinstance(result, Nodes):
                 self._cached = result
-                self._failed_at = None
-            elif self._clock.monotonic() - started >= SLOW_FAILURE_SECS:
-                self._failed_at = self._clock.monotonic()
             self._in_flight = False
             self._flight_result = result
             self._flight_number += 1
