@@ -18,6 +18,7 @@ slow-marked soak at the end (`make soak`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import http.client
 import json
 import os
@@ -25,8 +26,10 @@ import resource
 import selectors
 import socket
 import statistics
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+import requests
 from conftest import SchedulerFactory
 from helpers import Agent, Api, compact, expect_json, wait_for
 
@@ -605,3 +609,80 @@ def test_soak_latency_of_a_normal_client_under_the_crowd(
     )
     assert max(lifetimes) <= CLOSE_LIMIT_SECS
     assert not [s.answered for s in closed if s.answered]
+
+
+# --- readers that read nothing ------------------------------------------------------------------
+
+NON_READERS = 40
+"""The issue's figure: connections that pipeline requests and never read an answer (more than
+the daemon's request threads: 32 by default, 16 in the tests)."""
+
+PIPELINED = 600
+"""GET /openapi.json requests each of them sends at once: ~33 MB of answers per connection,
+far more than the kernel's buffers take for a client that reads nothing."""
+
+HEALTH_SAMPLES = 50
+"""Fresh clients' /health requests while the non-readers are connected."""
+
+HEALTH_BOUND_SECS = 2.0
+"""Each of those must be answered within this (a liveness bound, generous on a shared
+machine: a daemon whose threads are stuck in `send` does not answer at all)."""
+
+SAMPLE_GAP_SECS = 0.02
+"""Pause between two samples, so they spread over the load (a pace, not a synchronization)."""
+
+
+def unread_bytes(sock: socket.socket) -> int:
+    """Bytes of answers waiting in this client's receive buffer (FIONREAD)."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+
+
+def test_clients_that_never_read_their_answers_hold_no_thread(
+    scheduler_factory: SchedulerFactory,
+) -> None:
+    """40 connections pipeline GET /openapi.json and read nothing: their answers wait for
+    them in the worker's loop, not in request threads, so /health from a fresh client is
+    answered all along, and the daemon serves on once they go away."""
+    proc = scheduler_factory()
+    head = b"GET /openapi.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    readers: list[socket.socket] = []
+    latencies: list[float] = []
+    try:
+        for _ in range(NON_READERS):
+            sock = socket.create_connection(("127.0.0.1", proc.port), timeout=LIVENESS_SECS)
+            sock.sendall(head * PIPELINED)  # ~30 KB: the daemon's receive buffer takes it
+            readers.append(sock)
+        # The daemon is answering them (on the old worker every thread is then stuck).
+        wait_for(
+            lambda: sum(unread_bytes(sock) > 0 for sock in readers) >= 16,
+            timeout=30,
+            message="answers to the non-readers",
+        )
+        for _ in range(HEALTH_SAMPLES):
+            started = time.perf_counter()
+            reply = requests.get(proc.url + "/health", timeout=HEALTH_BOUND_SECS)
+            latencies.append(time.perf_counter() - started)
+            assert reply.status_code == 200
+            time.sleep(SAMPLE_GAP_SECS)
+        # Every non-reader got answers, up to what its kernel buffers take.
+        wait_for(
+            lambda: all(unread_bytes(sock) > 0 for sock in readers),
+            timeout=30,
+            message="answers to every non-reader",
+        )
+    finally:
+        for sock in readers:
+            sock.close()
+    cuts = statistics.quantiles(latencies, n=100, method="inclusive")
+    print(
+        f"/health under {NON_READERS} non-readers: p50 {cuts[49] * 1000:.1f} ms, "
+        f"p99 {cuts[98] * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms"
+    )
+    assert max(latencies) < HEALTH_BOUND_SECS
+    # They went away: the daemon serves on, on a fresh connection and a kept-alive one.
+    probe = Api(proc.url)
+    try:
+        for _ in range(3):
+            expect_json(probe.get("/health", timeout=LIVENESS_SECS), 200)
+    finally:
+        probe.close()
