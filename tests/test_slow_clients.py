@@ -38,11 +38,12 @@ from typing import IO
 
 import pytest
 import requests
-from conftest import SchedulerFactory
+from conftest import SchedulerFactory, start_scheduler, stop_scheduler
 from helpers import Agent, Api, compact, expect_json, wait_for
 
 from tiny_scheduler import worker
 from tiny_scheduler.dev.daemon import SchedulerProcess
+from tiny_scheduler.dev.registry import FakeRegistry
 
 CLOSE_LIMIT_SECS = 15.0
 """Each stalled connection must be closed by the server within this many seconds."""
@@ -450,6 +451,74 @@ def test_expect_100_continue_is_answered_before_the_body_is_sent(
         status, _, reply = read_reply(reader)
     assert status == 201
     assert json.loads(reply)["command"] == "after continue"
+
+
+KEY = "continue-key"
+KEYED_LIMIT = 65536
+"""MAX_REQUEST_BYTES of the keyed scheduler below."""
+
+
+@pytest.fixture(scope="module")
+def keyed(
+    registry_server: FakeRegistry, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SchedulerProcess]:
+    """A scheduler that wants a key and takes bodies of at most KEYED_LIMIT bytes."""
+    folder = tmp_path_factory.mktemp("keyed")
+    env = {"TINYAWS_API_KEY": KEY, "MAX_REQUEST_BYTES": str(KEYED_LIMIT)}
+    proc = start_scheduler(
+        folder / "scheduler.db", folder / "scheduler.log", registry_server.url, env
+    )
+    yield proc
+    stop_scheduler(proc)
+
+
+@pytest.mark.parametrize(
+    ("key", "length", "status"),
+    [("wrong", 20, 401), (KEY, 10 * KEYED_LIMIT, 413), (None, 10 * KEYED_LIMIT, 401)],
+    ids=["wrong key", "over the limit", "no key, over the limit"],
+)
+def test_a_request_that_will_be_refused_gets_no_100_continue(
+    keyed: SchedulerProcess, key: str | None, length: int, status: int
+) -> None:
+    """Its final answer comes at once, without the body, instead of an invitation to send a
+    body that would only be refused; the connection then closes."""
+    auth = [b"Authorization: Bearer " + key.encode()] if key else []
+    with connection(keyed.port) as (sock, reader):
+        sock.sendall(post_head("/jobs", length, b"Expect: 100-continue", *auth))
+        first = reader.readline()
+        assert first.startswith(b"HTTP/1.1 %d " % status), first
+        headers: dict[str, str] = {}
+        while (line := reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        assert headers.get("connection") == "close"
+        reader.read(int(headers["content-length"]))
+        assert reader.read() == b""  # closed by the server, nothing more sent
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "length", "status"),
+    [("POST", "/jobs", None, 201), ("PATCH", "/jobs/job-999999", 10 * KEYED_LIMIT, 404)],
+    ids=["a good submission", "a report over the limit (never refused for size)"],
+)
+def test_a_request_that_passes_gets_100_continue_then_its_answer(
+    keyed: SchedulerProcess, method: str, path: str, length: int | None, status: int
+) -> None:
+    if length is None:
+        body = compact({"command": "after continue"})
+    else:  # a valid report whose stdout makes it `length` bytes
+        start, end = b'{"status":"done","stdout":"', b'"}'
+        body = start + b"x" * (length - len(start) - len(end)) + end
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n"
+        f"Authorization: Bearer {KEY}\r\nExpect: 100-continue\r\n\r\n"
+    ).encode()
+    with connection(keyed.port) as (sock, reader):
+        sock.sendall(head)
+        assert reader.readline() == b"HTTP/1.1 100 Continue\r\n"
+        assert reader.readline() == b"\r\n"
+        sock.sendall(body)
+        assert read_reply(reader)[0] == status
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["length", "chunked"])

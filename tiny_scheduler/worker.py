@@ -30,7 +30,10 @@ The design, one selector loop and a pool of request threads:
 The HTTP rules stay gunicorn's: its parser reads every head (so malformed requests get its own
 400/414/431 pages) and decodes every body, and its code formats every response. The loop only
 finds where a request ends. Nothing here knows the app's routes or limits: a body over
-MAX_REQUEST_BYTES is received like any other and the app answers 413 as before.
+MAX_REQUEST_BYTES is received like any other and the app answers 413 as before. The one
+question asked of the app is before `100 Continue`: an app with a method
+`answered_before_body(environ) -> bool` (the scheduler's checks the key and the declared
+length there) says which requests get their final answer at once instead, without their body.
 
 Plain HTTP/1.x only: TLS, HTTP/2 and the PROXY protocol are refused at start-up (the
 scheduler uses none of them; a terminating proxy in front can).
@@ -51,6 +54,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from gunicorn import http
+from gunicorn.http import wsgi
 from gunicorn.http.body import Body, ChunkedReader, LengthReader
 from gunicorn.http.message import (
     DEFAULT_MAX_HEADERFIELD_SIZE,
@@ -370,6 +374,8 @@ class BufferingWorker(gthread.ThreadWorker):
         # swept for clients that take none of them.
         self.writing: set[_Conn] = set()
         self.loop_thread = 0  # the thread running the loop (set by run)
+        # The app's say on `Expect: 100-continue` requests (set by run, once it is loaded).
+        self.answered_before_body: Callable[[dict[str, Any]], bool] | None = None
         self.listener_names: dict[Any, Any] = {}
         self.accept_paused_until = 0.0
         self.recv_buf = bytearray(SPOOL_RECV_BYTES)
@@ -395,6 +401,7 @@ class BufferingWorker(gthread.ThreadWorker):
 
     def run(self) -> None:
         self.loop_thread = threading.get_ident()
+        self.answered_before_body = getattr(self.wsgi, "answered_before_body", None)
         self.poller.register(
             self.method_queue.fileno(), selectors.EVENT_READ, self.method_queue.run_callbacks
         )
@@ -620,6 +627,9 @@ class BufferingWorker(gthread.ThreadWorker):
         # request thread (gunicorn's place for it), which would send it after the body.
         expects = req._expected_100_continue
         req._expected_100_continue = False
+        if expects and self._answered_before_body(conn, req):
+            self._without_body(conn, req)
+            return
         rest = buf[received.consumed() :]
         if rest:
             self._body(conn, rest)
@@ -631,6 +641,33 @@ class BufferingWorker(gthread.ThreadWorker):
             # On failure the client sends its body after a pause anyway (or it is gone).
             with contextlib.suppress(OSError):
                 conn.out.sendall(_CONTINUE)
+
+    def _answered_before_body(self, conn: _Conn, req: Request) -> bool:
+        """Whether the app answers this request whatever its body (a refused key, a declared
+        length over its limit): then no `100 Continue` invites the body."""
+        ask = self.answered_before_body
+        if ask is None:
+            return False
+        try:
+            _, environ = wsgi.create(req, conn.out, conn.client, conn.server, self.cfg)
+            return bool(ask(environ))
+        except Exception:
+            # A head gunicorn cannot make an environ of gets that verdict in the thread, as
+            # any other request; the app's own failure is logged and changes nothing.
+            self.log.debug("No early verdict on a request of %s", conn.client, exc_info=True)
+            return False
+
+    def _without_body(self, conn: _Conn, req: Request) -> None:
+        """Hand a request over with an empty body, to be answered and the connection closed:
+        its body was never invited, and what of it arrives is drained by the lingering close
+        rather than read as the next request."""
+        req.body = Body(LengthReader(_BodySource(b"", None), 0))
+        req.must_close = True  # the answer says `Connection: close`
+        conn.close_after = True
+        conn.chunks = None
+        conn.length = conn.need = 0
+        conn.buf = b""
+        self._hand_over(conn)
 
     def _verdict_due(self, buf: bytes | bytearray, scanned: int) -> bool:
         """Whether gunicorn would refuse this unfinished head already: a bare LF, a request
