@@ -36,6 +36,7 @@ def test_what_the_kernel_does_not_take_waits_in_order_without_holding_the_writer
     pair: tuple[socket.socket, socket.socket],
 ) -> None:
     ours, theirs = pair
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)  # the kernel takes little
     wakes: list[int] = []
     out = Outbox(ours, lambda: wakes.append(1), loop_thread=-1)
     # Distinct bytes, more than the pair's buffers take: nobody reads yet.

@@ -829,6 +829,8 @@ class BufferingWorker(gthread.ThreadWorker):
             self._select(conn)
 
     def _on_writable(self, conn: _Conn) -> None:
+        if conn not in self.writing:
+            return  # its answer went out earlier in this round of events
         try:
             done = conn.out.flush()
         except OSError:
