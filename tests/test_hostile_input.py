@@ -7,6 +7,9 @@ an instance the registry does not know), error bodies `text/plain` with one of t
 messages, and a 2xx that carries exactly what was sent. At the end the process is still the
 one that started, /health is healthy and its log holds no traceback.
 
+Four 30 MB token-dense reports at once (on a scheduler of their own) each get their answer
+while /health answers.
+
 Where the answer is decided by the body alone, the expected verdict is computed here from the
 contract's own list of checks (`job_verdict`, `update_verdict`, `query_verdict`), so a check
 that is skipped, reordered or worded differently fails the property.

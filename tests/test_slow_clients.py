@@ -8,8 +8,11 @@
   serves.
 - Keep-alive idle is gunicorn's `keepalive` setting (120 s in the daemon's config); the
   open-files limit is raised in the daemon itself.
-- Pipelined requests, chunked bodies in pieces, `Expect: 100-continue`, bodies spooled past
-  memory, and a 100 MB body received without the worker's memory following it.
+- Pipelined requests, chunked bodies in pieces, `Expect: 100-continue` (and none for a request
+  that will be refused: a wrong key, a body over the limit), bodies spooled past memory, and a
+  100 MB body received without the worker's memory following it.
+- Clients that pipeline requests and never read the answers (the issue's 40) hold no request
+  thread: /health from a fresh client answers meanwhile.
 
 Only liveness deadlines here; the latency figures under the crowd are printed by the
 slow-marked soak at the end (`make soak`).
