@@ -7,6 +7,9 @@ an instance the registry does not know), error bodies `text/plain` with one of t
 messages, and a 2xx that carries exactly what was sent. At the end the process is still the
 one that started, /health is healthy and its log holds no traceback.
 
+Four 30 MB token-dense reports at once (on a scheduler of their own) each get their answer
+while /health answers.
+
 Where the answer is decided by the body alone, the expected verdict is computed here from the
 contract's own list of checks (`job_verdict`, `update_verdict`, `query_verdict`), so a check
 that is skipped, reordered or worded differently fails the property.
@@ -17,7 +20,9 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import statistics
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +30,8 @@ from typing import Any
 from urllib.parse import quote, quote_from_bytes
 
 import pytest
-from conftest import BASE_ENV, log_tail
+import requests
+from conftest import BASE_ENV, SchedulerFactory, log_tail
 from helpers import JSON_TYPE, TEXT_TYPE, Api, assert_no_nulls, compact, expect_json, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -744,6 +750,67 @@ def test_more_stalled_senders_than_threads_do_not_starve_the_server(live: Fixtur
 
 def live_threads() -> str:
     return {**BASE_ENV, **SCHEDULER_ENV}.get("SCHEDULER_THREADS", "32")
+
+
+# --- token-dense reports ---------------------------------------------------------------------
+
+DENSE_BYTES = 30 * 1024 * 1024
+"""The issue's figure: 30 MB PATCH bodies, four at once."""
+
+DENSE_REPORTS = {
+    # name: the body's start, the token repeated to 30 MB, its end, and the answer's status.
+    # Refused for their structure (400) ...
+    "array": (b'{"status":"done","x":[', b"0,", b"0]}", 400),
+    "members": (b"{", b'"":0,', b'"status":"done"}', 400),
+    # ... valid reports, for a job that does not exist (404).
+    "escaped quotes": (b'{"status":"done","stdout":"', b'\\"', b'"}', 404),
+    "backslashes": (b'{"status":"done","stdout":"', b"\\\\", b'"}', 404),
+}
+
+DENSE_ANSWER_SECS = 30.0
+"""Each of the four must be answered within this (a liveness bound: sent over loopback and
+read in bounded CPU, each takes a second or two; read token by token in Python, the four
+took over 40 s of the worker's CPU between them)."""
+
+HEALTH_SAMPLES = 50
+HEALTH_BOUND_SECS = 2.0
+"""Each /health sampled meanwhile must be answered within this (generous: a shared machine)."""
+
+
+def test_token_dense_reports_cost_bounded_cpu(scheduler_factory: SchedulerFactory) -> None:
+    """Four 30 MB token-dense PATCH bodies at once each get their answer, and /health from
+    a fresh client answers all along."""
+    proc = scheduler_factory()
+    answers: dict[str, tuple[int, str]] = {}
+
+    def send(shape: str, body: bytes) -> None:
+        reply = requests.patch(f"{proc.url}/jobs/job-999999", data=body, timeout=DENSE_ANSWER_SECS)
+        answers[shape] = (reply.status_code, reply.text)
+
+    senders = [
+        threading.Thread(
+            target=send, args=(shape, start + token * (DENSE_BYTES // len(token)) + end)
+        )
+        for shape, (start, token, end, _) in DENSE_REPORTS.items()
+    ]
+    for sender in senders:
+        sender.start()
+    latencies = []
+    for _ in range(HEALTH_SAMPLES):
+        started = time.perf_counter()
+        reply = requests.get(proc.url + "/health", timeout=HEALTH_BOUND_SECS)
+        latencies.append(time.perf_counter() - started)
+        assert reply.status_code == 200
+        time.sleep(0.02)  # spreads the samples over the load (a pace, not a synchronization)
+    for sender in senders:
+        sender.join(DENSE_ANSWER_SECS + 5)
+    cuts = statistics.quantiles(latencies, n=100, method="inclusive")
+    print(f"/health under four 30 MB token-dense reports: p99 {cuts[98] * 1000:.1f} ms")
+    message = {400: errors.DECODE_UPDATE + "\n", 404: errors.JOB_NOT_FOUND + "\n"}
+    assert answers == {
+        shape: (status, message[status]) for shape, (*_, status) in DENSE_REPORTS.items()
+    }
+    expect_json(requests.get(proc.url + "/health", timeout=HEALTH_BOUND_SECS), 200)
 
 
 # --- and afterwards ------------------------------------------------------------------------------

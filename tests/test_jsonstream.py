@@ -329,3 +329,71 @@ def test_a_big_report_gives_the_update_its_whole_body_gives(
 def test_a_big_body_that_is_not_json_is_refused_as_undecodable() -> None:
     body = b'{"status":"done","stdout":"' + b"x" * BIG + b'"'  # no closing brace
     assert update(body, 1000) == errors.DECODE_UPDATE
+
+
+# --- bounded cost: token-dense bodies ---------------------------------------------------------
+
+REPORT_KEEP = {"status": 16, "exit_code": 0, "stdout": 1 << 20, "stderr": 1 << 20}
+"""What validation.read_update keeps of the agent's report."""
+
+DENSE = 8 << 20  # bytes of each token-dense body: far past the structure allowed
+
+TOKEN_DENSE = {
+    "array": b'{"status":"done","x":[' + b"0," * (DENSE // 2) + b"0]}",
+    "members": b"{" + b'"":0,' * (DENSE // 5) + b'"status":"done"}',
+    "strings": b'{"status":"done","x":[' + b'"",' * (DENSE // 3) + b'""]}',
+    "spaces": b'{"status":"done",' + b" " * DENSE + b'"stdout":""}',
+}
+
+
+class Counted:
+    """A `read` over a body that counts the bytes handed out."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.given = 0
+
+    def __call__(self, size: int) -> bytes:
+        piece = self.body[self.given : self.given + size]
+        self.given += len(piece)
+        return piece
+
+
+@pytest.mark.parametrize("shape", sorted(TOKEN_DENSE))
+def test_a_token_dense_body_is_refused_early(shape: str) -> None:
+    """orjson reads these, but each token costs a step in Python here: refused once the
+    structure outside strings passes its allowance, without reading the rest."""
+    body = TOKEN_DENSE[shape]
+    read = Counted(body)
+    with pytest.raises(DecodeError):
+        read_object(read, REPORT_KEEP)
+    assert read.given <= jsonstream.MAX_STRUCTURE_BYTES + 3 * jsonstream.CHUNK_BYTES
+    assert update(body, 1 << 20) == errors.DECODE_UPDATE
+
+
+def test_structure_within_the_allowance_reads_as_orjson_reads_it() -> None:
+    count = jsonstream.MAX_STRUCTURE_BYTES // 4
+    body = b'{"status":"done","x":[' + b"0," * count + b'0],"stdout":"' + b"y" * BIG + b'"}'
+    assert read_object(Counted(body), REPORT_KEEP) == expected(body, REPORT_KEEP)
+
+
+ESCAPED = '"quoted" \\ back\\slash\ttab\nnew line \x01 é € \U0001f680 \ud7ff \U0010ffff end'
+
+
+@pytest.mark.parametrize("ascii_only", [False, True])
+@pytest.mark.parametrize("size", [1, 5, 7, 13, 4099, 65536])
+def test_a_huge_report_dense_with_escapes_keeps_the_exact_tails(
+    ascii_only: bool, size: int
+) -> None:
+    """Escapes and surrogate pairs cut by every piece boundary still decode to exactly what
+    orjson decodes: the kept tail and the full length."""
+    # Through a few bytes at a time a smaller report does: it still crosses every cut.
+    repeats = BIG // len(ESCAPED) if size > 1000 else 200
+    stdout = ESCAPED * repeats + "the very end"
+    stderr = '\\"' * (50 * repeats) + "\\"
+    body = encode({"status": "done", "stdout": stdout, "stderr": stderr}, ascii_only, False)
+    keep = {"status": 16, "stdout": 4099, "stderr": 3}
+    found = read_object(pieces(body, size), keep, chunk=size)
+    assert found == expected(body, keep)
+    assert isinstance(found["stdout"], Tail)
+    assert found["stdout"].data == stdout.encode()[-4099:]

@@ -8,8 +8,11 @@
   serves.
 - Keep-alive idle is gunicorn's `keepalive` setting (120 s in the daemon's config); the
   open-files limit is raised in the daemon itself.
-- Pipelined requests, chunked bodies in pieces, `Expect: 100-continue`, bodies spooled past
-  memory, and a 100 MB body received without the worker's memory following it.
+- Pipelined requests, chunked bodies in pieces, `Expect: 100-continue` (and none for a request
+  that will be refused: a wrong key, a body over the limit), bodies spooled past memory, and a
+  100 MB body received without the worker's memory following it.
+- Clients that pipeline requests and never read the answers (the issue's 40) hold no request
+  thread: /health from a fresh client answers meanwhile.
 
 Only liveness deadlines here; the latency figures under the crowd are printed by the
 slow-marked soak at the end (`make soak`).
@@ -18,6 +21,7 @@ slow-marked soak at the end (`make soak`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import http.client
 import json
 import os
@@ -25,8 +29,10 @@ import resource
 import selectors
 import socket
 import statistics
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Iterator
@@ -34,11 +40,13 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from conftest import SchedulerFactory
+import requests
+from conftest import SchedulerFactory, start_scheduler, stop_scheduler
 from helpers import Agent, Api, compact, expect_json, wait_for
 
 from tiny_scheduler import worker
 from tiny_scheduler.dev.daemon import SchedulerProcess
+from tiny_scheduler.dev.registry import FakeRegistry
 
 CLOSE_LIMIT_SECS = 15.0
 """Each stalled connection must be closed by the server within this many seconds."""
@@ -448,6 +456,74 @@ def test_expect_100_continue_is_answered_before_the_body_is_sent(
     assert json.loads(reply)["command"] == "after continue"
 
 
+KEY = "continue-key"
+KEYED_LIMIT = 65536
+"""MAX_REQUEST_BYTES of the keyed scheduler below."""
+
+
+@pytest.fixture(scope="module")
+def keyed(
+    registry_server: FakeRegistry, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SchedulerProcess]:
+    """A scheduler that wants a key and takes bodies of at most KEYED_LIMIT bytes."""
+    folder = tmp_path_factory.mktemp("keyed")
+    env = {"TINYAWS_API_KEY": KEY, "MAX_REQUEST_BYTES": str(KEYED_LIMIT)}
+    proc = start_scheduler(
+        folder / "scheduler.db", folder / "scheduler.log", registry_server.url, env
+    )
+    yield proc
+    stop_scheduler(proc)
+
+
+@pytest.mark.parametrize(
+    ("key", "length", "status"),
+    [("wrong", 20, 401), (KEY, 10 * KEYED_LIMIT, 413), (None, 10 * KEYED_LIMIT, 401)],
+    ids=["wrong key", "over the limit", "no key, over the limit"],
+)
+def test_a_request_that_will_be_refused_gets_no_100_continue(
+    keyed: SchedulerProcess, key: str | None, length: int, status: int
+) -> None:
+    """Its final answer comes at once, without the body, instead of an invitation to send a
+    body that would only be refused; the connection then closes."""
+    auth = [b"Authorization: Bearer " + key.encode()] if key else []
+    with connection(keyed.port) as (sock, reader):
+        sock.sendall(post_head("/jobs", length, b"Expect: 100-continue", *auth))
+        first = reader.readline()
+        assert first.startswith(b"HTTP/1.1 %d " % status), first
+        headers: dict[str, str] = {}
+        while (line := reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        assert headers.get("connection") == "close"
+        reader.read(int(headers["content-length"]))
+        assert reader.read() == b""  # closed by the server, nothing more sent
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "length", "status"),
+    [("POST", "/jobs", None, 201), ("PATCH", "/jobs/job-999999", 10 * KEYED_LIMIT, 404)],
+    ids=["a good submission", "a report over the limit (never refused for size)"],
+)
+def test_a_request_that_passes_gets_100_continue_then_its_answer(
+    keyed: SchedulerProcess, method: str, path: str, length: int | None, status: int
+) -> None:
+    if length is None:
+        body = compact({"command": "after continue"})
+    else:  # a valid report whose stdout makes it `length` bytes
+        start, end = b'{"status":"done","stdout":"', b'"}'
+        body = start + b"x" * (length - len(start) - len(end)) + end
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n"
+        f"Authorization: Bearer {KEY}\r\nExpect: 100-continue\r\n\r\n"
+    ).encode()
+    with connection(keyed.port) as (sock, reader):
+        sock.sendall(head)
+        assert reader.readline() == b"HTTP/1.1 100 Continue\r\n"
+        assert reader.readline() == b"\r\n"
+        sock.sendall(body)
+        assert read_reply(reader)[0] == status
+
+
 @pytest.mark.parametrize("chunked", [False, True], ids=["length", "chunked"])
 def test_a_body_larger_than_memory_holds_arrives_intact(
     scheduler: SchedulerProcess, api: Api, chunked: bool
@@ -605,3 +681,80 @@ def test_soak_latency_of_a_normal_client_under_the_crowd(
     )
     assert max(lifetimes) <= CLOSE_LIMIT_SECS
     assert not [s.answered for s in closed if s.answered]
+
+
+# --- readers that read nothing ------------------------------------------------------------------
+
+NON_READERS = 40
+"""The issue's figure: connections that pipeline requests and never read an answer (more than
+the daemon's request threads: 32 by default, 16 in the tests)."""
+
+PIPELINED = 600
+"""GET /openapi.json requests each of them sends at once: ~33 MB of answers per connection,
+far more than the kernel's buffers take for a client that reads nothing."""
+
+HEALTH_SAMPLES = 50
+"""Fresh clients' /health requests while the non-readers are connected."""
+
+HEALTH_BOUND_SECS = 2.0
+"""Each of those must be answered within this (a liveness bound, generous on a shared
+machine: a daemon whose threads are stuck in `send` does not answer at all)."""
+
+SAMPLE_GAP_SECS = 0.02
+"""Pause between two samples, so they spread over the load (a pace, not a synchronization)."""
+
+
+def unread_bytes(sock: socket.socket) -> int:
+    """Bytes of answers waiting in this client's receive buffer (FIONREAD)."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+
+
+def test_clients_that_never_read_their_answers_hold_no_thread(
+    scheduler_factory: SchedulerFactory,
+) -> None:
+    """40 connections pipeline GET /openapi.json and read nothing: their answers wait for
+    them in the worker's loop, not in request threads, so /health from a fresh client is
+    answered all along, and the daemon serves on once they go away."""
+    proc = scheduler_factory()
+    head = b"GET /openapi.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    readers: list[socket.socket] = []
+    latencies: list[float] = []
+    try:
+        for _ in range(NON_READERS):
+            sock = socket.create_connection(("127.0.0.1", proc.port), timeout=LIVENESS_SECS)
+            sock.sendall(head * PIPELINED)  # ~30 KB: the daemon's receive buffer takes it
+            readers.append(sock)
+        # The daemon is answering them (on the old worker every thread is then stuck).
+        wait_for(
+            lambda: sum(unread_bytes(sock) > 0 for sock in readers) >= 16,
+            timeout=30,
+            message="answers to the non-readers",
+        )
+        for _ in range(HEALTH_SAMPLES):
+            started = time.perf_counter()
+            reply = requests.get(proc.url + "/health", timeout=HEALTH_BOUND_SECS)
+            latencies.append(time.perf_counter() - started)
+            assert reply.status_code == 200
+            time.sleep(SAMPLE_GAP_SECS)
+        # Every non-reader got answers, up to what its kernel buffers take.
+        wait_for(
+            lambda: all(unread_bytes(sock) > 0 for sock in readers),
+            timeout=30,
+            message="answers to every non-reader",
+        )
+    finally:
+        for sock in readers:
+            sock.close()
+    cuts = statistics.quantiles(latencies, n=100, method="inclusive")
+    print(
+        f"/health under {NON_READERS} non-readers: p50 {cuts[49] * 1000:.1f} ms, "
+        f"p99 {cuts[98] * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms"
+    )
+    assert max(latencies) < HEALTH_BOUND_SECS
+    # They went away: the daemon serves on, on a fresh connection and a kept-alive one.
+    probe = Api(proc.url)
+    try:
+        for _ in range(3):
+            expect_json(probe.get("/health", timeout=LIVENESS_SECS), 200)
+    finally:
+        probe.close()

@@ -106,13 +106,20 @@ def create_app(
 
 
 class _App(Flask):
-    """Flask, minus a per-request cost this app does not need."""
+    """Flask, minus a per-request cost this app does not need, plus the question the worker
+    asks before it sends `100 Continue`."""
 
     def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
         # Flask asks of every hook and view, on every request, whether it is a coroutine
         # function (to run it in an event loop): none here is, and the question costs more
         # than some of the hooks.
         return func
+
+    def answered_before_body(self, environ: dict[str, Any]) -> bool:
+        """Whether this request's answer is settled by its head (see worker.py)."""
+        from . import api
+
+        return api.answered_before_body(self, environ)
 
 
 def _leadership(settings: Settings, backend: storage.JobStore) -> Leadership | None:

@@ -1,17 +1,39 @@
 """The daemon's gunicorn worker: `gthread`, except that a request thread only ever sees a
-request that has arrived in full.
+request that has arrived in full, and never waits on a client to write its answer.
 
 This module owns the life of a client connection: accepting it, reading every request (head
 and body) in the worker's event loop, the deadlines for that (REQUEST_READ_SECS,
 BODY_MIN_RATE), the keep-alive idle time (gunicorn's `keepalive` setting), where a received
 body waits for its thread (memory up to MEMORY_BODY_BYTES, then an unlinked temporary file),
-and closing (a lingering close, in the loop). It also sizes the connection table to the
-open-files limit (`connection_limit`).
+sending what answers the kernel did not take at once, and closing (a lingering close, in the
+loop). It also sizes the connection table to the open-files limit (`connection_limit`).
+
+The design, one selector loop and a pool of request threads:
+
+- The loop holds every connection that waits on its client: for a request to arrive, for
+  the client to take an answer, for a lingering close. Only a connection with a whole
+  request is handed to a thread (`_hand_over`), and it comes back to the loop when the
+  thread is done (`_served`).
+- Every write to a connection goes through its `Outbox` (outbox.py), which gunicorn's code
+  takes for the socket: a non-blocking send, and what the kernel does not take waits there
+  for the loop, which sends it when the socket is writable. A thread thus finishes an answer
+  that fits the outbox's bound without waiting for the client at all; only an answer larger
+  than that bound makes its thread wait for room, and never longer than the client's
+  progress allows (outbox.RESPONSE_WRITE_SECS without any closes the connection).
+- A connection whose answer still waits reads nothing more (`_finish`): a client that does
+  not read gets no more of its pipelined requests answered, so what it costs stays bounded.
+- Later, requests that wait on events (long polls, event streams) can be parked in this loop
+  in the same way, their answers written through the same outboxes by the loop itself, and
+  a faster parser could answer some requests in the loop without a thread hand-off: the loop
+  already owns the connection before, between and after its requests.
 
 The HTTP rules stay gunicorn's: its parser reads every head (so malformed requests get its own
-400/414/431 pages) and decodes every body, and its code writes every response. The loop only
+400/414/431 pages) and decodes every body, and its code formats every response. The loop only
 finds where a request ends. Nothing here knows the app's routes or limits: a body over
-MAX_REQUEST_BYTES is received like any other and the app answers 413 as before.
+MAX_REQUEST_BYTES is received like any other and the app answers 413 as before. The one
+question asked of the app is before `100 Continue`: an app with a method
+`answered_before_body(environ) -> bool` (the scheduler's checks the key and the declared
+length there) says which requests get their final answer at once instead, without their body.
 
 Plain HTTP/1.x only: TLS, HTTP/2 and the PROXY protocol are refused at start-up (the
 scheduler uses none of them; a terminating proxy in front can).
@@ -21,15 +43,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import resource
 import selectors
 import socket
-import struct
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 from gunicorn import http
+from gunicorn.http import wsgi
 from gunicorn.http.body import Body, ChunkedReader, LengthReader
 from gunicorn.http.message import (
     DEFAULT_MAX_HEADERFIELD_SIZE,
@@ -39,6 +64,8 @@ from gunicorn.http.message import (
 )
 from gunicorn.http.unreader import Unreader
 from gunicorn.workers import gthread
+
+from .outbox import Outbox
 
 REQUEST_READ_SECS = 10.0
 """Seconds a request may take to arrive in full, counted from its first byte (from the accept
@@ -58,10 +85,6 @@ first races their next request."""
 MEMORY_BODY_BYTES = 64 * 1024
 """A body up to this many bytes waits for its thread in memory; a larger one goes to an
 unlinked temporary file as it arrives, so memory does not follow body sizes."""
-
-RESPONSE_WRITE_SECS = 60
-"""Seconds a request thread waits for room to write more of a response to a client that
-reads nothing before giving the connection up, so a stuck reader cannot keep a thread."""
 
 LINGER_SECS = 2.0
 """Seconds a closing connection is read and discarded after our FIN, so that request bytes
@@ -100,14 +123,15 @@ _HEAD_READ = 8192
 it reaches its own size verdicts (414, 431) the same way."""
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_SEND_TIMEOUT = struct.pack("@ll", RESPONSE_WRITE_SECS, 0)  # a struct timeval
-# Sockets stay blocking, as the request threads want them (gunicorn writes responses with
-# sendall); the loop reads them with MSG_DONTWAIT instead, so no request pays for switching
-# a socket's mode back and forth.
+# Every read and write passes MSG_DONTWAIT (writes in outbox.py), so the sockets' own mode
+# never matters and is never switched back and forth.
 _NOWAIT = socket.MSG_DONTWAIT
+_READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
 
-_READING, _BUSY, _LINGERING, _CLOSED = "reading", "busy", "lingering", "closed"
+# reading: the loop reads a request; busy: a thread has it; writing: the thread is done and
+# its answer still waits in the outbox; lingering: closing after the last answer.
+_READING, _BUSY, _WRITING, _LINGERING, _CLOSED = "reading", "busy", "writing", "lingering", "closed"
 
 
 def connection_limit() -> int:
@@ -252,10 +276,22 @@ class _ChunkScanner:
         return False
 
 
+class _Answering:
+    """What gunicorn's handle_request takes as a connection: the outbox as its socket."""
+
+    __slots__ = ("client", "server", "sock")
+
+    def __init__(self, sock: Outbox, client: Any, server: Any) -> None:
+        self.sock = sock
+        self.client = client
+        self.server = server
+
+
 class _Conn:
     """One client connection and the request being received on it."""
 
     __slots__ = (
+        "answering",
         "body",
         "body_bytes",
         "buf",
@@ -264,10 +300,12 @@ class _Conn:
         "close_after",
         "deadline",
         "drained",
+        "events",
         "idle",
+        "keep",
         "length",
         "need",
-        "registered",
+        "out",
         "req",
         "req_count",
         "scanned",
@@ -277,12 +315,23 @@ class _Conn:
         "state",
     )
 
-    def __init__(self, sock: socket.socket, client: Any, server: Any, deadline: float) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        client: Any,
+        server: Any,
+        deadline: float,
+        wake: Callable[[_Conn], None],
+        loop_thread: int,
+    ) -> None:
         self.sock = sock
         self.client = client
         self.server = server
+        self.out = Outbox(sock, functools.partial(wake, self), loop_thread)
+        self.answering = _Answering(self.out, client, server)
         self.state = _READING
-        self.registered = False
+        self.events = 0  # what the selector watches the socket for
+        self.keep = False  # once written out, whether the answered request lets another come
         self.deadline = deadline
         self.idle = False  # between requests on a kept-alive connection
         self.buf: bytes | bytearray = b""  # head bytes so far, or the next pipelined request
@@ -321,6 +370,12 @@ class BufferingWorker(gthread.ThreadWorker):
         # ones are also in keepalived_conns, which gthread's handle_request counts.
         self.waiting: set[_Conn] = set()
         self.keepalived_conns: set[_Conn] = set()  # type: ignore[assignment]
+        # Connections whose answers wait in their outbox for the socket to be writable,
+        # swept for clients that take none of them.
+        self.writing: set[_Conn] = set()
+        self.loop_thread = 0  # the thread running the loop (set by run)
+        # The app's say on `Expect: 100-continue` requests (set by run, once it is loaded).
+        self.answered_before_body: Callable[[dict[str, Any]], bool] | None = None
         self.listener_names: dict[Any, Any] = {}
         self.accept_paused_until = 0.0
         self.recv_buf = bytearray(SPOOL_RECV_BYTES)
@@ -345,6 +400,8 @@ class BufferingWorker(gthread.ThreadWorker):
     # --- the loop -------------------------------------------------------------------------
 
     def run(self) -> None:
+        self.loop_thread = threading.get_ident()
+        self.answered_before_body = getattr(self.wsgi, "answered_before_body", None)
         self.poller.register(
             self.method_queue.fileno(), selectors.EVENT_READ, self.method_queue.run_callbacks
         )
@@ -370,11 +427,16 @@ class BufferingWorker(gthread.ThreadWorker):
             events = self.poller.select(timeout)
         except InterruptedError:
             return
-        for key, _ in events:
+        for key, mask in events:
             data = key.data
             try:
                 if data.__class__ is _Conn:
-                    self._on_readable(data)
+                    # Writable first: a connection waits either for its answer to go out or
+                    # for its next request, only a 100 Continue may wait during a body.
+                    if mask & _WRITE:
+                        self._on_writable(data)
+                    if mask & _READ and data in self.waiting:
+                        self._on_readable(data)
                 else:
                     data(key.fileobj)
             except Exception:
@@ -402,7 +464,7 @@ class BufferingWorker(gthread.ThreadWorker):
                 next_notify = now + NOTIFY_SECS
             self._dispatch_events(0.2)
             self._sweep(time.monotonic())
-        for conn in list(self.waiting):
+        for conn in [*self.waiting, *self.writing]:
             self._close(conn)
         self.tpool.shutdown(wait=False)
         self.poller.close()
@@ -412,13 +474,17 @@ class BufferingWorker(gthread.ThreadWorker):
 
     def _sweep(self, now: float) -> None:
         """Close the connections past their deadline: idle ones after `keepalive`, requests
-        that did not arrive in time, lingering closes that ran out."""
+        that did not arrive in time, lingering closes that ran out, clients that took none of
+        their answers for outbox.RESPONSE_WRITE_SECS."""
         expired = [
             conn for conn in self.waiting if now >= conn.deadline + conn.body_bytes / BODY_MIN_RATE
         ]
         for conn in expired:
             if conn.state == _READING and not conn.idle:
                 self.log.debug("Closing %s: no whole request in time", conn.client)
+            self._close(conn)
+        for conn in [conn for conn in self.writing if conn.out.stalled(now)]:
+            self.log.debug("Closing %s: it did not read its answers", conn.client)
             self._close(conn)
 
     # --- accepting --------------------------------------------------------------------------
@@ -454,10 +520,8 @@ class BufferingWorker(gthread.ThreadWorker):
                 raise
             if sock.gettimeout() is not None:
                 sock.settimeout(None)  # a default timeout would make reads wait in the loop
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _SEND_TIMEOUT)
             self.nr_conns += 1
-            conn = _Conn(sock, client, server, deadline)
+            conn = _Conn(sock, client, server, deadline, self._wake, self.loop_thread)
             self._watch(conn)
 
     # --- reading a request ----------------------------------------------------------------
@@ -465,17 +529,27 @@ class BufferingWorker(gthread.ThreadWorker):
     def _watch(self, conn: _Conn) -> None:
         conn.state = _READING
         self.waiting.add(conn)
-        if not conn.registered:
-            self.poller.register(conn.sock, selectors.EVENT_READ, conn)
-            conn.registered = True
+        self._select(conn)
 
     def _unwatch(self, conn: _Conn) -> None:
         self.waiting.discard(conn)
         self.keepalived_conns.discard(conn)
-        if conn.registered:
-            conn.registered = False
-            with contextlib.suppress(KeyError, ValueError, OSError):
+        self._select(conn)
+
+    def _select(self, conn: _Conn) -> None:
+        """Have the selector watch the socket for what the connection waits for: readable
+        while a request (or a lingering close) is read, writable while answers wait."""
+        events = (_READ if conn in self.waiting else 0) | (_WRITE if conn in self.writing else 0)
+        if events == conn.events:
+            return
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            if not events:
                 self.poller.unregister(conn.sock)
+            elif conn.events:
+                self.poller.modify(conn.sock, events, conn)
+            else:
+                self.poller.register(conn.sock, events, conn)
+        conn.events = events
 
     def _on_readable(self, conn: _Conn) -> None:
         if conn.state == _LINGERING:
@@ -553,17 +627,47 @@ class BufferingWorker(gthread.ThreadWorker):
         # request thread (gunicorn's place for it), which would send it after the body.
         expects = req._expected_100_continue
         req._expected_100_continue = False
+        if expects and self._answered_before_body(conn, req):
+            self._without_body(conn, req)
+            return
         rest = buf[received.consumed() :]
         if rest:
             self._body(conn, rest)
         elif conn.need == 0:
             self._hand_over(conn)
-        elif not conn.registered:
+        elif conn not in self.waiting:
             self._watch(conn)
         if expects and conn.state == _READING:
             # On failure the client sends its body after a pause anyway (or it is gone).
             with contextlib.suppress(OSError):
-                conn.sock.send(_CONTINUE, _NOWAIT)
+                conn.out.sendall(_CONTINUE)
+
+    def _answered_before_body(self, conn: _Conn, req: Request) -> bool:
+        """Whether the app answers this request whatever its body (a refused key, a declared
+        length over its limit): then no `100 Continue` invites the body."""
+        ask = self.answered_before_body
+        if ask is None:
+            return False
+        try:
+            _, environ = wsgi.create(req, conn.out, conn.client, conn.server, self.cfg)
+            return bool(ask(environ))
+        except Exception:
+            # A head gunicorn cannot make an environ of gets that verdict in the thread, as
+            # any other request; the app's own failure is logged and changes nothing.
+            self.log.debug("No early verdict on a request of %s", conn.client, exc_info=True)
+            return False
+
+    def _without_body(self, conn: _Conn, req: Request) -> None:
+        """Hand a request over with an empty body, to be answered and the connection closed:
+        its body was never invited, and what of it arrives is drained by the lingering close
+        rather than read as the next request."""
+        req.body = Body(LengthReader(_BodySource(b"", None), 0))
+        req.must_close = True  # the answer says `Connection: close`
+        conn.close_after = True
+        conn.chunks = None
+        conn.length = conn.need = 0
+        conn.buf = b""
+        self._hand_over(conn)
 
     def _verdict_due(self, buf: bytes | bytearray, scanned: int) -> bool:
         """Whether gunicorn would refuse this unfinished head already: a bare LF, a request
@@ -603,7 +707,7 @@ class BufferingWorker(gthread.ThreadWorker):
         if done:
             conn.buf = rest
             self._hand_over(conn)
-        elif not conn.registered:
+        elif conn not in self.waiting:
             self._watch(conn)
 
     def _keep(self, conn: _Conn, data: bytes | bytearray) -> bool:
@@ -676,13 +780,13 @@ class BufferingWorker(gthread.ThreadWorker):
     def _serve(self, conn: _Conn, req: Request) -> bool:
         """Answer one request (in a thread); whether the connection may serve another."""
         try:
-            keep = self.handle_request(req, conn)
+            keep = self.handle_request(req, conn.answering)
             return bool(keep) and not req.body.failed
         except http.errors.NoMoreData as exc:
             self.log.debug("Ignored premature client disconnection. %s", exc)
         except StopIteration as exc:
             self.log.debug("Closing connection. %s", exc)
-        except (BlockingIOError, TimeoutError):  # SO_SNDTIMEO ran out
+        except BrokenPipeError:  # the outbox gave up: the client did not read its answers
             self.log.debug("Client %s did not read its answer in time", conn.client)
         except OSError as exc:
             if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
@@ -690,20 +794,66 @@ class BufferingWorker(gthread.ThreadWorker):
             else:
                 self.log.exception("Socket error processing request.")
         except Exception as exc:
-            self.handle_error(req, conn.sock, conn.client, exc)
+            self.handle_error(req, conn.out, conn.client, exc)
         finally:
             if conn.spool is not None:
                 conn.spool.close()
         return False
 
     def _served(self, conn: _Conn, keep: bool) -> None:
-        """Back from the thread (in the loop): wait for the next request, or close."""
+        """Back from the thread (in the loop): once the answer is out, wait for the next
+        request, or close."""
         try:
-            self._after(conn, keep)
+            conn.state = _WRITING  # no thread has it any more
+            if conn.out.closed:
+                self._close(conn)
+            else:
+                self._finish(conn, keep)
         except Exception:
             # Raised here it would also hold up the other callbacks queued with this one.
             self.log.exception("Error in the connection loop")
             self._close(conn)
+
+    # --- writing answers out -------------------------------------------------------------
+
+    def _wake(self, conn: _Conn) -> None:
+        """From the outbox, in whichever thread wrote: bytes wait to be sent."""
+        if threading.get_ident() == self.loop_thread:
+            self._want_write(conn)
+        else:
+            self.method_queue.defer(self._want_write, conn)
+
+    def _want_write(self, conn: _Conn) -> None:
+        if conn.state != _CLOSED and conn.out.pending_bytes:
+            self.writing.add(conn)
+            self._select(conn)
+
+    def _on_writable(self, conn: _Conn) -> None:
+        if conn not in self.writing:
+            return  # its answer went out earlier in this round of events
+        try:
+            done = conn.out.flush()
+        except OSError:
+            done = False  # the outbox is failed: a thread writing finds out
+        if conn.out.closed:
+            self._close(conn)
+        elif done:
+            self.writing.discard(conn)
+            self._select(conn)
+            if conn.state == _WRITING:
+                self._after(conn, conn.keep)
+
+    def _finish(self, conn: _Conn, keep: bool) -> None:
+        """The request is answered; carry on (`_after`) once its answer has been sent. Until
+        then nothing more is read from the connection: a client that does not read its
+        answers gets no more of its pipelined requests answered."""
+        if conn.out.pending_bytes:
+            self._unwatch(conn)
+            conn.state = _WRITING
+            conn.keep = keep
+            self._want_write(conn)
+        else:
+            self._after(conn, keep)
 
     def _after(self, conn: _Conn, keep: bool) -> None:
         conn.reset()
@@ -717,7 +867,7 @@ class BufferingWorker(gthread.ThreadWorker):
             data, conn.buf = conn.buf, b""
             conn.state = _READING
             self._head(conn, data)
-            if conn.state == _READING and not conn.registered:
+            if conn.state == _READING and conn not in self.waiting:
                 self._watch(conn)
             return
         conn.idle = True
@@ -731,10 +881,10 @@ class BufferingWorker(gthread.ThreadWorker):
 
     def _refuse(self, conn: _Conn, exc: BaseException) -> None:
         """Send gunicorn's error page for a head it refused, then close."""
-        # gunicorn writes it without blocking: a page that does not fit the send buffer is
-        # cut, which only happens to a client that is not reading anyway.
-        self.handle_error(None, conn.sock, conn.client, exc)
-        self._linger(conn)
+        # Through the outbox, which the loop's writes never wait on; the close follows once
+        # the page is out.
+        self.handle_error(None, conn.out, conn.client, exc)
+        self._finish(conn, False)
 
     def _linger(self, conn: _Conn) -> None:
         """Close after our answer without losing it: send FIN, read and drop what the client
@@ -767,7 +917,11 @@ class BufferingWorker(gthread.ThreadWorker):
     def _close(self, conn: _Conn) -> None:
         if conn.state == _CLOSED:
             return
+        conn.out.fail()
+        self.writing.discard(conn)
         self._unwatch(conn)
+        if conn.state == _BUSY:
+            return  # a thread still has it: closed when it gives it back (_served)
         conn.state = _CLOSED
         if conn.spool is not None:
             conn.spool.close()

@@ -7,8 +7,11 @@ shape the reply. Every rule lives in the service or below it.
 
 from __future__ import annotations
 
-from flask import Flask
+from typing import Any
 
+from flask import Flask, request
+
+from .. import errors
 from . import (
     auth,
     events,
@@ -40,3 +43,29 @@ def init_app(app: Flask) -> None:
     app.register_blueprint(events.bp)
     app.register_blueprint(openapi.bp)
     app.register_blueprint(metrics.bp)
+
+
+def answered_before_body(app: Flask, environ: dict[str, Any]) -> bool:
+    """Whether the request whose head `environ` describes gets an answer its body cannot
+    change: a standby's way to the leader, a refused key, or a declared body over
+    MAX_REQUEST_BYTES (on any endpoint but those in jobs.UNLIMITED_BODIES).
+
+    The worker asks before it sends `100 Continue`: such a client gets its final answer
+    instead of an invitation to send a body that would be read only to be refused. The same
+    checks as the request's own (its before-request hooks, werkzeug's limit) decide, so the
+    answer it then gets is the one this predicts.
+    """
+    with app.request_context(environ):
+        try:
+            if leader.to_the_leader() is not None or auth.check() is not None:
+                return True
+        except errors.ServiceError:
+            return True
+        limit = app.config["MAX_CONTENT_LENGTH"]
+        length = request.content_length
+        return (
+            limit is not None
+            and length is not None
+            and length > limit
+            and request.endpoint not in jobs.UNLIMITED_BODIES
+        )

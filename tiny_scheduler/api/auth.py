@@ -28,10 +28,12 @@ _UI_CHALLENGE = {"WWW-Authenticate": 'Basic realm="tiny-scheduler", charset="UTF
 
 
 def init_app(app: Flask) -> None:
-    app.before_request(_check)
+    app.before_request(check)
 
 
-def _check() -> Response | None:
+def check() -> Response | None:
+    """The current request's refusal (a reply, or errors.Unauthorized raised), or None when
+    its key is right or it needs none."""
     settings = scheduler().settings
     if not settings.api_key or _exempt(settings.auth_agent_exempt):
         return None

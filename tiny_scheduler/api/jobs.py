@@ -52,6 +52,11 @@ def get_job(job_id: str) -> Response:
     return json_reply(scheduler().get(job_id).to_wire(with_attempts=True))
 
 
+UNLIMITED_BODIES = frozenset({"jobs.update_job"})
+"""Endpoints whose body MAX_REQUEST_BYTES does not limit: the agent's report, which it never
+sends twice (`update_job`)."""
+
+
 @bp.patch("/jobs/<job_id>")
 def update_job(job_id: str) -> Response:
     """An agent's report: running, done or failed. Never refused for its size."""

@@ -24,7 +24,7 @@ STANDBY_SERVES = frozenset({"health.health", "leader.leader", "metrics.metrics"}
 
 def init_app(app: Flask) -> None:
     """Send a standby's requests on to the leader (before auth: the leader checks the key)."""
-    app.before_request(_to_the_leader)
+    app.before_request(to_the_leader)
 
 
 @bp.get("/leader")
@@ -40,7 +40,8 @@ def leader() -> Response:
     )
 
 
-def _to_the_leader() -> Response | None:
+def to_the_leader() -> Response | None:
+    """On a standby, the reply that sends the current request on; None on the leader."""
     service = scheduler()
     if request.endpoint in STANDBY_SERVES or service.is_serving():
         return None
