@@ -24,7 +24,7 @@ import jsonschema_rs
 import pytest
 import requests
 import schemathesis
-from helpers import Agent, Api, compact, expect_json, unique_node
+from helpers import Agent, Api, compact, expect_error, expect_json, unique_node
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import (
     content_type_conformance,
@@ -234,9 +234,8 @@ SCHEDULER_ENV = {"MAX_JOBS_PER_NODE": "4", "TINYAWS_API_KEY": KEY}
 
 # What "matches the document" means here. Left out: positive_data_acceptance and
 # negative_data_rejection, which would hold the server to what JSON Schema can say, and it
-# cannot say "an integer, but not 5.0" (the API refuses 5.0 as Go's decoder did) or "empty
-# means absent" (limit=, after=); tests/test_hostile_input.py checks acceptance and rejection
-# exactly, against the contract's own list of checks.
+# cannot say "empty means absent" (limit=, after=); tests/test_hostile_input.py checks
+# acceptance and rejection exactly, against the contract's own list of checks.
 def no_undocumented_server_error(ctx: Any, response: Any, case: Any) -> None:
     """Like schemathesis's not_a_server_error, but a 503 the document gives for this operation
     (a job pinned to an instance the registry does not know) is the contract, not a failure."""
@@ -398,6 +397,45 @@ def test_a_retried_job_matches_the_served_schema(
     # Still closed: attempts only where GET /jobs/{job_id} shows them, and nothing unknown.
     assert schema_errors(document, "Job", job) != []
     assert schema_errors(document, "JobWithAttempts", {**job, "bogus": 1}) != []
+
+
+def test_an_integer_written_with_a_zero_fraction_is_that_integer(
+    scheduler: SchedulerProcess, node: str
+) -> None:
+    document = served_document(scheduler)
+    api, agent = Api(scheduler.url, key=KEY), Agent(scheduler.url, node)
+    try:
+        sent = {"command": "x", "port": 8080.0, "timeout_secs": 60.0, "delay_secs": 0.0}
+        assert schema_errors(document, "JobRequest", sent) == []  # JSON Schema's integer
+        created = api.post("/jobs", sent)
+        job = expect_json(created, 201)
+        assert (job["port"], job["timeout_secs"]) == (8080, 60)
+        assert b'"port":8080,' in created.content and b'"timeout_secs":60,' in created.content
+
+        fraction = {"command": "x", "port": 80.5}
+        assert schema_errors(document, "JobRequest", fraction) != []
+        expect_error(
+            api.post("/jobs", fraction), 400, "port must be an integer between 1 and 65535"
+        )
+        expect_error(
+            api.post("/jobs", {"command": "x", "delay_secs": 1.5}),
+            400,
+            f"delay_secs must be an integer between 0 and {MAX_TIMEOUT_SECS}",
+        )
+
+        claimed = api.submit(command="y")["job_id"]
+        assert agent.claim(claimed).status_code == 200
+        report = {"status": "failed", "exit_code": 2.5, "stdout": "", "stderr": ""}
+        expect_error(api.patch(f"/jobs/{claimed}", report), 400, errors.DECODE_UPDATE)
+        report["exit_code"] = 3.0
+        assert schema_errors(document, "JobUpdate", report) == []
+        assert expect_json(api.patch(f"/jobs/{claimed}", report), 200)["retry_count"] == 1
+        shown = api.get(f"/jobs/{claimed}")  # the failed attempt keeps its exit code
+        assert expect_json(shown, 200)["attempts"][0]["exit_code"] == 3
+        assert b'"exit_code":3,' in shown.content
+    finally:
+        api.close()
+        agent.close()
 
 
 def test_every_documented_answer_of_a_walk_through_the_states_matches(
