@@ -24,6 +24,8 @@ from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
 
+from .redaction import redacted
+
 log = logging.getLogger(__name__)
 
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
@@ -67,6 +69,8 @@ class Peer:
         parts = urlsplit(base_url)
         self.name = name
         self.base_url = base_url
+        self.shown_url = redacted(base_url)
+        """The base URL as the log shows it: without the credentials it may carry."""
         self.deadline_secs = deadline_secs
         self.observers = observers if observers is not None else []
         self._tls = parts.scheme == "https"
@@ -107,7 +111,7 @@ class Peer:
             # surrogate (an SQS body), which must reach the caller to be refused there.
             decoded = json.loads(data)
         except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
-            detail = f"{method} {self.base_url + path} answered non-JSON: {data[:200]!r}"
+            detail = f"{method} {self.shown_url + path} answered non-JSON: {data[:200]!r}"
             self._failed(endpoint, Outcome.GARBAGE, detail)
             raise CallFailed(Outcome.GARBAGE, "answer is not JSON") from None
         self._tell(endpoint, Outcome.OK)
@@ -116,7 +120,7 @@ class Peer:
     def _answer(
         self, method: str, path: str, endpoint: str, body: bytes | None, accept: Sequence[int]
     ) -> tuple[int, bytes]:
-        url = self.base_url + path
+        url = self.shown_url + path  # for the log only
         try:
             status, data = self._exchange(method, self._prefix + path, body)
         except CallFailed as exc:
