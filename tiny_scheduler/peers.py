@@ -77,7 +77,10 @@ class Peer:
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port or (443 if self._tls else 80)
         self._prefix = parts.path.rstrip("/")
-        self._headers = {"Host": parts.netloc, "Connection": "close", **(headers or {})}
+        # Host is host[:port]: user info in the URL is not part of it (RFC 9110), and a
+        # peer or a proxy logs the header as it came.
+        host = parts.netloc.rpartition("@")[2]
+        self._headers = {"Host": host, "Connection": "close", **(headers or {})}
 
     def call(
         self,
