@@ -153,7 +153,7 @@ def test_job_ids_count_up(api: Api, node: str) -> None:
         (b'{"command":1}', "command must be a string"),
         (b'{"command":"x","job_type":"batch"}', "job_type must be run or service"),
         (b'{"command":"x","port":"80"}', "port must be an integer between 1 and 65535"),
-        (b'{"command":"x","port":80.0}', "port must be an integer between 1 and 65535"),
+        (b'{"command":"x","port":80.5}', "port must be an integer between 1 and 65535"),
         (b'{"command":"x","port":true}', "port must be an integer between 1 and 65535"),
         (b'{"command":"x","port":70000}', "port must be an integer between 1 and 65535"),
         (b'{"command":"x","env_vars":{"A":1}}', "env_vars must map strings to strings"),

@@ -114,6 +114,9 @@ def expect_error_in(response: Any, status: int, accept: Any) -> str:
 
 
 def is_int(value: Any) -> bool:
+    """A JSON integer as JSON Schema has it: a number with no fraction (3 and 3.0)."""
+    if isinstance(value, float):
+        return value.is_integer()
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -6,6 +6,9 @@
 - schemathesis generates requests from the document, valid and invalid, sends them to a live
   scheduler under gunicorn, and checks every answer against the document: a documented status,
   a documented content type (text/plain for errors), a body and headers that match the schema.
+- What generated requests do not reach is walked on purpose: a job through every state (with
+  its attempts after a retry), a cancel, a schedule's life; each answer is held against the
+  served document, and every documented success of the API must be met on the way.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import jsonschema_rs
 import pytest
+import requests
 import schemathesis
-from helpers import Api, compact, expect_json
+from helpers import Agent, Api, compact, expect_error, expect_json, unique_node
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import (
     content_type_conformance,
@@ -229,9 +234,8 @@ SCHEDULER_ENV = {"MAX_JOBS_PER_NODE": "4", "TINYAWS_API_KEY": KEY}
 
 # What "matches the document" means here. Left out: positive_data_acceptance and
 # negative_data_rejection, which would hold the server to what JSON Schema can say, and it
-# cannot say "an integer, but not 5.0" (the API refuses 5.0 as Go's decoder did) or "empty
-# means absent" (limit=, after=); tests/test_hostile_input.py checks acceptance and rejection
-# exactly, against the contract's own list of checks.
+# cannot say "empty means absent" (limit=, after=); tests/test_hostile_input.py checks
+# acceptance and rejection exactly, against the contract's own list of checks.
 def no_undocumented_server_error(ctx: Any, response: Any, case: Any) -> None:
     """Like schemathesis's not_a_server_error, but a 503 the document gives for this operation
     (a job pinned to an instance the registry does not know) is the contract, not a failure."""
@@ -319,6 +323,179 @@ def test_every_answer_matches_the_document(
         case.validate_response(response, checks=checks, headers={"Authorization": f"Bearer {KEY}"})
 
     conforms()
+
+
+# --- shapes a generated request does not reach: a retried job, every state of the lifecycle ---
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+ANSWER_CHECKS = [
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    response_headers_conformance,
+]
+
+
+def schema_errors(document: dict[str, Any], name: str, instance: Any) -> list[str]:
+    """What the document's schema `name` (JSON Schema 2020-12, as OpenAPI 3.1 has it) finds
+    wrong with `instance`; [] when it is valid."""
+    schema = {"$ref": f"#/components/schemas/{name}", "components": document["components"]}
+    validator = jsonschema_rs.Draft202012Validator(schema)
+    return [error.message for error in validator.iter_errors(instance)]
+
+
+def served_document(scheduler: SchedulerProcess) -> dict[str, Any]:
+    api = Api(scheduler.url)
+    try:
+        return expect_json(api.get("/openapi.json"), 200)
+    finally:
+        api.close()
+
+
+class Walk:
+    """Calls made as schemathesis cases of the served document, each answer checked against
+    it, with the (method, path, status) of every answer kept in `seen`."""
+
+    def __init__(self, live_schema: Any) -> None:
+        self.schema = live_schema
+        self.seen: set[tuple[str, str, str]] = set()
+
+    def __call__(
+        self, method: str, path: str, status: int, body: Any = None, **parts: Any
+    ) -> requests.Response:
+        operation = self.schema[path][method]
+        if body is not None:
+            parts.update(body=body, media_type="application/json")
+        case = operation.Case(**parts)
+        response = case.call(headers=AUTH, timeout=10)
+        assert response.status_code == status, (method, path, response.text)
+        case.validate_response(response, checks=ANSWER_CHECKS, headers=AUTH)
+        self.seen.add((method, path, str(status)))
+        return response
+
+
+def test_a_retried_job_matches_the_served_schema(
+    scheduler: SchedulerProcess, live_schema: Any, node: str
+) -> None:
+    api, agent = Api(scheduler.url, key=KEY), Agent(scheduler.url, node)
+    try:
+        job_id = api.submit(command="exit 3")["job_id"]
+        assert agent.claim(job_id).status_code == 200
+        retried = expect_json(agent.report(job_id, 3, stderr="boom"), 200)
+    finally:
+        api.close()
+        agent.close()
+    assert (retried["status"], retried["retry_count"]) == ("pending", 1)
+
+    shown = Walk(live_schema)("GET", "/jobs/{job_id}", 200, path_parameters={"job_id": job_id})
+    job = shown.json()
+    assert [(a["node_id"], a["exit_code"], a["stderr"]) for a in job["attempts"]] == [
+        (node, 3, "boom")
+    ]
+    document = served_document(scheduler)
+    assert schema_errors(document, "JobWithAttempts", job) == []
+    # Still closed: attempts only where GET /jobs/{job_id} shows them, and nothing unknown.
+    assert schema_errors(document, "Job", job) != []
+    assert schema_errors(document, "JobWithAttempts", {**job, "bogus": 1}) != []
+
+
+def test_an_integer_written_with_a_zero_fraction_is_that_integer(
+    scheduler: SchedulerProcess, node: str
+) -> None:
+    document = served_document(scheduler)
+    api, agent = Api(scheduler.url, key=KEY), Agent(scheduler.url, node)
+    try:
+        sent = {"command": "x", "port": 8080.0, "timeout_secs": 60.0, "delay_secs": 0.0}
+        assert schema_errors(document, "JobRequest", sent) == []  # JSON Schema's integer
+        created = api.post("/jobs", sent)
+        job = expect_json(created, 201)
+        assert (job["port"], job["timeout_secs"]) == (8080, 60)
+        assert b'"port":8080,' in created.content and b'"timeout_secs":60,' in created.content
+
+        fraction = {"command": "x", "port": 80.5}
+        assert schema_errors(document, "JobRequest", fraction) != []
+        expect_error(
+            api.post("/jobs", fraction), 400, "port must be an integer between 1 and 65535"
+        )
+        expect_error(
+            api.post("/jobs", {"command": "x", "delay_secs": 1.5}),
+            400,
+            f"delay_secs must be an integer between 0 and {MAX_TIMEOUT_SECS}",
+        )
+
+        claimed = api.submit(command="y")["job_id"]
+        assert agent.claim(claimed).status_code == 200
+        report = {"status": "failed", "exit_code": 2.5, "stdout": "", "stderr": ""}
+        expect_error(api.patch(f"/jobs/{claimed}", report), 400, errors.DECODE_UPDATE)
+        report["exit_code"] = 3.0
+        assert schema_errors(document, "JobUpdate", report) == []
+        assert expect_json(api.patch(f"/jobs/{claimed}", report), 200)["retry_count"] == 1
+        shown = api.get(f"/jobs/{claimed}")  # the failed attempt keeps its exit code
+        assert expect_json(shown, 200)["attempts"][0]["exit_code"] == 3
+        assert b'"exit_code":3,' in shown.content
+    finally:
+        api.close()
+        agent.close()
+
+
+def test_every_documented_answer_of_a_walk_through_the_states_matches(
+    scheduler: SchedulerProcess, live_schema: Any, node: str
+) -> None:
+    """One job through pending, running, a failed attempt, pending again with attempts,
+    running, done and a refused move; another cancelled; a schedule created, read, changed
+    and deleted. Each answer is checked against the document, and every documented success
+    of the API (the dashboard's pages are tests/test_ui_*'s) must have been met."""
+    call = Walk(live_schema)
+    job_path, schedule_path = "/jobs/{job_id}", "/schedules/{schedule_id}"
+    for path in ("/health", "/health/scheduler", "/leader", "/schedule", "/openapi.json"):
+        call("GET", path, 200)
+    call("GET", "/metrics", 200)
+
+    job = call("POST", "/jobs", 201, {"command": "exit 3", "port": 8080}).json()
+    ids = {"job_id": job["job_id"]}
+    keyed = {"Idempotency-Key": f"walk-{node}"}
+    first = call("POST", "/jobs", 201, {"command": "true"}, headers=keyed).json()
+    assert call("POST", "/jobs", 200, {"command": "true"}, headers=keyed).json() == first
+    call("GET", "/jobs", 200, query={"node_id": node, "status": "pending"})
+    call("GET", "/jobs", 200, query={"node_id": node, "limit": 1})
+
+    running = {"status": "running", "exit_code": None, "stdout": "", "stderr": ""}
+    call("PATCH", job_path, 200, running, path_parameters=ids)
+    failed = {"status": "failed", "exit_code": 3, "stdout": "", "stderr": "boom"}
+    assert call("PATCH", job_path, 200, failed, path_parameters=ids).json()["retry_count"] == 1
+    assert call("GET", job_path, 200, path_parameters=ids).json()["attempts"]
+    call("PATCH", job_path, 200, running, path_parameters=ids)
+    done = {"status": "done", "exit_code": 0, "stdout": "ok", "stderr": ""}
+    call("PATCH", job_path, 200, done, path_parameters=ids)
+    finished = call("GET", job_path, 200, path_parameters=ids).json()
+    assert (finished["status"], len(finished["attempts"])) == ("done", 1)
+    call("PATCH", job_path, 409, running, path_parameters=ids)
+
+    cancel_ids = {"job_id": first["job_id"]}
+    call("POST", "/jobs/{job_id}/cancel", 200, path_parameters=cancel_ids)
+    call("POST", "/jobs/{job_id}/cancel", 409, path_parameters=cancel_ids)
+    call("GET", job_path, 404, path_parameters={"job_id": "job-999999999999"})
+
+    name = f"walk-{unique_node()}"
+    request = {"name": name, "cron": "0 3 * * *", "job": {"command": "true", "port": 80}}
+    schedule = call("POST", "/schedules", 201, request).json()
+    schedule_ids = {"schedule_id": schedule["schedule_id"]}
+    call("GET", "/schedules", 200)
+    call("GET", schedule_path, 200, path_parameters=schedule_ids)
+    call("PATCH", schedule_path, 200, {"paused": True}, path_parameters=schedule_ids)
+    call("DELETE", schedule_path, 204, path_parameters=schedule_ids)
+    call("GET", schedule_path, 404, path_parameters=schedule_ids)
+
+    successes = {
+        (method.upper(), path, status)
+        for path, item in DOCUMENT["paths"].items()
+        if not path.startswith("/ui/")
+        for method, operation in item.items()
+        if method in HTTP_METHODS
+        for status in operation["responses"]
+        if status.startswith("2")
+    }
+    assert successes - call.seen == set(), "documented but never met"
 
 
 def test_zz_the_server_is_fine_afterwards(scheduler: SchedulerProcess) -> None:

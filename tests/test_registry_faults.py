@@ -127,3 +127,48 @@ def test_node_ids_cannot_forge_log_lines_and_empty_ones_are_ignored(
     log = wait_for(lambda: (text := log_tail(proc, 100_000)).count("created on node") >= 3 and text)
     assert "job-999" not in "\n".join(line for line in log.splitlines() if "node-x" not in line)
     assert "node-x\\n[2030-01-01" in log
+
+
+def test_credentials_in_peer_urls_stay_out_of_the_log(
+    scheduler_factory: SchedulerFactory, node: str
+) -> None:
+    """A daemon whose registry, SQS and SNS URLs carry a user and password, with none of
+    them listening: its banner and each peer's "unreachable" warning show the URL with the
+    password hidden, and the password is nowhere in its output."""
+    first = scheduler_factory()  # a job to cancel, made while the registry answers
+    api = Api(first.url)
+    try:
+        job_id = api.submit(command="true")["job_id"]
+    finally:
+        api.close()
+    first.stop()
+
+    nothing = f"127.0.0.1:{free_port()}"  # where nothing listens
+    down = scheduler_factory(
+        registry_url=f"http://registry-user:secret-r@{nothing}",
+        env={
+            "SQS_URL": f"http://sqs-user:secret-q@{nothing}",
+            "SQS_POLL_INTERVAL_SECS": "0.5",
+            "SNS_URL": f"http://sns-user:secret-n@{nothing}",
+        },
+    )
+    api = Api(down.url)
+    try:
+        expect_error(api.post("/jobs", {"command": "x"}), 503, REACH)
+        # A final state: its event goes to SNS, which cannot be reached either.
+        assert expect_json(api.post(f"/jobs/{job_id}/cancel"), 200)["reason"] == "cancelled"
+    finally:
+        api.close()
+
+    def warned(peer: str) -> bool:
+        shown = f"[WARNING] {peer} "
+        return any(
+            shown in line and f"http://{peer}-user:***@{nothing}/" in line
+            for line in log_tail(down, 1_000_000).splitlines()
+        )
+
+    for peer in ("registry", "sqs", "sns"):
+        wait_for(lambda peer=peer: warned(peer), message=f"the {peer} warning")
+    log = log_tail(down, 1_000_000)
+    assert f"  registry       http://registry-user:***@{nothing}\n" in log
+    assert "secret" not in log

@@ -57,8 +57,8 @@ def test_a_body_that_is_not_a_json_object(body: bytes) -> None:
         ({"job_type": False}, JOB_TYPE),
         ({"job_type": []}, JOB_TYPE),
         ({"port": "80"}, PORT),
-        ({"port": 80.0}, PORT),
         ({"port": 80.5}, PORT),
+        ({"port": 65536.0}, PORT),
         ({"port": True}, PORT),
         ({"port": -1}, PORT),
         ({"port": 65536}, PORT),
@@ -169,7 +169,7 @@ def test_port_bounds_are_accepted() -> None:
         b"null",
         {"status": 1},
         {"status": "done", "exit_code": "0"},
-        {"status": "done", "exit_code": 1.0},
+        {"status": "done", "exit_code": 1.5},
         {"status": "done", "exit_code": True},
         {"status": "done", "exit_code": 2**63},
         {"status": "done", "exit_code": 0, "stdout": 5},
@@ -204,6 +204,16 @@ def test_the_agents_exact_updates_parse() -> None:
     final = b'{"status":"failed","exit_code":-1,"stdout":"o","stderr":"download error: x"}'
     assert validation.parse_update(final) == JobUpdate("failed", -1, "o", "download error: x")
     assert validation.parse_update(b'{"status":"done","exit_code":-9223372036854775808}')
+
+
+def test_an_integer_may_be_written_with_a_zero_fraction() -> None:
+    # JSON Schema's integer, which /openapi.json states: 3.0 is the number 3.
+    body = b'{"command":"x","port":8080.0,"timeout_secs":3e1,"delay_secs":0.0}'
+    request = validation.parse_job_request(body)
+    assert (request.port, request.timeout_secs, request.delay_secs) == (8080, 30, 0)
+    assert all(type(v) is int for v in (request.port, request.timeout_secs, request.delay_secs))
+    update = validation.parse_update(b'{"status":"failed","exit_code":-1.0}')
+    assert update.exit_code == -1 and type(update.exit_code) is int
 
 
 # --- GET /jobs query ------------------------------------------------------------------------

@@ -3,8 +3,9 @@ asking which registry, with auth on or off and which loops running; and a warnin
 listens beyond loopback with auth off (anyone who reaches the port can run shell commands on
 every node).
 
-Only words from settings: the gunicorn master logs them (`gunicorn_conf.when_ready`) once its
-socket listens, before the worker loads the jobs.
+Only words from settings, every URL with its credentials hidden (`redaction`): the gunicorn
+master logs them (`gunicorn_conf.when_ready`) once its socket listens, before the worker loads
+the jobs.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
-import urllib.parse
 
 from .config import Settings
 from .logs import printable
 from .preflight import ListenAddress
+from .redaction import redacted
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def lines(settings: Settings, address: ListenAddress) -> list[str]:
     facts = [
         ("listening on", _listening(address)),
         ("database", _database(settings.db_path)),
-        ("registry", settings.registry_url),
+        ("registry", redacted(settings.registry_url)),
         ("auth", _auth(settings)),
         ("timeout scan", f"every {settings.timeout_scan_interval_secs:g} s"),
         ("SQS ingestion", _peer(settings.sqs_url, "queue", settings.sqs_queue)),
@@ -87,12 +88,7 @@ def _listening(address: ListenAddress) -> str:
 def _database(path: str) -> str:
     if "://" not in path:
         return f"{os.path.abspath(path)} (SQLite)"
-    parts = urllib.parse.urlsplit(path)
-    if parts.password is None:
-        return path
-    user, _, host = parts.netloc.rpartition("@")
-    hidden = f"{user.partition(':')[0]}:***@{host}"  # never a password in the log
-    return urllib.parse.urlunsplit(parts._replace(netloc=hidden))
+    return redacted(path)
 
 
 def _auth(settings: Settings) -> str:
@@ -104,4 +100,4 @@ def _auth(settings: Settings) -> str:
 
 
 def _peer(url: str | None, what: str, name: str) -> str:
-    return f"on ({url}, {what} {name})" if url else "off"
+    return f"on ({redacted(url)}, {what} {name})" if url else "off"

@@ -14,6 +14,8 @@ import os
 from collections.abc import Mapping
 from typing import Literal
 
+from .redaction import redacted
+
 DEFAULT_BIND = "0.0.0.0:9001"
 """Listen address of the daemon (gunicorn `bind`)."""
 
@@ -242,7 +244,8 @@ class _Env:
         if value is None:
             return None
         if not value.startswith(("http://", "https://")):
-            raise ConfigError(f"{name} must be an http:// or https:// URL, got {value!r}")
+            shown = redacted(value)  # a URL that is refused may still carry a password
+            raise ConfigError(f"{name} must be an http:// or https:// URL, got {shown!r}")
         return value.rstrip("/")
 
     def integer(self, name: str, default: int, minimum: int) -> int:

@@ -24,6 +24,8 @@ from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
 
+from .redaction import redacted
+
 log = logging.getLogger(__name__)
 
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
@@ -67,13 +69,18 @@ class Peer:
         parts = urlsplit(base_url)
         self.name = name
         self.base_url = base_url
+        self.shown_url = redacted(base_url)
+        """The base URL as the log shows it: without the credentials it may carry."""
         self.deadline_secs = deadline_secs
         self.observers = observers if observers is not None else []
         self._tls = parts.scheme == "https"
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port or (443 if self._tls else 80)
         self._prefix = parts.path.rstrip("/")
-        self._headers = {"Host": parts.netloc, "Connection": "close", **(headers or {})}
+        # Host is host[:port]: user info in the URL is not part of it (RFC 9110), and a
+        # peer or a proxy logs the header as it came.
+        host = parts.netloc.rpartition("@")[2]
+        self._headers = {"Host": host, "Connection": "close", **(headers or {})}
 
     def call(
         self,
@@ -107,7 +114,7 @@ class Peer:
             # surrogate (an SQS body), which must reach the caller to be refused there.
             decoded = json.loads(data)
         except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
-            detail = f"{method} {self.base_url + path} answered non-JSON: {data[:200]!r}"
+            detail = f"{method} {self.shown_url + path} answered non-JSON: {data[:200]!r}"
             self._failed(endpoint, Outcome.GARBAGE, detail)
             raise CallFailed(Outcome.GARBAGE, "answer is not JSON") from None
         self._tell(endpoint, Outcome.OK)
@@ -116,7 +123,7 @@ class Peer:
     def _answer(
         self, method: str, path: str, endpoint: str, body: bytes | None, accept: Sequence[int]
     ) -> tuple[int, bytes]:
-        url = self.base_url + path
+        url = self.shown_url + path  # for the log only
         try:
             status, data = self._exchange(method, self._prefix + path, body)
         except CallFailed as exc:

@@ -132,13 +132,15 @@ def job_request_from(data: dict[str, Any]) -> JobRequest:
     port = data.get("port")
     if port is None:
         port = 0
-    elif not _is_int(port) or not 0 <= port <= 65535:
+    elif (port := _integer(port)) is None or not 0 <= port <= 65535:
         raise errors.BadRequest("port must be an integer between 1 and 65535")
     env_vars = _env_vars(data.get("env_vars"))
     timeout_secs = data.get("timeout_secs")
     if timeout_secs is None:
         timeout_secs = 0
-    elif not _is_int(timeout_secs) or not 0 <= timeout_secs <= MAX_TIMEOUT_SECS:
+    elif (timeout_secs := _integer(timeout_secs)) is None or not (
+        0 <= timeout_secs <= MAX_TIMEOUT_SECS
+    ):
         raise errors.BadRequest(
             f"timeout_secs must be an integer between 1 and {MAX_TIMEOUT_SECS} "
             "(0 means the default)"
@@ -219,9 +221,12 @@ def _delay(not_before: Any, delay_secs: Any) -> tuple[int | None, int | None]:
                 "not_before must be an RFC 3339 time such as 2026-11-30T10:20:30Z"
             )
         return us, None
-    if delay_secs is not None and not (_is_int(delay_secs) and 0 <= delay_secs <= MAX_DELAY_SECS):
+    if delay_secs is None:
+        return None, None
+    delay = _integer(delay_secs)
+    if delay is None or not 0 <= delay <= MAX_DELAY_SECS:
         raise errors.BadRequest(f"delay_secs must be an integer between 0 and {MAX_DELAY_SECS}")
-    return None, delay_secs
+    return None, delay
 
 
 def parse_update(body: bytes) -> JobUpdate:
@@ -259,12 +264,13 @@ def read_update(read: Callable[[int], bytes], max_output_bytes: int) -> JobUpdat
 def _update_from(data: Mapping[str, Any], max_output_bytes: int | None) -> JobUpdate:
     """Check a decoded update in the spec's order: types, then the status."""
     status = data.get("status")
-    exit_code = data.get("exit_code")
+    given = data.get("exit_code")
+    exit_code = None if given is None else _integer(given)
     stdout = _output(data.get("stdout"), max_output_bytes)
     stderr = _output(data.get("stderr"), max_output_bytes)
     if (
         (status is not None and not isinstance(status, str | jsonstream.Tail))
-        or (exit_code is not None and not (_is_int(exit_code) and -_INT64 <= exit_code < _INT64))
+        or (given is not None and (exit_code is None or not -_INT64 <= exit_code < _INT64))
         or (stdout is not None and not isinstance(stdout, str))
         or (stderr is not None and not isinstance(stderr, str))
     ):
@@ -283,8 +289,21 @@ def _output(value: Any, max_bytes: int | None) -> Any:
     return value
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _integer(value: Any) -> int | None:
+    """A JSON number with no fraction as an int (`3` and `3.0` alike); None for anything else.
+
+    JSON has one number type, and JSON Schema's `integer` (what /openapi.json says of these
+    fields) is any number whose fraction is zero: a client whose encoder writes `3.0`
+    (Python's float, a computed value) means 3, and a validator in front of us would pass it.
+    So it is taken as 3, and the job shows `3`. A fraction (`3.5`), a boolean or a string is
+    still the wrong type, with the field's usual message."""
+    if isinstance(value, bool):
+        return None  # True is an int in Python, but not a number in JSON
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():  # finite, no fraction
+        return int(value)
+    return None
 
 
 def _text(data: dict[str, Any], field: str) -> str:

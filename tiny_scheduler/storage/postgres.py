@@ -27,13 +27,13 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 import psycopg
 from psycopg import sql
 
 from ..jobs import Job, Output
+from ..redaction import redacted
 from ..schedules import Schedule
 from . import rows
 from .base import Batch, Loaded, OutboxEvent, StoreOpenError, judge_version
@@ -199,16 +199,6 @@ class NotLeader(RuntimeError):
 
 class Fenced(NotLeader):
     """A write rolled back: another scheduler took the lease since this one's epoch."""
-
-
-def redacted(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def application_name(purpose: str) -> str:
