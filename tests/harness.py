@@ -95,6 +95,19 @@ class Harness:
         job, _ = self.service.submit(validation.parse_job_request(body), key)
         return job
 
+    def submit_on(self, node: str, command: str = "true", **fields: Any) -> Job:
+        """Submit while only `node` is healthy, so placement must choose it; the node list
+        is as it was afterwards."""
+        before = self.nodes.cached_nodes()
+        self.nodes.set({node: "healthy"})
+        try:
+            job = self.submit(command, **fields)
+        finally:
+            if before is not None:
+                self.nodes.set(before.status, before.cpus)
+        assert job.node_id == node
+        return job
+
     def submit_request(self, request: JobRequest, key: str | None = None) -> tuple[Job, bool]:
         return self.service.submit(request, key)
 
