@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tiny_scheduler import jobs, validation
+from flask import Flask
+
+from tiny_scheduler import api, jobs, metrics, ui, validation
 from tiny_scheduler.clock import ManualClock
 from tiny_scheduler.config import Settings
 from tiny_scheduler.jobs import Job
@@ -124,6 +126,20 @@ class Harness:
 
     def job(self, job_id: str) -> Job:
         return self.service.get(job_id)
+
+    # --- what others see -----------------------------------------------------------------
+
+    def app(self) -> Flask:
+        """The HTTP API, the metrics and the dashboard on this scheduler, wired as a daemon's
+        are, for Flask's test client (no server, no port); its metrics count from now on.
+        Once per harness."""
+        app = Flask(__name__)
+        api.replies.attach(app, self.service)
+        api.init_app(app)
+        counted = metrics.init_app(app, self.service)
+        self.firing.observers.append(counted.observe_fire)
+        ui.init_app(app, self.service)
+        return app
 
     # --- what was committed --------------------------------------------------------------
 
