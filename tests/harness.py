@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tiny_scheduler import jobs, validation
+from flask import Flask
+
+from tiny_scheduler import api, jobs, metrics, ui, validation
 from tiny_scheduler.clock import ManualClock
 from tiny_scheduler.config import BUILTIN_REGISTRY, Settings
 from tiny_scheduler.jobs import Job
@@ -117,6 +119,19 @@ class Harness:
         job, _ = self.service.submit(validation.parse_job_request(body), key)
         return job
 
+    def submit_on(self, node: str, command: str = "true", **fields: Any) -> Job:
+        """Submit while only `node` is healthy, so placement must choose it; the node list
+        is as it was afterwards."""
+        before = self.nodes.cached_nodes()
+        self.nodes.set({node: "healthy"})
+        try:
+            job = self.submit(command, **fields)
+        finally:
+            if before is not None:
+                self.nodes.set(before.status, before.cpus)
+        assert job.node_id == node
+        return job
+
     def submit_request(self, request: JobRequest, key: str | None = None) -> tuple[Job, bool]:
         return self.service.submit(request, key)
 
@@ -142,6 +157,20 @@ class Harness:
 
     def job(self, job_id: str) -> Job:
         return self.service.get(job_id)
+
+    # --- what others see -----------------------------------------------------------------
+
+    def app(self) -> Flask:
+        """The HTTP API, the metrics and the dashboard on this scheduler, wired as a daemon's
+        are, for Flask's test client (no server, no port); its metrics count from now on.
+        Once per harness."""
+        app = Flask(__name__)
+        api.replies.attach(app, self.service)
+        api.init_app(app)
+        counted = metrics.init_app(app, self.service)
+        self.firing.observers.append(counted.observe_fire)
+        ui.init_app(app, self.service)
+        return app
 
     # --- what was committed --------------------------------------------------------------
 

@@ -1,5 +1,8 @@
 """A job's life as the real agent drives it, under real gunicorn: the strict poll, the exact
-claim body, the final report, retries on another node, slots, and the output cap."""
+claim body, the final report, and a retry on another node as the agents see it on the wire.
+
+The rules behind them (where a retry goes, how many jobs a poll hands out, the output cap)
+are decisions of the service, checked on the harness (`harness.py`) below."""
 
 from __future__ import annotations
 
@@ -7,10 +10,13 @@ import re
 from collections.abc import Callable, Iterator
 
 import pytest
+from harness import Harness
 from helpers import Agent, Api, expect_json, set_nodes, unique_node
 
+from tiny_scheduler import jobs
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
+from tiny_scheduler.nodes import StaticNodes
 
 MAX_OUTPUT_BYTES = 1024
 SCHEDULER_ENV = {"MAX_JOBS_PER_NODE": "2", "MAX_OUTPUT_BYTES": str(MAX_OUTPUT_BYTES)}
@@ -106,73 +112,66 @@ def test_a_failed_attempt_is_retried_on_another_healthy_node(
     assert second.poll() == [] and first.poll() == []
 
 
-def test_a_retry_goes_back_to_the_only_healthy_node(
-    api: Api, agents: AgentFactory, node: str
-) -> None:
-    agent = agents(node)
-    job = api.submit()
-    agent.claim(job["job_id"])
-    retried = expect_json(agent.report(job["job_id"], 1), 200)
-    assert (retried["status"], retried["node_id"]) == ("pending", node)
-    assert polled_ids(agent) == [job["job_id"]]
+# --- the rules, on the harness -----------------------------------------------------------
 
 
-def test_a_pinned_job_retries_on_its_instances_node(
-    api: Api, registry: FakeRegistry, agents: AgentFactory
-) -> None:
-    pinned_node, other = unique_node(), unique_node()
-    set_nodes(registry, [pinned_node, other])
-    registry.set_instance("i-pin", pinned_node)
-    job = api.submit(instance_id="i-pin")
-    agent = agents(pinned_node)
-    agent.claim(job["job_id"])
-    retried = expect_json(agent.report(job["job_id"], 1), 200)
-    assert (retried["status"], retried["node_id"]) == ("pending", pinned_node)
+def test_a_retry_goes_back_to_the_only_healthy_node() -> None:
+    h = Harness(["node-a"])
+    job = h.submit()
+    h.claim(job.job_id)
+    retried = h.report(job.job_id, exit_code=1)
+    assert (retried.status, retried.node_id) == (jobs.PENDING, "node-a")
+    assert h.poll("node-a") == [job.job_id]
 
 
-def test_poll_is_capped_at_two_free_slots_and_services_take_none(
-    api: Api, agents: AgentFactory, node: str
-) -> None:
-    agent = agents(node)
-    service = api.submit(command="serve", job_type="service", port=8000)["job_id"]
-    runs = [api.submit(command=f"run {n}")["job_id"] for n in range(4)]
-    assert polled_ids(agent) == [service, runs[0]]
-    agent.claim(service)
-    assert polled_ids(agent) == runs[0:2]  # the running service takes no slot
-    agent.claim(runs[0])
-    assert polled_ids(agent) == [runs[1]]
-    agent.claim(runs[1])
-    assert agent.poll() == []
-    agent.report(runs[0], 0)
-    assert polled_ids(agent) == [runs[2]]
-    agent.report(service, 0)  # a service ending frees nothing either
-    assert polled_ids(agent) == [runs[2]]
+def test_a_pinned_job_retries_on_its_instances_node() -> None:
+    nodes = StaticNodes({"pinned": "healthy", "other": "healthy"}, instances={"i-pin": "pinned"})
+    h = Harness(nodes)
+    job = h.submit(instance_id="i-pin")
+    h.claim(job.job_id)
+    retried = h.report(job.job_id, exit_code=1)
+    assert (retried.status, retried.node_id) == (jobs.PENDING, "pinned")
 
 
-def test_output_over_the_cap_keeps_the_tail_behind_a_marker(
-    api: Api, agents: AgentFactory, node: str
-) -> None:
-    agent = agents(node)
-    job_id = api.submit()["job_id"]
-    agent.claim(job_id)
+def test_poll_is_capped_at_two_free_slots_and_services_take_none() -> None:
+    h = Harness(["node-a"], max_jobs_per_node=2)
+    service = h.submit("serve", job_type="service", port=8000).job_id
+    runs = [h.submit(f"run {n}").job_id for n in range(4)]
+    assert h.poll("node-a") == [service, runs[0]]
+    h.claim(service)
+    assert h.poll("node-a") == runs[0:2]  # the running service takes no slot
+    h.claim(runs[0])
+    assert h.poll("node-a") == [runs[1]]
+    h.claim(runs[1])
+    assert h.poll("node-a") == []
+    h.report(runs[0])
+    assert h.poll("node-a") == [runs[2]]
+    h.report(service)  # a service ending frees nothing either
+    assert h.poll("node-a") == [runs[2]]
+
+
+def test_output_over_the_cap_keeps_the_tail_behind_a_marker() -> None:
+    h = Harness(max_output_bytes=MAX_OUTPUT_BYTES)
+    job_id = h.submit().job_id
+    h.claim(job_id)
     stdout = "".join(f"line {n}\n" for n in range(1000))
     stderr = "é" * 3000 + "the end"
-    done = expect_json(agent.report(job_id, 0, stdout=stdout, stderr=stderr), 200)
-    for original, kept in ((stdout, done["stdout"]), (stderr, done["stderr"])):
+    done = h.report(job_id, stdout=stdout, stderr=stderr)
+    for original, kept in ((stdout, done.stdout), (stderr, done.stderr)):
         assert len(kept.encode()) <= MAX_OUTPUT_BYTES
         match = MARKER.match(kept)
         assert match, kept[:100]
         assert original.endswith(kept[match.end() :])
         assert len(kept.encode()) >= MAX_OUTPUT_BYTES - 3
-    assert done["stdout"].endswith("line 999\n")
-    assert api.job(job_id)["stdout"] == done["stdout"]
+    assert done.stdout.endswith("line 999\n")
+    assert h.job(job_id).stdout == done.stdout
 
 
-def test_output_within_the_cap_is_kept_whole(api: Api, agents: AgentFactory, node: str) -> None:
-    agent = agents(node)
-    job_id = api.submit()["job_id"]
-    agent.claim(job_id)
+def test_output_within_the_cap_is_kept_whole() -> None:
+    h = Harness(max_output_bytes=MAX_OUTPUT_BYTES)
+    job_id = h.submit().job_id
+    h.claim(job_id)
     stdout = "x" * MAX_OUTPUT_BYTES
-    done = expect_json(agent.report(job_id, 1, stdout=stdout), 200)
-    assert done["status"] == "pending"  # retried: the attempt keeps the output
-    assert api.job(job_id)["attempts"][0]["stdout"] == stdout
+    done = h.report(job_id, exit_code=1, stdout=stdout)
+    assert done.status == jobs.PENDING  # retried: the attempt keeps the output
+    assert h.job(job_id).attempts[0].stdout == stdout

@@ -1,19 +1,20 @@
 """Delayed jobs (`not_before` / `delay_secs`): the request checks, the job table's poll that
-never hands a job out before its time, and the live daemon (HTTP and SQS) doing the same.
+never hands a job out before its time, the service doing the same on the harness, and the
+live daemon for what crosses processes (the 400 on the wire, SQS messages).
 
-The table is given the time it should think it is, so its rules are checked at exact moments;
-the live tests watch the real clock, but only wait on conditions, never assert a duration.
+The table and the harness are given the time it should think it is, so their rules are
+checked at exact moments; the live tests only wait on conditions, never on the clock.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import SchedulerFactory
+from harness import Harness
 from helpers import Agent, Api, wait_for
 
 from tiny_scheduler import errors, jobs, validation
@@ -190,64 +191,39 @@ def test_delayed_jobs_loaded_at_start_up_wait_too() -> None:
     assert seqs(table.poll("node-a", 5, now=T0 + 10 * SECOND)) == [1, 2]
 
 
+# --- the service, on the harness ----------------------------------------------------------
+
+US = 0.000_001  # one microsecond, in seconds
+
+
+def test_a_delayed_job_is_invisible_to_the_poll_until_its_time_then_handed_out() -> None:
+    h = Harness(["node-a"])
+    early = h.submit("early")
+    delayed = h.submit("later", delay_secs=2)
+    assert delayed.not_before == delayed.created_at + 2 * SECOND
+    assert list(delayed.to_wire())[-3:] == ["status", "retry_count", "created_at"]
+    # Before its time only the other job is handed out, and the listing shows both.
+    assert h.poll("node-a") == [early.job_id]
+    h.claim(early.job_id)
+    h.report(early.job_id)
+    query = validation.JobQuery(node_id="node-a", status=jobs.PENDING, limit=10)
+    assert [job.job_id for job in h.service.list_jobs(query).jobs] == [delayed.job_id]
+    # Exactly at its time, and with no scan in between: the poll alone decides.
+    h.advance(2 - US)
+    assert h.poll("node-a") == []
+    h.advance(US)
+    assert h.poll("node-a") == [delayed.job_id]
+    assert h.claim(delayed.job_id).status == jobs.RUNNING
+
+
+def test_not_before_in_the_past_is_due_at_once_and_kept_as_given() -> None:
+    h = Harness(["node-a"])
+    job = h.submit("x", not_before="2020-01-01T00:00:00.5+01:00")
+    assert job.to_wire()["not_before"] == "2019-12-31T23:00:00.500000Z"
+    assert h.poll("node-a") == [job.job_id]
+
+
 # --- the live daemon ----------------------------------------------------------------------------
-
-SCAN_SECS = 0.5
-"""The scan of the daemon that serves the delayed job (the poll does not wait for it)."""
-
-
-def poll_until_handed_out(agent: Agent, job_id: str, not_before: int) -> None:
-    """Poll as the agent does until the job is in the answer, holding every answer to the
-    rule: a poll answered before the job's time does not have it, and a poll asked at or after
-    its time does (so it goes out with the first poll after its time, whatever the scan)."""
-
-    def handed_out() -> bool:
-        asked = time.time() * 1e6
-        polled = [job.job_id for job in agent.poll()]
-        answered = time.time() * 1e6
-        if job_id in polled:
-            assert answered >= not_before, "handed out before its not_before"
-            return True
-        assert asked < not_before, "a poll asked after its not_before did not hand it out"
-        return False
-
-    wait_for(handed_out, timeout=30, interval=0.05, message=f"{job_id} in the poll")
-
-
-def test_a_delayed_job_is_invisible_to_the_poll_until_its_time_then_handed_out(
-    scheduler_factory: SchedulerFactory, node: str
-) -> None:
-    proc = scheduler_factory({"TIMEOUT_SCAN_INTERVAL_SECS": str(SCAN_SECS)})
-    api, agent = Api(proc.url), Agent(proc.url, node)
-    try:
-        early = api.submit(command="early")
-        delayed = api.submit(command="later", delay_secs=2)
-        not_before = jobs.parse_time(delayed["not_before"])
-        assert not_before == jobs.parse_time(delayed["created_at"]) + 2 * 1_000_000
-        assert list(delayed)[-3:] == ["status", "retry_count", "created_at"]
-        # Before its time only the other job is handed out, and the listing shows both.
-        assert [job.job_id for job in agent.poll()] == [early["job_id"]]
-        assert agent.claim(early["job_id"]).status_code == 200
-        assert agent.report(early["job_id"], 0).status_code == 200
-        listed = api.jobs(node_id=node, status="pending", limit=10)
-        assert [job["job_id"] for job in listed] == [delayed["job_id"]]
-        poll_until_handed_out(agent, delayed["job_id"], not_before)
-        assert agent.claim(delayed["job_id"]).status_code == 200
-    finally:
-        api.close()
-        agent.close()
-
-
-def test_not_before_in_the_past_is_due_at_once_and_kept_as_given(
-    api: Api, node: str, scheduler: Any
-) -> None:
-    job = api.submit(command="x", not_before="2020-01-01T00:00:00.5+01:00")
-    assert job["not_before"] == "2019-12-31T23:00:00.500000Z"
-    agent = Agent(scheduler.url, node)
-    try:
-        assert [polled.job_id for polled in agent.poll()] == [job["job_id"]]
-    finally:
-        agent.close()
 
 
 def test_both_fields_get_the_spec_400(api: Api) -> None:

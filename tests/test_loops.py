@@ -1,25 +1,34 @@
-"""Background work under real gunicorn: timeouts, lost nodes, SQS ingestion, SNS, retention.
+"""Background work: timeouts, lost nodes, retention, SQS ingestion, SNS.
 
-Peers are the loopback stand-ins of `tiny_scheduler.dev`; intervals are shortened through the
-environment, and every wait polls for its condition with a deadline.
+What the scan decides (timeouts, slots held by timed-out jobs, lost nodes, retention) is
+checked on the harness (`harness.py`), at the instants the test sets, with the real scan
+object. Under real gunicorn stays what crosses processes: a timeout as the daemon's own scan
+finds it and publishes it to SNS, SQS ingestion and SNS delivery. Their peers are the
+loopback stand-ins of `tiny_scheduler.dev`; intervals are shortened through the environment,
+and every wait polls for its condition with a deadline.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 from collections.abc import Iterator
 
 import pytest
 import requests
+from harness import Harness
 from helpers import Api, wait_for
 
+from tiny_scheduler import errors, jobs
 from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.dev.sns import FakeSns
 from tiny_scheduler.dev.sqs import FakeSqs
-from tiny_scheduler.loops.sns import PAGE_SIZE
+from tiny_scheduler.loops.sns import PAGE_SIZE, event_message
+
+US = 0.000_001  # one microsecond, in seconds
 
 FAST = {
     "TIMEOUT_SCAN_INTERVAL_SECS": "0.2",
@@ -100,7 +109,7 @@ def make_cluster(tmp_path: pathlib.Path) -> Iterator:
         cluster.close()
 
 
-# --- timeouts ---------------------------------------------------------------------------------
+# --- under real gunicorn: a timeout found by the daemon's own scan, published to SNS ---------
 
 
 def test_run_job_times_out_fails_without_retry_and_is_published(make_cluster) -> None:
@@ -133,179 +142,6 @@ def test_run_job_times_out_fails_without_retry_and_is_published(make_cluster) ->
     assert (late.status_code, late.json()) == (200, failed)
     assert cluster.job(job["job_id"]) == failed
     assert cluster.patch(job["job_id"], {"status": "running"}).status_code == 409
-
-
-def poll(cluster: Cluster, node_id: str) -> list[str]:
-    reply = cluster.http.get(
-        cluster.server.url + "/jobs", params={"node_id": node_id, "status": "pending"}, timeout=10
-    )
-    assert reply.status_code == 200, reply.text
-    return [job["job_id"] for job in reply.json()]
-
-
-def overview_row(cluster: Cluster, node_id: str) -> str:
-    page = cluster.http.get(cluster.server.url + "/ui/", timeout=10).text
-    start = page.index(f'<tr data-node="{node_id}">')
-    return page[start : page.index("</tr>", start)]
-
-
-def test_a_timed_out_job_keeps_its_slot_until_its_late_report(make_cluster) -> None:
-    """Its process still runs on the node: no new work goes there until the agent reports
-    the end (MAX_JOBS_PER_NODE is 1), and the dashboard shows the node busy with it."""
-    cluster = make_cluster(nodes=("node-a",))
-    slow = cluster.submit(command="sleep 60", timeout_secs=1)["job_id"]
-    cluster.claim(slow)
-    waiting = cluster.submit(command="echo next")["job_id"]
-    timed_out = wait_for(lambda: (j := cluster.job(slow))["status"] == "failed" and j, 15)
-    assert poll(cluster, "node-a") == [], "the slot is still taken"
-    row = overview_row(cluster, "node-a")
-    assert slow in row and "still running" in row, "the node shows busy, the job named"
-
-    late = cluster.patch(slow, {"status": "failed", "exit_code": 137, "stderr": "killed"})
-    assert (late.status_code, late.json()) == (200, timed_out)
-    assert poll(cluster, "node-a") == [waiting], "the late report freed the slot"
-    assert slow not in overview_row(cluster, "node-a")
-    wait_for(lambda: "late failed report" in cluster.log_text(), message="the late report's line")
-    # The late report published nothing more: the job's one event went out with its timeout.
-    # (Events are delivered in the order of the changes: once the next job's is out, any
-    # second one of the timed-out job would be too.)
-    cluster.claim(waiting)
-    assert cluster.patch(waiting, {"status": "done", "exit_code": 0}).status_code == 200
-    wait_for(lambda: any(e["job_id"] == waiting for e in cluster.events()), 15)
-    assert [e["reason"] for e in cluster.events() if e["job_id"] == slow] == ["timeout"]
-
-
-def test_a_timed_out_jobs_slot_is_freed_when_its_node_is_lost(make_cluster) -> None:
-    cluster = make_cluster({"NODE_LOST_SECS": "1"}, nodes=("node-a",))
-    slow = cluster.submit(command="sleep 60", timeout_secs=1)["job_id"]
-    cluster.claim(slow)
-    waiting = cluster.submit(command="echo next")["job_id"]
-    wait_for(lambda: cluster.job(slow)["status"] == "failed", 15)
-    assert poll(cluster, "node-a") == []
-
-    cluster.registry.set_node("node-a", status="unhealthy")
-    wait_for(lambda: f"job {slow}: slot on lost node node-a freed" in cluster.log_text(), 15)
-    cluster.registry.set_node("node-a")  # the node is back, whatever ran there is gone
-    assert poll(cluster, "node-a") == [waiting]
-    assert cluster.job(slow)["reason"] == "timeout", "freeing the slot changes nothing else"
-
-
-def test_the_timeout_counts_from_running_at_not_created_at(make_cluster) -> None:
-    """A job that waited pending longer than its timeout still gets its whole timeout once
-    it runs."""
-    cluster = make_cluster({"MAX_JOBS_PER_NODE": "5"}, nodes=("node-a",))
-    waited = cluster.submit(command="sleep 60", timeout_secs=4)
-    first_witness = cluster.submit(command="sleep 60", timeout_secs=4)
-    cluster.claim(first_witness["job_id"])
-    # Once the witness has timed out, `waited` has been pending for longer than its timeout.
-    wait_for(lambda: cluster.job(first_witness["job_id"])["status"] == "failed", timeout=15)
-    cluster.claim(waited["job_id"])
-    second_witness = cluster.submit(command="sleep 60", timeout_secs=1)
-    cluster.claim(second_witness["job_id"])
-    # Scans have run since the claim (the second witness timed out in one of them)...
-    wait_for(lambda: cluster.job(second_witness["job_id"])["status"] == "failed", timeout=15)
-    # ...and none of them took `waited`'s time pending for time running.
-    assert cluster.job(waited["job_id"])["status"] == "running"
-
-
-def test_service_job_has_no_scheduler_timeout(make_cluster) -> None:
-    cluster = make_cluster({"JOB_TIMEOUT_SECS": "1", "MAX_JOBS_PER_NODE": "5"}, nodes=("node-a",))
-    service = cluster.submit(command="serve forever", job_type="service", port=8080)
-    cluster.claim(service["job_id"])
-    # A run job claimed after the service, with the same default timeout: once it has timed
-    # out, the service has been past its would-be deadline for at least as long.
-    witness = cluster.submit(command="sleep 60")
-    cluster.claim(witness["job_id"])
-    wait_for(lambda: cluster.job(witness["job_id"])["status"] == "failed", timeout=15)
-
-    assert cluster.job(service["job_id"])["status"] == "running"
-
-
-# --- lost nodes -------------------------------------------------------------------------------
-
-
-def test_pending_job_moves_off_an_unhealthy_node(make_cluster) -> None:
-    cluster = make_cluster()
-    job = cluster.submit(command="echo moved")
-    stuck = job["node_id"]
-    other = "node-b" if stuck == "node-a" else "node-a"
-    cluster.registry.set_node(stuck, status="unhealthy")
-
-    moved = wait_for(lambda: (j := cluster.job(job["job_id"]))["node_id"] == other and j)
-    assert moved["status"] == "pending"
-    assert moved["retry_count"] == 0, "a move is not a retry"
-    polled = cluster.http.get(
-        cluster.server.url + "/jobs", params={"node_id": other, "status": "pending"}, timeout=10
-    ).json()
-    assert [j["job_id"] for j in polled] == [job["job_id"]]
-
-
-def test_running_job_on_lost_node_fails_and_runs_again_elsewhere(make_cluster) -> None:
-    cluster = make_cluster({"NODE_LOST_SECS": "1"})
-    job = cluster.submit(command="echo survive")
-    lost = job["node_id"]
-    other = "node-b" if lost == "node-a" else "node-a"
-    cluster.claim(job["job_id"])
-    cluster.registry.remove_node(lost)
-
-    retried = wait_for(
-        lambda: (j := cluster.job(job["job_id"]))["status"] == "pending" and j, timeout=15
-    )
-    assert retried["node_id"] == other
-    assert retried["retry_count"] == 1
-    [attempt] = retried["attempts"]
-    assert attempt["node_id"] == lost
-    assert attempt["exit_code"] == -1
-    assert attempt["stderr"] == "node lost"
-    assert "reason" not in retried, "a retried job has not failed for good"
-
-    cluster.claim(job["job_id"])
-    done = cluster.patch(job["job_id"], {"status": "done", "exit_code": 0, "stdout": "ok\n"})
-    assert done.json()["status"] == "done"
-
-
-def test_a_lost_node_with_no_retry_left_fails_for_good_with_reason_node_lost(make_cluster) -> None:
-    cluster = make_cluster({"NODE_LOST_SECS": "1", "MAX_JOB_RETRIES": "0"})
-    job = cluster.submit(command="echo lost")
-    cluster.claim(job["job_id"])
-    cluster.registry.remove_node(job["node_id"])
-
-    failed = wait_for(lambda: (j := cluster.job(job["job_id"]))["status"] == "failed" and j, 15)
-    assert (failed["reason"], failed["exit_code"], failed["stderr"]) == (
-        "node_lost",
-        -1,
-        "node lost",
-    )
-    event = wait_for(lambda: [e for e in cluster.events() if e["job_id"] == job["job_id"]])
-    assert event[0]["reason"] == "node_lost"
-
-
-def test_running_job_survives_a_short_absence(make_cluster) -> None:
-    cluster = make_cluster({"NODE_LOST_SECS": "3600", "MAX_JOBS_PER_NODE": "2"}, nodes=("node-a",))
-    running = cluster.submit(command="echo patient")
-    cluster.claim(running["job_id"])
-    witness = cluster.submit(command="echo witness")
-    cluster.registry.set_node("node-b")
-    cluster.registry.set_node("node-a", status="unhealthy")
-    # The scan that moves the pending witness has also looked at the running job.
-    wait_for(lambda: cluster.job(witness["job_id"])["node_id"] == "node-b")
-    assert cluster.job(running["job_id"])["status"] == "running"
-
-
-def test_registry_down_moves_nothing(make_cluster) -> None:
-    cluster = make_cluster({"NODE_LOST_SECS": "0"})
-    pending = cluster.submit(command="echo stay")
-    running = cluster.submit(command="echo stay too")
-    cluster.claim(running["job_id"])
-    cluster.registry.fault = "error"
-
-    def skipped_scans() -> int:
-        return cluster.log_text().count("lost-node scan skipped")
-
-    wait_for(lambda: skipped_scans() >= 3, timeout=15)
-    assert cluster.job(pending["job_id"])["node_id"] == pending["node_id"]
-    assert cluster.job(pending["job_id"])["status"] == "pending"
-    assert cluster.job(running["job_id"])["status"] == "running"
 
 
 # --- SQS ----------------------------------------------------------------------------------------
@@ -476,27 +312,200 @@ def test_sns_events_not_yet_sent_survive_a_crash(make_cluster) -> None:
     wait_for(lambda: sns_depth(cluster) == 0, timeout=10, message="an empty outbox")
 
 
-# --- retention ------------------------------------------------------------------------------------
+# --- the scan's decisions, on the harness ------------------------------------------------------
 
 
-def test_retention_removes_old_finished_jobs_only(make_cluster) -> None:
-    cluster = make_cluster({"JOB_RETENTION_SECS": "1", "MAX_JOBS_PER_NODE": "5"})
-    pending = cluster.submit(command="echo waiting")
-    running = cluster.submit(command="echo working")
-    cluster.claim(running["job_id"])
-    finished = cluster.submit(command="echo done")
-    cluster.claim(finished["job_id"])
-    cluster.patch(finished["job_id"], {"status": "done", "exit_code": 0})
+def outbox_events(h: Harness, job_id: str) -> list[dict]:
+    """The SNS events the job's changes put in the outbox (see `with_sns`)."""
+    seq = jobs.parse_job_id(job_id)
+    return [json.loads(event.message) for event in h.database.outbox if event.seq == seq]
 
-    wait_for(
-        lambda: (
-            cluster.http.get(f"{cluster.server.url}/jobs/{finished['job_id']}").status_code == 404
-        ),
-        timeout=15,
+
+def with_sns(h: Harness) -> Harness:
+    """Keep an SNS event with every change that makes a job final, as a daemon with SNS_URL."""
+    h.service.keep_final_events(event_message)
+    return h
+
+
+def overview_row(page: str, node_id: str) -> str:
+    start = page.index(f'<tr data-node="{node_id}">')
+    return page[start : page.index("</tr>", start)]
+
+
+def test_a_timed_out_job_keeps_its_slot_until_its_late_report(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its process still runs on the node: no new work goes there until the agent reports
+    the end (MAX_JOBS_PER_NODE is 1), and the dashboard shows the node busy with it."""
+    caplog.set_level(logging.INFO)
+    h = with_sns(Harness(["node-a"], max_jobs_per_node=1))
+    dashboard = h.app().test_client()
+    slow = h.submit("sleep 60", timeout_secs=1).job_id
+    h.claim(slow)
+    waiting = h.submit("echo next").job_id
+    h.advance(1)
+    h.scan.tick()
+    timed_out = h.job(slow)
+    assert (timed_out.status, timed_out.reason) == (jobs.FAILED, jobs.Reason.TIMEOUT)
+    assert h.poll("node-a") == [], "the slot is still taken"
+    row = overview_row(dashboard.get("/ui/").get_data(as_text=True), "node-a")
+    assert slow in row and "still running" in row, "the node shows busy, the job named"
+
+    late = h.report(slow, exit_code=137, stderr="killed")
+    assert late.to_wire() == timed_out.to_wire()
+    assert h.poll("node-a") == [waiting], "the late report freed the slot"
+    assert slow not in overview_row(dashboard.get("/ui/").get_data(as_text=True), "node-a")
+    assert "late failed report" in caplog.text
+    # The late report published nothing more: the job's one event went out with its timeout.
+    assert [event["reason"] for event in outbox_events(h, slow)] == ["timeout"]
+
+
+def test_a_timed_out_jobs_slot_is_freed_when_its_node_is_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    h = Harness(["node-a"], node_lost_secs=1, max_jobs_per_node=1)
+    slow = h.submit("sleep 60", timeout_secs=1).job_id
+    h.claim(slow)
+    waiting = h.submit("echo next").job_id
+    h.advance(1)
+    assert h.scan.expire_timeouts() == 1
+    assert h.poll("node-a") == []
+
+    h.set_nodes(unhealthy=["node-a"])
+    h.scan.handle_lost_nodes()  # first seen down
+    h.advance(1)
+    h.scan.handle_lost_nodes()  # down exactly NODE_LOST_SECS: not yet lost
+    assert f"job {slow}: slot on lost node node-a freed" not in caplog.text
+    h.advance(US)
+    h.scan.handle_lost_nodes()
+    assert f"job {slow}: slot on lost node node-a freed" in caplog.text
+    h.set_nodes(healthy=["node-a"])  # the node is back, whatever ran there is gone
+    assert h.poll("node-a") == [waiting]
+    assert h.stored(slow).reason == jobs.Reason.TIMEOUT, "freeing the slot changes nothing else"
+
+
+def test_the_timeout_counts_from_running_at_not_created_at() -> None:
+    """A job that waited pending longer than its timeout still gets its whole timeout once
+    it runs."""
+    h = Harness(["node-a"])
+    waited = h.submit("sleep 60", timeout_secs=4).job_id
+    h.advance(10)
+    h.claim(waited)
+    h.advance(4 - US)
+    assert h.scan.expire_timeouts() == 0
+    assert h.job(waited).status == jobs.RUNNING
+    h.advance(US)
+    assert h.scan.expire_timeouts() == 1
+
+
+def test_pending_job_moves_off_an_unhealthy_node() -> None:
+    h = Harness(["node-a", "node-b"])
+    job = h.submit("echo moved")
+    stuck = job.node_id
+    other = "node-b" if stuck == "node-a" else "node-a"
+    h.set_nodes(healthy=[other], unhealthy=[stuck])
+    h.scan.tick()
+
+    moved = h.stored(job.job_id)
+    assert (moved.node_id, moved.status) == (other, jobs.PENDING)
+    assert moved.retry_count == 0, "a move is not a retry"
+    assert h.poll(other) == [job.job_id]
+
+
+def test_running_job_on_a_gone_node_fails_and_runs_again_elsewhere() -> None:
+    h = Harness(["node-a", "node-b"], node_lost_secs=1)
+    job = h.submit("echo survive")
+    lost = job.node_id
+    other = "node-b" if lost == "node-a" else "node-a"
+    h.claim(job.job_id)
+    h.set_nodes(healthy=[other])  # gone from the node list
+    h.scan.tick()
+    h.advance(1 + US)
+    h.scan.tick()
+
+    retried = h.job(job.job_id).to_wire(with_attempts=True)  # as GET /jobs/{id}
+    assert (retried["status"], retried["node_id"], retried["retry_count"]) == (
+        "pending",
+        other,
+        1,
     )
-    assert cluster.job(pending["job_id"])["status"] == "pending"
-    assert cluster.job(running["job_id"])["status"] == "running"
+    [attempt] = retried["attempts"]
+    assert (attempt["node_id"], attempt["exit_code"], attempt["stderr"]) == (lost, -1, "node lost")
+    assert "reason" not in retried, "a retried job has not failed for good"
+
+    h.claim(job.job_id)
+    assert h.report(job.job_id, stdout="ok\n").status == jobs.DONE
+
+
+def test_a_lost_node_with_no_retry_left_fails_for_good_with_reason_node_lost() -> None:
+    h = with_sns(Harness(["node-a", "node-b"], node_lost_secs=1, max_job_retries=0))
+    job = h.submit("echo lost")
+    h.claim(job.job_id)
+    h.set_nodes(healthy=["node-b"])
+    h.scan.tick()
+    h.advance(1 + US)
+    h.scan.tick()
+
+    failed = h.stored(job.job_id)
+    assert (failed.status, failed.reason, failed.exit_code) == (
+        jobs.FAILED,
+        jobs.Reason.NODE_LOST,
+        -1,
+    )
+    assert h.job(job.job_id).stderr == "node lost"
+    assert [event["reason"] for event in outbox_events(h, job.job_id)] == ["node_lost"]
+
+
+def test_running_job_survives_a_short_absence() -> None:
+    h = Harness(["node-a"], node_lost_secs=3600, max_jobs_per_node=2)
+    running = h.submit("echo patient").job_id
+    h.claim(running)
+    witness = h.submit("echo witness").job_id
+    h.set_nodes(healthy=["node-b"], unhealthy=["node-a"])
+    h.scan.tick()
+    assert h.job(witness).node_id == "node-b"
+    h.advance(60)
+    h.scan.tick()
+    assert h.job(running).status == jobs.RUNNING
+
+
+def test_a_node_list_that_cannot_be_read_moves_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    h = Harness(["node-a", "node-b"], node_lost_secs=0)
+    pending = h.submit("echo stay")
+    running = h.submit("echo stay too")
+    h.claim(running.job_id)
+    h.nodes.fail("failed to reach registry")
+    for _ in range(3):
+        h.advance(60)
+        h.scan.tick()
+
+    assert caplog.text.count("lost-node scan skipped: failed to reach registry") == 3
+    assert (h.job(pending.job_id).status, h.job(pending.job_id).node_id) == (
+        jobs.PENDING,
+        pending.node_id,
+    )
+    assert h.job(running.job_id).status == jobs.RUNNING
+
+
+def test_retention_removes_old_finished_jobs_only() -> None:
+    h = Harness(["node-a"], job_retention_secs=1, max_jobs_per_node=5)
+    pending = h.submit("echo waiting").job_id
+    running = h.submit("echo working").job_id
+    h.claim(running)
+    finished = h.submit("echo done").job_id
+    h.claim(finished)
+    h.report(finished)
+
+    h.advance(1)
+    h.scan.tick()
+    assert h.job(finished).status == jobs.DONE, "kept for exactly JOB_RETENTION_SECS"
+    h.advance(US)
+    h.scan.tick()
+    with pytest.raises(errors.NotFound):
+        h.job(finished)
+    assert jobs.parse_job_id(finished) not in h.database.jobs
+    assert h.job(pending).status == jobs.PENDING
+    assert h.job(running).status == jobs.RUNNING
     # Ids are never reused, also after a restart.
-    cluster.server.stop()
-    cluster.server.start()
-    assert cluster.submit(command="echo next")["job_id"] == "job-4"
+    assert h.restart().submit("echo next").job_id == "job-4"

@@ -1,11 +1,15 @@
-"""Moving waiting work (JOB_STEALING), under real gunicorn: an idle node's poll is topped up
-with the oldest waiting `run` jobs of nodes that cannot start them, never pinned jobs,
-services or jobs just offered to their own node; only for a node the registry lists as
-healthy; committed before the answer. And the races: a job moved while its old node's agent
-claims it, and two agents' polls at once, are run once and never lost.
+"""Moving waiting work (JOB_STEALING): an idle node's poll is topped up with the oldest
+waiting `run` jobs of nodes that cannot start them, never pinned jobs, services, delayed jobs
+or jobs just offered to their own node; only for a node the node list shows healthy;
+committed before the answer. These rules are decisions, checked on the in-memory harness
+(`harness.py`) at instants the test sets.
 
-Every test has a scheduler of its own: waiting jobs one test leaves behind on nodes that
-then leave the registry are exactly what another test's idle node would take.
+Under real gunicorn stay what crosses processes: that only the agent's poll request moves
+work, and how a move shows on the wire, the job page, the metrics and the log; and the races
+of real concurrent requests: a job moved while its old node's agent claims it, and two
+agents' polls at once, are run once and never lost. Each of those has a scheduler of its own:
+waiting jobs one test leaves behind on nodes that then leave the registry are exactly what
+another test's idle node would take.
 """
 
 from __future__ import annotations
@@ -19,11 +23,16 @@ from typing import Any
 
 import pytest
 from conftest import SchedulerFactory
+from harness import Harness
 from helpers import Agent, Api, expect_json, set_nodes, unique_node, wait_for
 
+from tiny_scheduler import jobs
+from tiny_scheduler.config import OFFER_HOLD_SECS
 from tiny_scheduler.dev.agent_protocol import parse_poll_reply
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
+from tiny_scheduler.nodes import StaticNodes
+from tiny_scheduler.service import Event, Move
 
 STEALING = {"JOB_STEALING": "1", "MAX_JOBS_PER_NODE": "1"}
 
@@ -34,6 +43,120 @@ RACE_DELAY_SECS = 0.015
 """Largest random delay of the quicker racer: about the time an idle node's poll takes to
 read, move and commit a job, so that the other request lands before, inside and after it
 over the rounds (without it the quicker one wins almost every time)."""
+
+US = 0.000_001  # one microsecond, in seconds
+
+
+# --- the rules, on the harness -----------------------------------------------------------
+
+
+def stealing(*nodes: str | StaticNodes, **settings: Any) -> Harness:
+    """A harness with JOB_STEALING on, one slot per node, these nodes healthy (or this node
+    source)."""
+    source = nodes[0] if len(nodes) == 1 and isinstance(nodes[0], StaticNodes) else nodes
+    return Harness(source, **{"job_stealing": True, "max_jobs_per_node": 1, **settings})
+
+
+def busy(h: Harness, node: str) -> str:
+    """Fill the node's one slot with a running job; its id."""
+    job = h.submit_on(node, "long")
+    h.claim(job.job_id)
+    return job.job_id
+
+
+def test_an_idle_node_takes_the_oldest_waiting_job_of_a_full_node() -> None:
+    h = stealing("full", "idle")
+    busy(h, "full")
+    waiting = [h.submit_on("full", f"wait {n}").job_id for n in range(3)]
+    assert h.poll("full") == [], "the full node has no free slot"
+    committed = len(h.commits)
+
+    assert h.poll("idle") == waiting[:1], "the oldest, and only one per free slot"
+    assert len(h.commits) == committed + 1, "the move is committed before the answer"
+    moved = h.stored(waiting[0])
+    assert (moved.node_id, moved.moved_from) == ("idle", "full")
+    assert (Event.MOVED, waiting[0], Move.STOLEN) in h.events
+    assert h.poll("idle") == waiting[:1], "it is the idle node's own job now"
+    assert h.claim(waiting[0]).status == jobs.RUNNING
+    assert [h.job(j).node_id for j in waiting[1:]] == ["full", "full"], "the others wait"
+
+
+def test_the_answer_is_the_nodes_own_queue_first_then_moved_jobs_oldest_first() -> None:
+    h = stealing("first", "second", "idle", max_jobs_per_node="auto")
+    busy(h, "first")
+    busy(h, "second")
+    older = h.submit_on("second").job_id
+    newer = h.submit_on("first").job_id
+    own = h.submit_on("idle").job_id
+    # MAX_JOBS_PER_NODE=auto: three slots on the idle node, one on the others.
+    h.nodes.set({n: "healthy" for n in ("first", "second", "idle")}, cpus={"idle": 3})
+    assert h.poll("idle") == [own, older, newer]
+    assert [h.job(j).node_id for j in (older, newer)] == ["idle", "idle"]
+
+
+def test_pinned_jobs_services_delayed_jobs_and_jobs_just_offered_to_their_node_stay() -> None:
+    nodes = StaticNodes({"full": "healthy", "idle": "healthy"}, instances={"i-pin": "full"})
+    h = stealing(nodes)
+    offered = h.submit_on("full").job_id
+    assert h.poll("full") == [offered], "its agent may be about to claim it"
+    busy(h, "full")  # another job takes the slot meanwhile: the offered one waits
+    pinned = h.submit(instance_id="i-pin").job_id
+    service = h.submit_on("full", job_type="service", port=8080).job_id
+    delayed = h.submit_on("full", delay_secs=3600).job_id
+    free_to_move = h.submit_on("full").job_id
+
+    assert h.poll("idle") == [free_to_move], "only the job nothing holds back"
+    for job_id in (offered, pinned, service, delayed):
+        assert h.job(job_id).node_id == "full"
+    assert h.poll("idle") == [free_to_move], "nothing more: its one slot is offered"
+
+
+def test_a_job_offered_to_its_node_may_move_once_the_offer_hold_has_passed() -> None:
+    h = stealing("full", "idle")
+    offered = h.submit_on("full").job_id
+    assert h.poll("full") == [offered]
+    busy(h, "full")
+    h.advance(OFFER_HOLD_SECS - US)
+    assert h.poll("idle") == []
+    h.advance(US)
+    assert h.poll("idle") == [offered]
+
+
+def test_a_node_with_a_free_slot_keeps_its_queue() -> None:
+    h = stealing("quiet", "idle")
+    waiting = h.submit_on("quiet").job_id  # its agent has not polled yet
+    assert h.poll("idle") == []
+    assert h.poll("quiet") == [waiting]
+
+
+@pytest.mark.parametrize("trouble", ["unhealthy", "gone"])
+def test_waiting_jobs_of_an_unhealthy_or_gone_node_are_taken(trouble: str) -> None:
+    h = stealing("lost", "idle")
+    waiting = h.submit_on("lost").job_id  # its node has a free slot, but is in trouble
+    h.set_nodes(healthy=["idle"], unhealthy=["lost"] if trouble == "unhealthy" else [])
+    assert h.poll("idle") == [waiting]
+    assert h.stored(waiting).node_id == "idle"
+
+
+@pytest.mark.parametrize("trouble", ["unhealthy", "unknown"])
+def test_a_node_the_node_list_does_not_show_healthy_takes_nothing(trouble: str) -> None:
+    h = stealing("full", "idle")
+    busy(h, "full")
+    waiting = h.submit_on("full").job_id
+    h.set_nodes(healthy=["full"], unhealthy=["idle"] if trouble == "unhealthy" else [])
+    assert h.poll("idle") == []
+    assert h.job(waiting).node_id == "full"
+
+
+def test_with_job_stealing_off_nothing_moves() -> None:
+    h = stealing("full", "idle", job_stealing=False)
+    busy(h, "full")
+    waiting = h.submit_on("full").job_id
+    assert h.poll("idle") == []
+    assert h.job(waiting).node_id == "full"
+
+
+# --- on the wire, under real gunicorn ----------------------------------------------------
 
 
 class Cluster:
@@ -104,114 +227,25 @@ def make_cluster(
         cluster.close()
 
 
-def test_an_idle_node_takes_the_oldest_waiting_job_of_a_full_node(make_cluster) -> None:
+def test_only_the_agent_poll_moves_jobs_and_the_move_shows_everywhere(make_cluster) -> None:
+    """A listing with the same filters and anything more is not the poll (spec); the poll's
+    move is in its answer, the job, the job page, the metrics and the log."""
     cluster = make_cluster()
     full, idle = cluster.nodes
     cluster.busy(full)
-    waiting = [cluster.submit_on(full, command=f"wait {n}")["job_id"] for n in range(3)]
-    assert cluster.polled(full) == [], "the full node has no free slot"
+    waiting = cluster.submit_on(full)["job_id"]
+    assert cluster.api.jobs(node_id=idle, status="pending", limit=10) == []
+    assert cluster.api.job(waiting)["node_id"] == full
 
-    moved = cluster.agent(idle).poll()
-    assert [job.job_id for job in moved] == waiting[:1], "the oldest, and only one per free slot"
-    job = cluster.api.job(waiting[0])
-    assert job["node_id"] == idle, "the move is committed before the answer"
-    assert cluster.polled(idle) == waiting[:1], "it is the idle node's own job now"
-    assert cluster.agent(idle).claim(waiting[0]).status_code == 200
-    assert cluster.api.job(waiting[1])["node_id"] == full, "the others wait where they were"
-
-    page = cluster.api.get(f"/ui/jobs/{waiting[0]}")
+    assert cluster.polled(idle) == [waiting]
+    assert cluster.api.job(waiting)["node_id"] == idle
+    assert cluster.agent(idle).claim(waiting).status_code == 200
+    page = cluster.api.get(f"/ui/jobs/{waiting}")
     assert f"moved from {full}" in page.text
     metrics = cluster.api.get("/metrics").text
     assert 'tiny_scheduler_jobs_moved_total{why="stolen"} 1.0' in metrics
-    moved = f"job {waiting[0]} moved from node {full} to idle node {idle}"
+    moved = f"job {waiting} moved from node {full} to idle node {idle}"
     wait_for(lambda: moved in Path(cluster.proc.log_path or "").read_text(), message=moved)
-
-
-def test_the_answer_is_the_nodes_own_queue_first_then_moved_jobs_oldest_first(
-    make_cluster, registry: FakeRegistry
-) -> None:
-    cluster = make_cluster({"MAX_JOBS_PER_NODE": "auto"}, nodes=3)
-    first, second, idle = cluster.nodes
-    cluster.busy(first)
-    cluster.busy(second)
-    older = cluster.submit_on(second)["job_id"]
-    newer = cluster.submit_on(first)["job_id"]
-    own = cluster.submit_on(idle)["job_id"]
-    registry.set_node(idle, cpu_count=3)  # MAX_JOBS_PER_NODE=auto: three slots
-    cluster.only(*cluster.nodes)
-    assert cluster.polled(idle) == [own, older, newer]
-    assert [cluster.api.job(j)["node_id"] for j in (older, newer)] == [idle, idle]
-
-
-def test_pinned_jobs_services_delayed_jobs_and_jobs_just_offered_to_their_node_stay(
-    make_cluster, registry: FakeRegistry
-) -> None:
-    cluster = make_cluster()
-    full, idle = cluster.nodes
-    offered = cluster.submit_on(full)["job_id"]
-    assert cluster.polled(full) == [offered], "its agent may be about to claim it"
-    cluster.busy(full)  # another job takes the slot meanwhile: the offered one waits
-    registry.set_instance("i-pin", full)
-    pinned = cluster.api.submit(instance_id="i-pin")["job_id"]
-    service = cluster.submit_on(full, job_type="service", port=8080)["job_id"]
-    delayed = cluster.submit_on(full, delay_secs=3600)["job_id"]
-    free_to_move = cluster.submit_on(full)["job_id"]
-
-    assert cluster.polled(idle) == [free_to_move], "only the job nothing holds back"
-    for job_id in (offered, pinned, service, delayed):
-        assert cluster.api.job(job_id)["node_id"] == full
-    assert cluster.polled(idle) == [free_to_move], "nothing more: its one slot is offered"
-
-
-def test_a_node_with_a_free_slot_keeps_its_queue(make_cluster) -> None:
-    cluster = make_cluster()
-    quiet, idle = cluster.nodes
-    waiting = cluster.submit_on(quiet)["job_id"]  # its agent has not polled yet
-    assert cluster.polled(idle) == []
-    assert cluster.polled(quiet) == [waiting]
-
-
-@pytest.mark.parametrize("trouble", ["unhealthy", "gone"])
-def test_waiting_jobs_of_an_unhealthy_or_gone_node_are_taken(make_cluster, trouble: str) -> None:
-    cluster = make_cluster()
-    lost, idle = cluster.nodes
-    waiting = cluster.submit_on(lost)["job_id"]  # its node has a free slot, but is in trouble
-    cluster.only(idle, unhealthy=(lost,) if trouble == "unhealthy" else ())
-    assert cluster.polled(idle) == [waiting]
-    assert cluster.api.job(waiting)["node_id"] == idle
-
-
-@pytest.mark.parametrize("trouble", ["unhealthy", "unknown"])
-def test_a_node_the_registry_does_not_list_as_healthy_takes_nothing(
-    make_cluster, trouble: str
-) -> None:
-    cluster = make_cluster()
-    full, idle = cluster.nodes
-    cluster.busy(full)
-    waiting = cluster.submit_on(full)["job_id"]
-    cluster.only(full, unhealthy=(idle,) if trouble == "unhealthy" else ())
-    assert cluster.polled(idle) == []
-    assert cluster.api.job(waiting)["node_id"] == full
-
-
-def test_with_job_stealing_off_nothing_moves(make_cluster) -> None:
-    cluster = make_cluster({"JOB_STEALING": "0"})
-    full, idle = cluster.nodes
-    cluster.busy(full)
-    waiting = cluster.submit_on(full)["job_id"]
-    assert cluster.polled(idle) == []
-    assert cluster.api.job(waiting)["node_id"] == full
-
-
-def test_only_the_agent_poll_moves_jobs(make_cluster) -> None:
-    """A listing with the same filters and anything more is not the poll (spec)."""
-    cluster = make_cluster()
-    full, idle = cluster.nodes
-    cluster.busy(full)
-    waiting = cluster.submit_on(full)["job_id"]
-    listed = cluster.api.jobs(node_id=idle, status="pending", limit=10)
-    assert listed == []
-    assert cluster.api.job(waiting)["node_id"] == full
 
 
 # --- races ------------------------------------------------------------------------------------
