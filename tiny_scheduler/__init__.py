@@ -72,9 +72,7 @@ def create_app(
     peer_calls: list[CallObserver] = []  # told of every call to a peer (the metrics count them)
     book = NodeBook(clock, settings.node_heartbeat_secs, settings.node_lost_secs)
     source: NodeSource = (
-        BuiltinNodes(book)
-        if settings.builtin_registry
-        else Registry(settings, peer_calls, clock)
+        BuiltinNodes(book) if settings.builtin_registry else Registry(settings, peer_calls, clock)
     )
     placement = Placement(Drains(source, book), settings, table, clock)
     service = Scheduler(

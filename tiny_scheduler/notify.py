@@ -25,6 +25,9 @@ class Signal:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiting: list[Wake] = []
+        self.count = 0
+        """How many times it fired: a waiter that looked at `count` before it looked at the
+        world, and finds it changed once subscribed, has missed a firing."""
 
     def subscribe(self, wake: Wake) -> None:
         with self._lock:
@@ -36,6 +39,7 @@ class Signal:
 
     def fire(self) -> None:
         with self._lock:
+            self.count += 1
             waiting, self._waiting = self._waiting, []
         for wake in waiting:
             try:

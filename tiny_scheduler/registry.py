@@ -45,7 +45,6 @@ MAX_WAITERS = 8
 other request threads stay free for the polls, reports and health checks."""
 
 
-
 class Registry:
     """Client of the registry's `/nodes` and `/instances/{id}`; a `NodeSource`."""
 

@@ -65,8 +65,11 @@ class AskAgain:
     """A body saying "nothing yet: run this request again when `signal` fires, or at
     `deadline` (monotonic seconds)". `release` is called once the wait is over."""
 
-    def __init__(self, signal: Signal, deadline: float, release: Callable[[], None]) -> None:
+    def __init__(
+        self, signal: Signal, seen: int, deadline: float, release: Callable[[], None]
+    ) -> None:
         self.signal = signal
+        self.seen = seen  # the signal's count when the view looked: a later firing counts
         self.deadline = deadline
         self._release: Callable[[], None] | None = release
 

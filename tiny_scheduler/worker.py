@@ -22,10 +22,16 @@ The design, one selector loop and a pool of request threads:
   progress allows (outbox.RESPONSE_WRITE_SECS without any closes the connection).
 - A connection whose answer still waits reads nothing more (`_finish`): a client that does
   not read gets no more of its pipelined requests answered, so what it costs stays bounded.
-- Later, requests that wait on events (long polls, event streams) can be parked in this loop
-  in the same way, their answers written through the same outboxes by the loop itself, and
-  a faster parser could answer some requests in the loop without a thread hand-off: the loop
-  already owns the connection before, between and after its requests.
+- Requests that wait on events hold no thread either (waiting.py says what the app hands
+  over). An output read that has nothing yet returns `AskAgain`: the connection is parked in
+  the loop (`_park`) until the signal it names fires or its deadline passes, and the same
+  request then runs again on a thread. An event stream returns a `Stream`: a thread sends
+  its headers, then the loop writes its chunks through the outbox as they come (`_pump`),
+  and drops a client whose unsent backlog passes STREAM_BACKLOG_BYTES. The WSGI app is
+  called through `_Parking`, which puts `PARK_KEY` in every environ and turns those two
+  bodies into exceptions that leave gunicorn's request handling before it writes anything.
+- A faster parser could answer some requests in the loop without a thread hand-off: the
+  loop already owns the connection before, between and after its requests.
 
 The HTTP rules stay gunicorn's: its parser reads every head (so malformed requests get its own
 400/414/431 pages) and decodes every body, and its code formats every response. The loop only
@@ -65,7 +71,8 @@ from gunicorn.http.message import (
 from gunicorn.http.unreader import Unreader
 from gunicorn.workers import gthread
 
-from .outbox import Outbox
+from .outbox import OUTPUT_BUFFER_BYTES, Outbox
+from .waiting import END, PARK_KEY, WAITED_KEY, AskAgain, Stream
 
 REQUEST_READ_SECS = 10.0
 """Seconds a request may take to arrive in full, counted from its first byte (from the accept
@@ -115,6 +122,10 @@ SPOOL_RECV_BYTES = 256 * 1024
 ACCEPT_BATCH = 64
 """Connections accepted per wake-up at most, so a burst does not starve the others."""
 
+STREAM_BACKLOG_BYTES = OUTPUT_BUFFER_BYTES
+"""Bytes of an event stream that may wait unsent for its client; past that the client reads
+too slowly for the stream and is dropped (it reconnects and resumes, or gets a reset)."""
+
 ACCEPT_PAUSE_SECS = 0.5
 """Seconds accepting stops after the process ran out of file descriptors."""
 
@@ -132,6 +143,52 @@ _HEX_DIGITS = b"0123456789abcdefABCDEF"
 # reading: the loop reads a request; busy: a thread has it; writing: the thread is done and
 # its answer still waits in the outbox; lingering: closing after the last answer.
 _READING, _BUSY, _WRITING, _LINGERING, _CLOSED = "reading", "busy", "writing", "lingering", "closed"
+# parked: a request waits in the loop to run again; streaming: the loop writes a stream's body.
+_PARKED, _STREAMING = "parked", "streaming"
+
+
+class _Park(Exception):
+    """The app asked to run the request again later (raised out of gunicorn's handling)."""
+
+    def __init__(self, ask: AskAgain) -> None:
+        super().__init__("parked")
+        self.ask = ask
+
+
+class _Streaming(Exception):
+    """The app answered with a stream: its headers are set, its body is the loop's to write."""
+
+    def __init__(self, resp: Any, stream: Stream) -> None:
+        super().__init__("streaming")
+        self.resp = resp
+        self.stream = stream
+
+
+class _Parking:
+    """The WSGI app as the worker calls it: `PARK_KEY` (and, for a request run again after it
+    was parked, `WAITED_KEY`) in the environ, and the two waiting bodies turned into the
+    exceptions above before gunicorn would write them as ordinary bodies."""
+
+    def __init__(self, app: Any, local: threading.local) -> None:
+        self.app = app
+        self._local = local
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        environ[PARK_KEY] = True
+        waited = getattr(self._local, "waited", None)
+        if waited is not None:
+            environ[WAITED_KEY] = waited
+        body = self.app(environ, start_response)
+        if isinstance(body, AskAgain):
+            raise _Park(body)
+        if isinstance(body, Stream):
+            # gunicorn's start_response is its Response's bound method: the response to write
+            # the stream's chunks with.
+            raise _Streaming(start_response.__self__, body)
+        return body
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.app, name)
 
 
 def connection_limit() -> int:
@@ -292,6 +349,7 @@ class _Conn:
 
     __slots__ = (
         "answering",
+        "armed",
         "body",
         "body_bytes",
         "buf",
@@ -313,6 +371,7 @@ class _Conn:
         "sock",
         "spool",
         "state",
+        "wake_cb",
     )
 
     def __init__(
@@ -346,6 +405,8 @@ class _Conn:
         self.spool: IO[bytes] | None = None
         self.body_bytes = 0
         self.drained = 0  # bytes discarded by a lingering close
+        self.wake_cb: Callable[[], None] | None = None  # subscribed to a parked wait's signal
+        self.armed = False  # a stream's wake-up is subscribed
 
     def reset(self) -> None:
         """Forget the request just served."""
@@ -373,6 +434,11 @@ class BufferingWorker(gthread.ThreadWorker):
         # Connections whose answers wait in their outbox for the socket to be writable,
         # swept for clients that take none of them.
         self.writing: set[_Conn] = set()
+        # Requests parked until their signal fires or their deadline passes, and streams
+        # whose bodies the loop writes.
+        self.parked: dict[_Conn, tuple[Request, AskAgain]] = {}
+        self.streams: dict[_Conn, tuple[Any, Stream]] = {}
+        self.serving = threading.local()  # per request thread: the deadline of a parked wait
         self.loop_thread = 0  # the thread running the loop (set by run)
         # The app's say on `Expect: 100-continue` requests (set by run, once it is loaded).
         self.answered_before_body: Callable[[dict[str, Any]], bool] | None = None
@@ -402,6 +468,7 @@ class BufferingWorker(gthread.ThreadWorker):
     def run(self) -> None:
         self.loop_thread = threading.get_ident()
         self.answered_before_body = getattr(self.wsgi, "answered_before_body", None)
+        self.wsgi = _Parking(self.wsgi, self.serving)
         self.poller.register(
             self.method_queue.fileno(), selectors.EVENT_READ, self.method_queue.run_callbacks
         )
@@ -464,7 +531,7 @@ class BufferingWorker(gthread.ThreadWorker):
                 next_notify = now + NOTIFY_SECS
             self._dispatch_events(0.2)
             self._sweep(time.monotonic())
-        for conn in [*self.waiting, *self.writing]:
+        for conn in [*self.waiting, *self.writing, *self.parked, *self.streams]:
             self._close(conn)
         self.tpool.shutdown(wait=False)
         self.poller.close()
@@ -486,6 +553,10 @@ class BufferingWorker(gthread.ThreadWorker):
         for conn in [conn for conn in self.writing if conn.out.stalled(now)]:
             self.log.debug("Closing %s: it did not read its answers", conn.client)
             self._close(conn)
+        for conn in [conn for conn, (_, ask) in self.parked.items() if now >= ask.deadline]:
+            self._unpark(conn)
+        for conn in [c for c, (_, stream) in self.streams.items() if now >= stream.next_deadline()]:
+            self._pump(conn)
 
     # --- accepting --------------------------------------------------------------------------
 
@@ -769,19 +840,32 @@ class BufferingWorker(gthread.ThreadWorker):
         except RuntimeError:  # the pool is shut down: the worker is exiting
             self._close(conn)
 
-    def _serve_and_return(self, conn: _Conn, req: Request) -> None:
-        """In a thread: answer the request, then give the connection back to the loop."""
-        keep = False
+    def _serve_and_return(self, conn: _Conn, req: Request, waited: float | None = None) -> None:
+        """In a thread: answer the request, then give the connection back to the loop.
+        `waited`: the deadline of the parked wait after which it runs again."""
+        keep: bool | _Park | _Streaming = False
+        self.serving.waited = waited
         try:
             keep = self._serve(conn, req)
         finally:
-            self.method_queue.defer(self._served, conn, keep)
+            self.serving.waited = None
+            self.method_queue.defer(self._served, conn, keep, req)
 
-    def _serve(self, conn: _Conn, req: Request) -> bool:
-        """Answer one request (in a thread); whether the connection may serve another."""
+    def _serve(self, conn: _Conn, req: Request) -> bool | _Park | _Streaming:
+        """Answer one request (in a thread); whether the connection may serve another, or
+        the waiting the app asked for (the loop takes the connection over)."""
         try:
             keep = self.handle_request(req, conn.answering)
             return bool(keep) and not req.body.failed
+        except _Park as park:
+            return park
+        except _Streaming as streaming:
+            try:
+                streaming.resp.send_headers()  # at once: the client sees the stream open
+            except OSError:
+                streaming.stream.close()
+                return False
+            return streaming
         except http.errors.NoMoreData as exc:
             self.log.debug("Ignored premature client disconnection. %s", exc)
         except StopIteration as exc:
@@ -800,19 +884,107 @@ class BufferingWorker(gthread.ThreadWorker):
                 conn.spool.close()
         return False
 
-    def _served(self, conn: _Conn, keep: bool) -> None:
+    def _served(self, conn: _Conn, keep: bool | _Park | _Streaming, req: Request) -> None:
         """Back from the thread (in the loop): once the answer is out, wait for the next
-        request, or close."""
+        request, or close; or park the request, or write its stream."""
         try:
             conn.state = _WRITING  # no thread has it any more
             if conn.out.closed:
+                if isinstance(keep, _Park):
+                    keep.ask.release()
+                elif isinstance(keep, _Streaming):
+                    keep.stream.close()
                 self._close(conn)
+            elif isinstance(keep, _Park):
+                self._park(conn, req, keep.ask)
+            elif isinstance(keep, _Streaming):
+                self._start_stream(conn, keep.resp, keep.stream)
             else:
                 self._finish(conn, keep)
         except Exception:
             # Raised here it would also hold up the other callbacks queued with this one.
             self.log.exception("Error in the connection loop")
             self._close(conn)
+
+    # --- parked requests and streams --------------------------------------------------------
+
+    def _park(self, conn: _Conn, req: Request, ask: AskAgain) -> None:
+        conn.state = _PARKED
+        self.parked[conn] = (req, ask)
+        conn.wake_cb = functools.partial(self.method_queue.defer, self._unpark, conn)
+        ask.signal.subscribe(conn.wake_cb)
+        if ask.signal.count != ask.seen:
+            self._unpark(conn)  # it fired between the app's look and the subscription
+
+    def _unpark(self, conn: _Conn) -> None:
+        """Run a parked request again on a thread (its signal fired, or its time is up)."""
+        entry = self.parked.pop(conn, None)
+        if entry is None:
+            return
+        req, ask = entry
+        if conn.wake_cb is not None:
+            ask.signal.unsubscribe(conn.wake_cb)
+            conn.wake_cb = None
+        ask.release()
+        conn.state = _BUSY
+        try:
+            self.tpool.submit(self._serve_and_return, conn, req, ask.deadline)
+        except RuntimeError:  # the pool is shut down: the worker is exiting
+            conn.state = _WRITING
+            self._close(conn)
+
+    def _start_stream(self, conn: _Conn, resp: Any, stream: Stream) -> None:
+        conn.state = _STREAMING
+        self.streams[conn] = (resp, stream)
+        conn.wake_cb = functools.partial(self._stream_woken, conn)
+        conn.armed = False
+        self._pump(conn)
+
+    def _stream_woken(self, conn: _Conn) -> None:
+        """From whichever thread fired the stream's signal."""
+        conn.armed = False
+        self.method_queue.defer(self._pump, conn)
+
+    def _pump(self, conn: _Conn) -> None:
+        """Write what the stream has now (in the loop); drop a client that falls behind."""
+        entry = self.streams.get(conn)
+        if entry is None:
+            return
+        resp, stream = entry
+        if not conn.armed and conn.wake_cb is not None:
+            conn.armed = True  # before reading: a change after the read wakes us again
+            stream.signal.subscribe(conn.wake_cb)
+        try:
+            while True:
+                chunk = stream.next_chunk()
+                if chunk is None:
+                    break
+                if chunk == END:
+                    resp.close()  # the last chunk
+                    self._end_stream(conn, close=False)
+                    return
+                resp.write(chunk)
+        except OSError:
+            self._end_stream(conn, close=True)
+            return
+        if conn.out.pending_bytes > STREAM_BACKLOG_BYTES:
+            self.log.debug("Dropping stream client %s: it reads too slowly", conn.client)
+            self._end_stream(conn, close=True)
+
+    def _end_stream(self, conn: _Conn, close: bool) -> None:
+        entry = self.streams.pop(conn, None)
+        if entry is None:
+            return
+        _, stream = entry
+        if conn.wake_cb is not None:
+            stream.signal.unsubscribe(conn.wake_cb)
+            conn.wake_cb = None
+        stream.close()
+        if close:
+            self._close(conn)
+        else:
+            conn.state = _WRITING
+            self._finish(conn, False)
 
     # --- writing answers out -------------------------------------------------------------
 
@@ -917,6 +1089,17 @@ class BufferingWorker(gthread.ThreadWorker):
     def _close(self, conn: _Conn) -> None:
         if conn.state == _CLOSED:
             return
+        if conn.state == _PARKED:
+            _, ask = self.parked.pop(conn)
+            if conn.wake_cb is not None:
+                ask.signal.unsubscribe(conn.wake_cb)
+            ask.release()
+        elif conn.state == _STREAMING:
+            entry = self.streams.pop(conn, None)
+            if entry is not None:
+                if conn.wake_cb is not None:
+                    entry[1].signal.unsubscribe(conn.wake_cb)
+                entry[1].close()
         conn.out.fail()
         self.writing.discard(conn)
         self._unwatch(conn)

@@ -36,6 +36,7 @@ def append_output(job_id: str) -> Response:
 def read_output(job_id: str) -> Response:
     stream, offset, wait = _query()
     service = scheduler()
+    seen = service.output_signal.count  # before the look: a change after it wakes the wait
     read = service.read_output(job_id, stream, offset)
     now = SYSTEM.monotonic()
     deadline = request.environ.get(WAITED_KEY) or now + wait
@@ -43,7 +44,7 @@ def read_output(job_id: str) -> Response:
         service.waiters.enter()
         if request.environ.get(PARK_KEY):
             # Parked in the worker's loop: this request runs again when something happens.
-            body = AskAgain(service.output_signal, deadline, service.waiters.leave)
+            body = AskAgain(service.output_signal, seen, deadline, service.waiters.leave)
             return Response(body, status=200, direct_passthrough=True)
         try:
             wait_in_thread(service.output_signal, deadline - now)
