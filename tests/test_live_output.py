@@ -1,0 +1,192 @@
+"""Live output and the event stream on a real daemon under the project's worker: appends and
+reads by offset, a read that waits for output (parked, holding no request thread), the cap's
+kept tail, the event stream in order and resumed, waiters beyond MAX_WAITERS, bad input."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+import pytest
+import requests
+from conftest import SchedulerFactory
+from helpers import Api, expect_error, expect_json
+
+RUNNING = {"status": "running", "exit_code": None, "stdout": "", "stderr": ""}
+
+
+@pytest.fixture
+def live(scheduler_factory: SchedulerFactory) -> Iterator[Api]:
+    # Two request threads: every waiter below would hold one of them if it waited in it.
+    proc = scheduler_factory(
+        {
+            "REGISTRY_URL": "builtin",
+            "SCHEDULER_THREADS": "2",
+            "MAX_WAITERS": "8",
+            "MAX_OUTPUT_BYTES": "1024",
+        }
+    )
+    api = Api(proc.url)
+    heartbeat = b'{"cpu_count":4,"running":[]}'
+    expect_json(api.request("PUT", "/nodes/n1", data=heartbeat), 200)
+    yield api
+    api.close()
+
+
+def running_job(api: Api) -> str:
+    job_id = api.submit(command="sleep 600")["job_id"]
+    expect_json(api.patch(f"/jobs/{job_id}", RUNNING), 200)
+    return job_id
+
+
+def read(api: Api, job_id: str, **params: object) -> requests.Response:
+    response = api.get(f"/jobs/{job_id}/output", params=params, timeout=40)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def test_appended_output_is_read_from_any_offset(live: Api) -> None:
+    job_id = running_job(live)
+    assert live.post(f"/jobs/{job_id}/output", {"stdout": "one\n"}).status_code == 204
+    assert (
+        live.post(f"/jobs/{job_id}/output", {"stdout": "two\n", "stderr": "e"}).status_code == 204
+    )
+    first = read(live, job_id)
+    assert first.content == b"one\ntwo\n"
+    assert first.headers["X-Output-Offset"] == "8" and first.headers["X-Job-Status"] == "running"
+    assert read(live, job_id, offset=4).content == b"two\n"
+    assert read(live, job_id, offset=8).content == b""
+    assert read(live, job_id, stream="stderr").content == b"e"
+    # The final report replaces the live output; a follower at its offset gets the rest.
+    done = {"status": "done", "exit_code": 0, "stdout": "one\ntwo\nthree\n", "stderr": "e"}
+    expect_json(live.patch(f"/jobs/{job_id}", done), 200)
+    last = read(live, job_id, offset=8)
+    assert last.content == b"three\n" and last.headers["X-Job-Status"] == "done"
+
+
+def test_past_the_cap_a_reader_gets_the_kept_tail_and_its_offset(live: Api) -> None:
+    job_id = running_job(live)
+    for n in range(5):
+        live.post(f"/jobs/{job_id}/output", {"stdout": f"{n}" * 500})
+    response = read(live, job_id, offset=0)
+    assert response.headers["X-Output-Offset"] == "2500"
+    assert response.content == (b"2" * 24 + b"3" * 500 + b"4" * 500)  # the last 1024 bytes
+
+
+def test_waiting_reads_hold_no_thread_and_answer_when_output_arrives(live: Api) -> None:
+    job_id = running_job(live)
+    with ThreadPoolExecutor(6) as pool:
+        waits = [pool.submit(read, live, job_id, offset=0, wait=20) for _ in range(6)]
+        # Six waits and two request threads: the daemon still answers everything else.
+        assert expect_json(live.get("/health", timeout=5), 200)["status"] == "healthy"
+        assert all(not wait.done() for wait in waits)
+        live.post(f"/jobs/{job_id}/output", {"stdout": "arrived\n"})
+        answers = [wait.result(30) for wait in waits]
+    assert [answer.content for answer in answers] == [b"arrived\n"] * 6
+
+
+def test_a_wait_ends_with_the_job(live: Api) -> None:
+    job_id = running_job(live)
+    with ThreadPoolExecutor(1) as pool:
+        wait = pool.submit(read, live, job_id, offset=0, wait=20)
+        expect_json(live.post(f"/jobs/{job_id}/cancel"), 200)
+        answer = wait.result(30)
+    assert answer.content == b"" and answer.headers["X-Job-Status"] == "failed"
+
+
+def test_waiters_beyond_max_waiters_get_503(live: Api) -> None:
+    job_id = running_job(live)
+    path = f"/jobs/{job_id}/output"
+
+    def wait() -> requests.Response:
+        return live.get(path, params={"wait": 20}, timeout=40)
+
+    with ThreadPoolExecutor(9) as pool:
+        waits = [pool.submit(wait) for _ in range(9)]
+        # Eight wait (MAX_WAITERS); whichever came ninth is refused at once.
+        (refused,) = [next(as_completed(waits, timeout=30)).result()]
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "5"
+        live.post(path, {"stdout": "x"})
+        answers = [future.result(30) for future in waits]
+    assert sorted(answer.status_code for answer in answers) == [200] * 8 + [503]
+    assert [answer.content for answer in answers if answer.status_code == 200] == [b"x"] * 8
+
+
+def test_bad_output_requests(live: Api) -> None:
+    job_id = running_job(live)
+    path = f"/jobs/{job_id}/output"
+    for params, message in (
+        ({"offset": "-1"}, "offset must be a whole number of bytes, 0 or more"),
+        ({"offset": "x"}, "offset must be a whole number of bytes, 0 or more"),
+        ({"wait": "31"}, "wait must be a number of seconds from 0 to 30"),
+        ({"wait": "soon"}, "wait must be a number of seconds from 0 to 30"),
+        ({"stream": "stdin"}, "stream must be stdout or stderr"),
+    ):
+        expect_error(live.get(path, params=params), 400, message)
+    expect_error(live.get("/jobs/job-999/output"), 404, "job not found")
+    pending = live.submit()["job_id"]
+    expect_error(
+        live.post(f"/jobs/{pending}/output", {"stdout": "x"}),
+        409,
+        f"job {pending} is pending, not running: no output",
+    )
+
+
+def events(api: Api, count: int, last_id: str | None = None) -> list[tuple[str, str, str]]:
+    """The first `count` events of a stream, as (event, id, data)."""
+    headers = {"Last-Event-ID": last_id} if last_id else {}
+    found: list[tuple[str, str, str]] = []
+    with api.session.get(
+        api.base_url + "/events", headers=headers, stream=True, timeout=30
+    ) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        fields: dict[str, str] = {}
+        for line in response.iter_lines(decode_unicode=True):
+            if line:
+                name, _, value = line.partition(": ")
+                fields[name] = value
+                continue
+            if "event" in fields:
+                found.append((fields["event"], fields.get("id", ""), fields.get("data", "")))
+                if len(found) == count:
+                    break
+            fields = {}
+    return found
+
+
+def test_every_change_arrives_in_order_and_a_resume_misses_nothing(live: Api) -> None:
+    ready = threading.Event()
+    seen: list[tuple[str, str, str]] = []
+
+    def follow() -> None:
+        ready.set()
+        seen.extend(events(live, 60))
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    ready.wait(5)
+    job_ids = []
+    while not seen and len(job_ids) < 1:  # the stream is open once a first change is seen
+        job_ids.append(running_job(live))
+    for _ in range(19):
+        job_ids.append(running_job(live))
+    for job_id in job_ids:
+        expect_json(live.post(f"/jobs/{job_id}/cancel"), 200)
+    follower.join(60)
+    assert len(seen) == 60
+    ids = [int(event_id) for _, event_id, _ in seen]
+    assert ids == sorted(ids) and len(set(ids)) == 60
+    per_job: dict[str, list[str]] = {}
+    for kind, _, data in seen:
+        assert kind == "job"
+        record = __import__("orjson").loads(data)
+        per_job.setdefault(record["job_id"], []).append(record["status"])
+    assert all(statuses == ["pending", "running", "failed"] for statuses in per_job.values())
+    # A client that resumes from the 30th event gets the 31st onwards.
+    resumed = events(live, 30, last_id=str(ids[29]))
+    assert [int(event_id) for _, event_id, _ in resumed] == ids[30:]
+
+
+def test_a_resume_from_too_long_ago_starts_with_a_reset(live: Api) -> None:
+    assert events(live, 1, last_id="1") == [("reset", "", "{}")]
