@@ -8,28 +8,22 @@ started by `start_background(app)`, which the gunicorn worker hook calls.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from flask import Flask
-
-from . import jobs, storage
 from .clock import SYSTEM, Clock
 from .config import SCHEDULE_TICK_SECS, Settings
-from .loops import Background
-from .node_book import BuiltinNodes, Drains, NodeBook, NodeRecord
-from .nodes import NodeSource
-from .peers import CallObserver
-from .placement import Placement
-from .registry import Registry
-from .schedule_table import ScheduleTable
-from .service import Scheduler
-from .table import JobTable
 
 if TYPE_CHECKING:
+    from flask import Flask
+
+    from . import storage
     from .leadership import Leadership
+    from .loops import Background
+    from .service import Scheduler
 
 __all__ = ["Settings", "create_app", "start_background", "stop_background"]
 
@@ -43,7 +37,18 @@ def create_app(
     the app's alone until `stop_background`; another scheduler that has it open is waited for
     up to `owner_wait_secs`, then refused (StoreOpenError, like a database that cannot be
     read). `clock` is the time every decision reads (tests hand in one they move)."""
-    from . import api, metrics, ui
+    # The server's modules are imported here, not at the top: the agent and the command line
+    # import this package too, and must not pay for Flask and the whole daemon (nor need it).
+    from . import api, metrics, storage, ui
+    from .loops import Background
+    from .node_book import BuiltinNodes, Drains, NodeBook, NodeRecord
+    from .nodes import NodeSource
+    from .peers import CallObserver
+    from .placement import Placement
+    from .registry import Registry
+    from .schedule_table import ScheduleTable
+    from .service import Scheduler
+    from .table import JobTable
 
     settings = settings or Settings.from_env()
     backend = storage.open_store(settings.db_path, owner_wait_secs, settings.leader_lease_secs)
@@ -86,7 +91,7 @@ def create_app(
         )
 
     # No app-wide /static route: there is no such folder; the dashboard serves its own files.
-    app = _App(__name__, static_folder=None)
+    app = _app_class()(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
     api.replies.attach(app, service)
     api.init_app(app)
@@ -103,25 +108,35 @@ def create_app(
     return app
 
 
-class _App(Flask):
-    """Flask, minus a per-request cost this app does not need, plus the question the worker
-    asks before it sends `100 Continue`."""
+@functools.cache
+def _app_class() -> type[Flask]:
+    """The app's class, made on first use so that importing the package does not import
+    Flask."""
+    from flask import Flask
 
-    def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
-        # Flask asks of every hook and view, on every request, whether it is a coroutine
-        # function (to run it in an event loop): none here is, and the question costs more
-        # than some of the hooks.
-        return func
+    class _App(Flask):
+        """Flask, minus a per-request cost this app does not need, plus the question the
+        worker asks before it sends `100 Continue`."""
 
-    def answered_before_body(self, environ: dict[str, Any]) -> bool:
-        """Whether this request's answer is settled by its head (see worker.py)."""
-        from . import api
+        def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
+            # Flask asks of every hook and view, on every request, whether it is a coroutine
+            # function (to run it in an event loop): none here is, and the question costs more
+            # than some of the hooks.
+            return func
 
-        return api.answered_before_body(self, environ)
+        def answered_before_body(self, environ: dict[str, Any]) -> bool:
+            """Whether this request's answer is settled by its head (see worker.py)."""
+            from . import api
+
+            return api.answered_before_body(self, environ)
+
+    return _App
 
 
 def _leadership(settings: Settings, backend: storage.JobStore) -> Leadership | None:
     """With PostgreSQL, this daemon's part in the election (None with SQLite)."""
+    from . import storage
+
     if not storage.is_postgres(settings.db_path):
         return None
     # Here, not at the top: a daemon on SQLite never loads psycopg (a tenth of its start).
@@ -135,6 +150,8 @@ def _leadership(settings: Settings, backend: storage.JobStore) -> Leadership | N
 
 def _run_terms(leadership: Leadership, service: Scheduler, background: Background) -> None:
     """What a term as leader begins and ends with: the jobs, and the loops."""
+
+    from . import jobs
 
     def elected(epoch: int) -> None:
         service.take_over()
