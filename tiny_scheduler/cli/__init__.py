@@ -5,8 +5,9 @@ options every command shares, `--version`, help when no command is given, and on
 failures: a `client.ClientError` becomes one line on stderr and exit 1. The commands live in
 `job_commands` (submit, status, list, logs, cancel: clients of the HTTP API at SCHEDULER_URL,
 sending TINYAWS_API_KEY as the bearer token), `schedule_commands` (the `schedule` group, a
-client of /schedules) and `dev_commands` (the local dev cluster and dev registry); what they
-print is in `output`. Tables for people, `--json` for scripts.
+client of /schedules), `dev_commands` (the local dev cluster and dev registry) and
+`agent_command` (a node's compute agent); what they print is in `output`. Tables for people,
+`--json` for scripts.
 
 Nothing outside this package imports it: it is the top of the import graph.
 """
@@ -20,6 +21,7 @@ import click
 
 from ..client import DEFAULT_URL, ClientError
 from ..daemon_command import SERVE_ARGV
+from .agent_command import agent
 from .dev_commands import dev
 from .job_commands import COMMANDS
 from .output import CliError
@@ -72,5 +74,5 @@ def serve() -> None:
     os.execv(SERVE_ARGV[0], SERVE_ARGV)
 
 
-for _command in (*COMMANDS, schedule, dev):
+for _command in (*COMMANDS, schedule, dev, agent):
     main.add_command(_command)

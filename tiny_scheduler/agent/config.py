@@ -1,0 +1,58 @@
+"""The agent's settings and their defaults, in one place for the command line and the docs.
+
+Each setting has an option of `tiny-scheduler agent` and an environment variable (the command
+line declares both); the names shared with the scheduler (`NODE_HEARTBEAT_SECS`,
+`KILL_GRACE_SECS`, `MAX_OUTPUT_BYTES`) mean the same thing on both sides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+DEFAULT_POLL_SECS = 3.0
+"""Seconds between two polls, as the tiny-aws agent does."""
+
+DEFAULT_HEARTBEAT_SECS = 5.0
+"""Seconds between two heartbeats until a scheduler's reply asks for another period."""
+
+DEFAULT_DRAIN_SECS = 60.0
+"""Seconds running jobs get to finish after SIGTERM before they are stopped."""
+
+DEFAULT_KILL_GRACE_SECS = 10.0
+"""Seconds between SIGTERM and SIGKILL when the agent stops a job."""
+
+DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024
+"""Bytes of each stream's tail kept per job (the scheduler's own default cap)."""
+
+DEFAULT_REGISTRY_HEARTBEAT_SECS = 10.0
+"""Seconds between two registry heartbeats (dev registry: unhealthy after 30 s)."""
+
+
+def default_work_dir() -> str:
+    """Where scratch directories and the spool go unless told: a per-user state directory,
+    which survives a reboot (a spool in /tmp might not)."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(state, "tiny-scheduler-agent")
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    """One agent's settings; `urls` are the schedulers' base URLs, leader first or not."""
+
+    urls: tuple[str, ...]
+    node_id: str
+    slots: int
+    work_dir: str
+    spool_dir: str
+    key: str | None = None
+    poll_secs: float = DEFAULT_POLL_SECS
+    heartbeat_secs: float = DEFAULT_HEARTBEAT_SECS
+    drain_secs: float = DEFAULT_DRAIN_SECS
+    kill_grace_secs: float = DEFAULT_KILL_GRACE_SECS
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    # Dev only: the dev registry to heartbeat to and register services with.
+    registry_url: str | None = None
+    registry_heartbeat_secs: float = DEFAULT_REGISTRY_HEARTBEAT_SECS
+    # Dev only: drain when the process that started the agent is gone.
+    exit_with_parent: bool = False

@@ -1,0 +1,106 @@
+"""The agent's HTTP calls to the scheduler, across every URL it knows.
+
+`Wire.call` sends one request to the scheduler daemons (a leader and its standbys, or one
+daemon): the URL that answered last is tried first, a connection error or timeout moves on to
+the next URL, and so does a standby's `503 no leader` (a takeover under way). A standby's
+307/308 to the leader is followed by hand, so that the bearer key goes along (`requests`
+drops it when a redirect changes host or port). Every call has bounded timeouts. When no URL
+gives an answer, the call raises `Unreachable`; any answer (a 4xx or 5xx included) is the
+caller's to judge.
+
+It also counts the calls that reached no scheduler (`outages`): the agent compares the count
+from before a job started with the one after it ended, to know whether the scheduler may have
+given up on the job meanwhile.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urljoin
+
+import requests
+
+from ..client import session
+
+TIMEOUT = (3.0, 15.0)
+"""(connect, read) seconds for one request to one URL; a final report carries up to two
+output tails of MAX_OUTPUT_BYTES."""
+
+MAX_REDIRECTS = 3
+"""Redirects followed in one call: a standby points to the leader, which answers itself."""
+
+_MOVED = (307, 308)
+
+
+class Unreachable(Exception):
+    """No scheduler URL gave an answer."""
+
+
+class Wire:
+    """Calls to the schedulers at `urls`, with `key` as the bearer token when there is one."""
+
+    def __init__(self, urls: Sequence[str], key: str | None = None) -> None:
+        if not urls:
+            raise ValueError("no scheduler URL")
+        self.urls = [url.rstrip("/") for url in urls]
+        self._session = session(self.urls[0], key)
+        self._lock = threading.Lock()
+        self._first = 0  # index of the URL that answered last
+        self.outages = 0  # calls that reached no scheduler, since start
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, str] | None = None,
+        timeout: tuple[float, float] = TIMEOUT,
+    ) -> requests.Response:
+        """One request, to the first URL that answers; raises Unreachable when none does."""
+        with self._lock:
+            first = self._first
+        order = [(first + step) % len(self.urls) for step in range(len(self.urls))]
+        waiting: requests.Response | None = None
+        problem = "no URL"
+        for index in order:
+            try:
+                reply = self._send(method, self.urls[index] + path, json, params, timeout)
+            except requests.RequestException as exc:
+                problem = f"{self.urls[index]}: {type(exc).__name__}"
+                continue
+            if reply.status_code == 503 and reply.text.strip() == "no leader":
+                waiting = reply  # a standby in a takeover: another URL may lead already
+                continue
+            with self._lock:
+                self._first = index
+            return reply
+        if waiting is not None:
+            return waiting
+        with self._lock:
+            self.outages += 1
+        raise Unreachable(problem)
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        json: Any,
+        params: dict[str, str] | None,
+        timeout: tuple[float, float],
+    ) -> requests.Response:
+        for _ in range(MAX_REDIRECTS + 1):
+            reply = self._session.request(
+                method, url, json=json, params=params, timeout=timeout, allow_redirects=False
+            )
+            location = reply.headers.get("Location")
+            if reply.status_code not in _MOVED or not location:
+                return reply
+            # The leader's URL carries the path and query already.
+            url, params = urljoin(url, location), None
+        return reply
+
+    def close(self) -> None:
+        self._session.close()

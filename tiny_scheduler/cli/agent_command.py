@@ -1,0 +1,168 @@
+"""`tiny-scheduler agent`: run the compute agent of this node until SIGTERM.
+
+This module owns the command's options (each with its environment variable) and the process
+around the agent: logging, the signals that start a drain, the exit code. The agent itself is
+`tiny_scheduler/agent/`, imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+
+import click
+
+from ..agent import config as defaults
+from ..client import base_url
+from .output import CliError
+
+
+@click.command()
+@click.option(
+    "--node-id",
+    envvar="AGENT_NODE_ID",
+    default=socket.gethostname,
+    show_default="the host name",
+    help="This node's id, as the scheduler places jobs on it (env AGENT_NODE_ID).",
+)
+@click.option(
+    "--slots",
+    envvar="AGENT_SLOTS",
+    type=click.IntRange(min=1),
+    default=lambda: os.cpu_count() or 1,
+    show_default="the CPU count",
+    help="`run` jobs at once (env AGENT_SLOTS); services take none.",
+)
+@click.option(
+    "--work-dir",
+    envvar="AGENT_WORK_DIR",
+    type=click.Path(file_okay=False),
+    default=defaults.default_work_dir,
+    show_default="~/.local/state/tiny-scheduler-agent",
+    help="Jobs' scratch dirs go here (env AGENT_WORK_DIR).",
+)
+@click.option(
+    "--spool-dir",
+    envvar="AGENT_SPOOL_DIR",
+    type=click.Path(file_okay=False),
+    show_default="WORK_DIR/spool",
+    help="Undelivered reports are kept here; it must survive a restart (env AGENT_SPOOL_DIR).",
+)
+@click.option(
+    "--drain-secs",
+    envvar="AGENT_DRAIN_SECS",
+    type=click.FloatRange(min=0),
+    default=defaults.DEFAULT_DRAIN_SECS,
+    show_default=True,
+    help="On SIGTERM, running jobs get this long to finish, then are stopped"
+    " (env AGENT_DRAIN_SECS).",
+)
+@click.option(
+    "--kill-grace-secs",
+    envvar="KILL_GRACE_SECS",
+    type=click.FloatRange(min=0),
+    default=defaults.DEFAULT_KILL_GRACE_SECS,
+    show_default=True,
+    help="SIGTERM to SIGKILL when a job is stopped (env KILL_GRACE_SECS).",
+)
+@click.option(
+    "--poll-secs",
+    envvar="AGENT_POLL_SECS",
+    type=click.FloatRange(min=0.05),
+    default=defaults.DEFAULT_POLL_SECS,
+    show_default=True,
+    help="Seconds between two polls for work (env AGENT_POLL_SECS).",
+)
+@click.option(
+    "--heartbeat-secs",
+    envvar="NODE_HEARTBEAT_SECS",
+    type=click.FloatRange(min=0.05),
+    default=defaults.DEFAULT_HEARTBEAT_SECS,
+    show_default=True,
+    help="Heartbeat period until the scheduler asks for another (env NODE_HEARTBEAT_SECS).",
+)
+@click.option(
+    "--max-output-bytes",
+    envvar="MAX_OUTPUT_BYTES",
+    type=click.IntRange(min=256),
+    default=defaults.DEFAULT_MAX_OUTPUT_BYTES,
+    show_default=True,
+    help="Tail of each output stream kept per job (env MAX_OUTPUT_BYTES).",
+)
+@click.option(
+    "--registry",
+    "registry_url",
+    envvar="AGENT_REGISTRY_URL",
+    metavar="URL",
+    help="Dev only: register and heartbeat with this (dev) registry, and register services.",
+)
+@click.option(
+    "--registry-heartbeat-secs",
+    type=click.FloatRange(min=0.05),
+    default=defaults.DEFAULT_REGISTRY_HEARTBEAT_SECS,
+    hidden=True,
+)
+@click.option("--exit-with-parent", is_flag=True, hidden=True)
+@click.pass_context
+def agent(
+    ctx: click.Context,
+    node_id: str,
+    slots: int,
+    work_dir: str,
+    spool_dir: str | None,
+    drain_secs: float,
+    kill_grace_secs: float,
+    poll_secs: float,
+    heartbeat_secs: float,
+    max_output_bytes: int,
+    registry_url: str | None,
+    registry_heartbeat_secs: float,
+    exit_with_parent: bool,
+) -> None:
+    """Run this node's compute agent: poll the scheduler (--url, comma-separated for a leader
+    and its standbys) for work, run it, report it; TINYAWS_API_KEY is its bearer key.
+
+    SIGTERM drains: no new work, running jobs finish (or are stopped after --drain-secs),
+    reports are delivered or kept in the spool, then the agent exits 0.
+    """
+    # Imported here: the other commands should not pay for loading the agent.
+    from ..agent.config import AgentConfig
+    from ..agent.main import Agent
+
+    try:
+        urls = tuple(base_url(part) for part in (ctx.obj or "").split(",") if part.strip())
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if not urls:
+        raise CliError("no scheduler URL: set --url or SCHEDULER_URL")
+    logging.basicConfig(
+        level=os.environ.get("AGENT_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s [%(levelname)s] %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    config = AgentConfig(
+        urls=urls,
+        node_id=node_id,
+        slots=slots,
+        work_dir=os.path.abspath(work_dir),
+        spool_dir=os.path.abspath(spool_dir or os.path.join(work_dir, "spool")),
+        key=os.environ.get("TINYAWS_API_KEY") or None,
+        poll_secs=poll_secs,
+        heartbeat_secs=heartbeat_secs,
+        drain_secs=drain_secs,
+        kill_grace_secs=kill_grace_secs,
+        max_output_bytes=max_output_bytes,
+        registry_url=registry_url,
+        registry_heartbeat_secs=registry_heartbeat_secs,
+        exit_with_parent=exit_with_parent,
+    )
+    try:
+        node = Agent(config)
+    except OSError as exc:
+        raise CliError(f"cannot use {exc.filename}: {exc.strerror}") from None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: node.request_drain())
+    node.run()
