@@ -1,9 +1,9 @@
 """End to end through the dev cluster: real agent processes, the registry, the scheduler.
 
-The dev agents speak the real agent's protocol, so these tests run jobs exactly as production
-does: poll, claim, `sh -c`, report. One agent is SIGKILLed to show a node failure handled by
-the lost-node rule. Intervals are short (`ClusterConfig.quick`); every wait has a deadline.
-Each test also checks that nothing it started outlives the cluster.
+The agents are the production agent (`tiny-scheduler agent`), so these tests run jobs as
+production does: poll, claim, `sh -c`, report. One agent is SIGKILLed to show a node failure
+handled by the lost-node rule. Intervals are short (`ClusterConfig.quick`); every wait has a
+deadline. Each test also checks that nothing it started outlives the cluster.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The HTTP client of the scheduler's API (`api.md`), shared by the command line, the demo and
-the dev agent.
+the agent.
 
 `Client` calls one scheduler and turns every failure into a `ClientError` whose one-line
 message says what went wrong and where: the URL that could not be reached, the job that was

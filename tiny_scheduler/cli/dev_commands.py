@@ -92,7 +92,7 @@ def dev(
     postgres_url: str | None,
     work_dir: str | None,
 ) -> None:
-    """Run a local dev cluster until Ctrl-C: a registry, AGENTS dev agents and the scheduler,
+    """Run a local dev cluster until Ctrl-C: a registry, AGENTS agents and the scheduler,
     all on loopback. Everything is stopped on the way out.
 
     `dev registry` runs only a registry, for a daemon started by other means.

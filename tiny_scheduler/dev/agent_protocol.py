@@ -4,9 +4,9 @@
 element `job_id` and `command` must be strings, `deploy_url`, `instance_id` and `job_type`
 optional strings, `port` an optional int 0-65535, `env_vars` an optional string map. One
 `null` anywhere or one bad element makes the whole reply unreadable (the real agent then
-silently does nothing), so this raises `ValueError` for it. The dev agent and the tests both
-use it, so they see replies exactly as a real agent would. `RUNNING_UPDATE` and
-`report_update` are the two PATCH bodies the real agent sends.
+silently does nothing), so this raises `ValueError` for it. The agent (`tiny_scheduler.agent`)
+and the tests both use it, so they see replies exactly as a tiny-aws agent would.
+`RUNNING_UPDATE` and `report_update` are the two PATCH bodies the real agent sends.
 """
 
 from __future__ import annotations

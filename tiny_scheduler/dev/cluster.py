@@ -1,13 +1,13 @@
-"""The local dev cluster: a registry, N dev agents and the scheduler, started and stopped as one.
+"""The local dev cluster: a registry, N agents and the scheduler, started and stopped as one.
 
 `DevCluster` owns the lifecycle of those parts on loopback: the `FakeRegistry` in this process,
 the scheduler under real gunicorn (`SchedulerProcess`; with `standbys`, several daemons on a
 PostgreSQL database made for the cluster, the first one leading at start), and each agent as
-its own process (`python -m tiny_scheduler.dev.agent`), so that SIGKILLing one is a real node
-failure. It leaves no orphans: every child runs in its own process group, `stop()` ends them all
-and is registered with `atexit`, a start-up that fails halfway stops what it had started, and a
-watchdog process kills every part should this process die without stopping them (SIGKILL, a
-crash).
+its own process (the production agent, `tiny-scheduler agent`, with `--registry` so that the
+dev registry lists its node), so that SIGKILLing one is a real node failure. It leaves no
+orphans: every child runs in its own process group, `stop()` ends them all and is registered
+with `atexit`, a start-up that fails halfway stops what it had started, and a watchdog process
+kills every part should this process die without stopping them (SIGKILL, a crash).
 `tiny-scheduler dev`, `make demo` and the end-to-end tests all run it.
 
 It does not schedule anything or talk to the scheduler's API beyond waiting for it to be up.
@@ -30,14 +30,21 @@ import time
 from collections.abc import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
-from .agent import DEFAULT_HEARTBEAT_SECS, DEFAULT_POLL_SECS, kill_groups, kill_recorded_children
+from ..agent.config import DEFAULT_POLL_SECS, DEFAULT_REGISTRY_HEARTBEAT_SECS
+from ..agent.groups import kill_groups, kill_recorded_children
 from .daemon import SchedulerProcess, free_port
 from .registry import FakeRegistry
 
 log = logging.getLogger(__name__)
 
 AGENT_STOP_SECS = 5.0
-"""Seconds an agent gets to kill its jobs and exit after SIGTERM before it is SIGKILLed."""
+"""Seconds an agent gets to stop its jobs, report them and exit after SIGTERM before it is
+SIGKILLed."""
+
+AGENT_DRAIN_SECS = 0.0
+AGENT_KILL_GRACE_SECS = 1.0
+"""A dev cluster stops at once: its agents stop their jobs on SIGTERM without waiting for
+them, and give them a second between SIGTERM and SIGKILL."""
 
 START_TIMEOUT_SECS = 30.0
 """Seconds the whole cluster may take to come up (scheduler healthy, every node registered)."""
@@ -59,7 +66,7 @@ class ClusterConfig:
     scheduler_port: int | None = None  # None: any free port
     registry_port: int = 0  # 0: any free port
     poll_secs: float = DEFAULT_POLL_SECS
-    heartbeat_secs: float = DEFAULT_HEARTBEAT_SECS
+    heartbeat_secs: float = DEFAULT_REGISTRY_HEARTBEAT_SECS  # agents to the registry
     unhealthy_after: float = 30.0  # registry: no heartbeat this long -> node unhealthy
     scan_interval_secs: float | None = None  # TIMEOUT_SCAN_INTERVAL_SECS
     node_lost_secs: float | None = None  # NODE_LOST_SECS
@@ -289,21 +296,14 @@ class DevCluster:
         log_path = os.path.join(self.work_dir, f"agent-{node_id}.log")
         env = {**os.environ, "TINYAWS_API_KEY": self.config.api_key or ""}
         argv = [
-            sys.executable,
-            "-m",
-            "tiny_scheduler.dev.agent",
-            "--node",
-            node_id,
-            "--scheduler",
-            self.scheduler_urls,
-            "--registry",
-            self.registry.url,
+            *(sys.executable, "-m", "tiny_scheduler.cli", "--url", self.scheduler_urls),
+            *("agent", "--node-id", node_id, "--work-dir", work_dir),
             "--poll-secs",
             str(self.config.poll_secs),
-            "--heartbeat-secs",
-            str(self.config.heartbeat_secs),
-            "--work-dir",
-            work_dir,
+            *("--drain-secs", str(AGENT_DRAIN_SECS)),
+            *("--kill-grace-secs", str(AGENT_KILL_GRACE_SECS)),
+            *("--registry", self.registry.url),
+            *("--registry-heartbeat-secs", str(self.config.heartbeat_secs)),
             "--exit-with-parent",
         ]
         with open(log_path, "ab") as log_file:

@@ -1,6 +1,6 @@
 """`make demo`: the scheduler at work, end to end, in well under a minute.
 
-Starts a dev cluster (registry, 3 dev agents, the scheduler under gunicorn, short intervals),
+Starts a dev cluster (registry, 3 agents, the scheduler under gunicorn, short intervals),
 submits a handful of jobs that show what the scheduler does — a success, environment
 variables, a failure retried on another node, a failure that stays failed, a long-running
 service, a job cancelled while it waits, a run timeout, a delayed job — follows them live,
