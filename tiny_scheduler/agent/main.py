@@ -95,6 +95,8 @@ class Agent:
         self._reachable = True
         self._heartbeat_secs = config.heartbeat_secs
         self._heartbeats_unsupported = False
+        self._poll_status = 200  # the poll's last answer, to log changes only
+        self._drain_flag = False  # the last heartbeat reply's `drain`
         self._job_threads: list[threading.Thread] = []
         self._threads: list[threading.Thread] = []
         self._parent = os.getppid() if config.exit_with_parent else None
@@ -222,8 +224,15 @@ class Agent:
             self._note_reach(False)
             return
         self._note_reach(True)
+        if reply.status_code != self._poll_status:
+            # Said once per change: a wrong key (401) would otherwise fail silently, and
+            # repeating it every poll would drown the log.
+            if reply.status_code != 200:
+                log.warning("poll answered %d: %s", reply.status_code, reply.text.strip()[:200])
+            elif self._poll_status:
+                log.info("poll answers 200 again")
+            self._poll_status = reply.status_code
         if reply.status_code != 200:
-            log.debug("poll answered %d", reply.status_code)
             return
         try:
             polled = parse_poll_reply(reply.content)
@@ -447,6 +456,11 @@ class Agent:
                 self._heartbeats_unsupported = False
                 if result.heartbeat_secs:
                     self._heartbeat_secs = result.heartbeat_secs
+                if result.drain != self._drain_flag:
+                    # The scheduler gives a draining node no new work; nothing to do here
+                    # but say so.
+                    self._drain_flag = result.drain
+                    log.info("the scheduler %s this node", "drains" if result.drain else "undrains")
                 self._obey_stops(result.stop)
             else:
                 log.debug("heartbeat answered %d", result.status)

@@ -120,7 +120,8 @@ class Runner:
         self._proc: subprocess.Popen[bytes] | None = None
         self._scratch: str | None = None
         self._readers: list[threading.Thread] = []
-        self._stopping = threading.Event()
+        self._stop_lock = threading.Lock()
+        self._stop_grace: float | None = None  # set once a stop was asked for
         self._stop_note = ""
         self.live_output = not self.is_service  # false once the scheduler refused it
 
@@ -176,6 +177,11 @@ class Runner:
             start_new_session=True,
         )
         self._groups.add(proc.pid, self.job_id)
+        with self._stop_lock:
+            self._proc = proc
+            grace = self._stop_grace
+        if grace is not None:  # stopped while it was being prepared
+            self._signal_stop(proc.pid, grace)
         return proc
 
     def _prepare(self, scratch: str) -> tuple[list[str], str]:
@@ -220,12 +226,17 @@ class Runner:
 
     def stop(self, grace: float, note: str = "") -> None:
         """SIGTERM the job's group now and SIGKILL it after `grace` seconds unless it has
-        ended; returns at once. `note` is added to the job's stderr."""
-        if self._proc is None or self._stopping.is_set():
-            return
-        self._stopping.set()
-        self._stop_note = note
-        pgid = self._proc.pid
+        ended; returns at once. `note` is added to the job's stderr. A job still being
+        prepared (its zip downloading) is stopped as soon as it starts."""
+        with self._stop_lock:
+            if self._stop_grace is not None:
+                return
+            self._stop_grace, self._stop_note = grace, note
+            proc = self._proc
+        if proc is not None:
+            self._signal_stop(proc.pid, grace)
+
+    def _signal_stop(self, pgid: int, grace: float) -> None:
         signal_groups([pgid], signal.SIGTERM)
         threading.Thread(
             target=self._kill_later, args=(pgid, grace), name=f"{self.job_id}-kill", daemon=True
