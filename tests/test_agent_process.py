@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BASE_ENV, SchedulerFactory
+from conftest import BASE_ENV, PostgresDatabases, SchedulerFactory, start_scheduler, stop_scheduler
 from helpers import Api, wait_for
 
 from tiny_scheduler.agent.groups import kill_recorded_children
@@ -52,12 +52,14 @@ class AgentProcess:
         ]
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> AgentProcess:
+    def start(self, key: str | None = None) -> AgentProcess:
         env = {
             name: value
             for name, value in os.environ.items()
             if not name.startswith("AGENT_") and name not in AGENT_VARIABLES
         }
+        if key is not None:
+            env["TINYAWS_API_KEY"] = key
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -113,11 +115,16 @@ def agents(tmp_path: Path) -> Iterator[list[AgentProcess]]:
 
 
 def start_agent(
-    made: list[AgentProcess], folder: Path, node: str, urls: str, *options: str
+    made: list[AgentProcess],
+    folder: Path,
+    node: str,
+    urls: str,
+    *options: str,
+    key: str | None = None,
 ) -> AgentProcess:
     agent = AgentProcess(folder, node, urls, *options)
     made.append(agent)
-    return agent.start()
+    return agent.start(key)
 
 
 def waits_for(path: Path, then: str = "") -> str:
@@ -250,6 +257,52 @@ def test_an_unreachable_first_url_is_passed_over(
         done = wait_for(lambda j=job: ended(api, j["job_id"]), message=agent.waiting("the job"))
         assert (done["status"], done["stdout"]) == ("done", f"{word}\n")
     api.close()
+
+
+KEY = "agent-test-key"
+AUTH_ENV = {"TINYAWS_API_KEY": KEY, "AUTH_AGENT_EXEMPT": "0"}
+"""A scheduler that wants the key from agents too."""
+
+KEY_PROBE = 'printf "%s" "${TINYAWS_API_KEY-unset}"'
+"""A job printing the key it was given, if any."""
+
+
+def test_the_key_goes_to_the_scheduler_and_not_to_the_jobs(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, node: str, agents: list[AgentProcess]
+) -> None:
+    sched = scheduler_factory(env={**SCHEDULER_ENV, **AUTH_ENV})
+    agent = start_agent(agents, tmp_path, node, sched.url, key=KEY)
+    api = Api(sched.url, key=KEY)
+    job = api.submit(command=KEY_PROBE)
+    done = wait_for(lambda: ended(api, job["job_id"]), message=agent.waiting("the job"))
+    assert (done["status"], done["stdout"]) == ("done", "unset")
+    api.close()
+
+
+def test_a_standby_sends_the_agent_to_the_leader_with_its_key(
+    tmp_path: Path,
+    registry: FakeRegistry,
+    node: str,
+    agents: list[AgentProcess],
+    postgres_database: PostgresDatabases,
+) -> None:
+    db_url = postgres_database.create()
+    env = {**SCHEDULER_ENV, **AUTH_ENV, "HA_FORWARD": "0"}  # standbys answer 307
+    leader = start_scheduler(db_url, tmp_path / "leader.log", registry.url, env)
+    try:
+        wait_for(lambda: Api(leader.url).get("/leader").status_code == 200, message="a leader")
+        standby = start_scheduler(db_url, tmp_path / "standby.log", registry.url, env)
+        try:
+            agent = start_agent(agents, tmp_path, node, standby.url, key=KEY)
+            api = Api(leader.url, key=KEY)
+            job = api.submit(command=KEY_PROBE)
+            done = wait_for(lambda: ended(api, job["job_id"]), message=agent.waiting("the job"))
+            assert (done["status"], done["stdout"]) == ("done", "unset")
+            api.close()
+        finally:
+            stop_scheduler(standby)
+    finally:
+        stop_scheduler(leader)
 
 
 def test_sigterm_lets_the_running_job_finish_and_claims_nothing_new(
