@@ -22,6 +22,7 @@ import pytest
 from conftest import BASE_ENV, PostgresDatabases, SchedulerFactory, start_scheduler, stop_scheduler
 from helpers import Api, wait_for
 
+from tiny_scheduler.agent import main
 from tiny_scheduler.agent.groups import kill_recorded_children
 from tiny_scheduler.dev.daemon import SchedulerProcess, free_port, memory_bytes, reset_peak_memory
 from tiny_scheduler.dev.registry import FakeRegistry
@@ -385,3 +386,66 @@ def test_the_agent_does_not_load_the_server() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+UNIT = Path(__file__).parent.parent / "deploy" / "tiny-scheduler-agent.service"
+
+
+def unit_service_settings() -> tuple[dict[str, str], dict[str, str]]:
+    """The unit's [Service] settings (the last of each), and its Environment= variables."""
+    settings: dict[str, str] = {}
+    env: dict[str, str] = {}
+    section = ""
+    for line in UNIT.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            section = line
+        elif section == "[Service]":
+            name, _, value = line.partition("=")
+            settings[name] = value
+            if name == "Environment":
+                key, _, val = value.partition("=")
+                env[key] = val
+    return settings, env
+
+
+def test_the_systemd_unit_runs_and_drains_the_agent(
+    tmp_path: Path, sched: SchedulerProcess, node: str
+) -> None:
+    settings, env = unit_service_settings()
+    # Its stop: SIGTERM to the agent only, and time enough for the whole drain.
+    assert settings["KillMode"] == "mixed"
+    drain = float(env["AGENT_DRAIN_SECS"]) + float(env["KILL_GRACE_SECS"]) + main.FLUSH_SECS
+    assert float(settings["TimeoutStopSec"]) > drain
+    # Its command, as systemd runs it: the state directory in, the env file's settings added.
+    state = tmp_path / "state"
+    program, *args = shlex.split(settings["ExecStart"].replace("${STATE_DIRECTORY}", str(state)))
+    assert program.endswith("/bin/tiny-scheduler")
+    from_file = {"SCHEDULER_URL": sched.url, "AGENT_NODE_ID": node, "AGENT_POLL_SECS": "0.1"}
+    log_path = tmp_path / "unit.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [CLI, *args],
+            env={**os.environ, **env, **from_file, "TINYAWS_API_KEY": ""},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        api = Api(sched.url)
+        job = api.submit(command="echo from the unit")
+        done = wait_for(
+            lambda: ended(api, job["job_id"]),
+            message=lambda: f"the unit's agent to run a job; its log:\n{log_path.read_text()}",
+        )
+        assert (done["status"], done["stdout"]) == ("done", "from the unit\n")
+        assert (state / "spool").is_dir()
+        api.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
