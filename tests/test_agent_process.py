@@ -368,6 +368,23 @@ def test_a_job_that_outstays_the_drain_is_killed_with_its_children_and_reported(
     api.close()
 
 
+def test_a_restarted_agent_kills_the_jobs_its_crashed_run_left(
+    tmp_path: Path, sched: SchedulerProcess, node: str, agents: list[AgentProcess]
+) -> None:
+    agent = start_agent(agents, tmp_path, node, sched.url)
+    api = Api(sched.url)
+    child_pid = tmp_path / "child.pid"
+    api.submit(command=f"sleep 600 & echo $! > {shlex.quote(str(child_pid))}; wait")
+    wait_for(lambda: child_pid.exists() and child_pid.read_text().strip(), message="the child")
+    pid = int(child_pid.read_text())
+    os.kill(agent.pid, signal.SIGKILL)  # the agent alone: its jobs have sessions of their own
+    agent.wait_exit()
+    assert _alive(pid), "the job should outlive the agent's crash"
+    start_agent(agents, tmp_path, node, sched.url)
+    wait_for(lambda: not _alive(pid), message="the restarted agent to kill the orphaned job")
+    api.close()
+
+
 def _alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie, dead but not yet reaped, does not count)."""
     try:
