@@ -99,6 +99,7 @@ class Agent:
         self._drain_flag = False  # the last heartbeat reply's `drain`
         self._job_threads: list[threading.Thread] = []
         self._threads: list[threading.Thread] = []
+        self._poller: threading.Thread | None = None
         self._parent = os.getppid() if config.exit_with_parent else None
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -121,7 +122,7 @@ class Agent:
             ",".join(self.config.urls),
             self.config.poll_secs,
         )
-        self._spawn(self._poll_loop, "poll")
+        self._poller = self._spawn(self._poll_loop, "poll")
         self._spawn(self._heartbeat_loop, "heartbeat")
         self._spawn(self._output_loop, "output")
         self._spawn(self._spool_loop, "spool")
@@ -138,6 +139,10 @@ class Agent:
         self._draining.set()
 
     def _drain(self) -> None:
+        # The poll loop ends at the flag; a claim it had under way when the flag came must
+        # have started its job before the jobs are counted, or that job would run on unseen.
+        if self._poller is not None:
+            self._poller.join()
         log.info("draining: no new jobs; %d running", len(self._live()))
         deadline = time.monotonic() + self.config.drain_secs
         while self._live() and time.monotonic() < deadline:
