@@ -44,7 +44,7 @@ from ..dev.agent_protocol import RUNNING_UPDATE, PolledJob, parse_poll_reply, re
 from .config import AgentConfig
 from .dev_registry import DevRegistry
 from .groups import Groups, kill_recorded_children
-from .heartbeat import agent_version, beat
+from .heartbeat import Beat, agent_version, beat
 from .runner import Outcome, PrepareError, Runner
 from .spool import Report, Spool
 from .wire import Unreachable, Wire
@@ -93,6 +93,8 @@ class Agent:
         self._done = threading.Event()
         self._spool_wake = threading.Event()
         self._reachable = True
+        self._beaten = threading.Event()  # a heartbeat was answered since start or outage
+        self._beat_lock = threading.Lock()
         self._heartbeat_secs = config.heartbeat_secs
         self._heartbeats_unsupported = False
         self._poll_status = 200  # the poll's last answer, to log changes only
@@ -196,6 +198,8 @@ class Agent:
 
     def _note_reach(self, reached: bool) -> None:
         """Track whether a scheduler answers; when one does again, retry reports at once."""
+        if not reached:
+            self._beaten.clear()
         with self._lock:
             was, self._reachable = self._reachable, reached
             if reached and not was:
@@ -222,6 +226,13 @@ class Agent:
             self._draining.wait(self.config.poll_secs)
 
     def poll_once(self) -> None:
+        # A poll without a key from a node whose heartbeat the scheduler has not seen passes
+        # for the tiny-aws agent's, which polls only when idle: the scheduler takes it as
+        # proof that the node runs none of its jobs and fails them as lost. So the first poll,
+        # and the first after an outage (a scheduler restarted meanwhile knows nothing of this
+        # node), comes after a heartbeat that was answered.
+        if not self._beaten.is_set() and not self.heartbeat_once():
+            return
         params = {"node_id": self.config.node_id, "status": "pending"}
         try:
             reply = self.wire.call("GET", "/jobs", params=params)
@@ -441,35 +452,46 @@ class Agent:
 
     def _heartbeat_loop(self) -> None:
         while not self._done.is_set():
+            self.heartbeat_once()
+            self._done.wait(self._heartbeat_secs)
+
+    def heartbeat_once(self) -> bool:
+        """Send one heartbeat and act on its reply; whether a scheduler answered it."""
+        with self._beat_lock:
             result = beat(
                 self.wire, self.config.node_id, self.config.slots, self.running_ids(), self.version
             )
-            if not result.answered:
-                self._note_reach(False)
-            elif not result.supported:
-                self._note_reach(True)
-                if not self._heartbeats_unsupported:
-                    log.info(
-                        "the scheduler has no heartbeat endpoint (%d); polling on, and "
-                        "trying the heartbeat again every %gs",
-                        result.status,
-                        self._heartbeat_secs,
-                    )
-                self._heartbeats_unsupported = True
-            elif result.status // 100 == 2:
-                self._note_reach(True)
-                self._heartbeats_unsupported = False
-                if result.heartbeat_secs:
-                    self._heartbeat_secs = result.heartbeat_secs
-                if result.drain != self._drain_flag:
-                    # The scheduler gives a draining node no new work; nothing to do here
-                    # but say so.
-                    self._drain_flag = result.drain
-                    log.info("the scheduler %s this node", "drains" if result.drain else "undrains")
-                self._obey_stops(result.stop)
-            else:
-                log.debug("heartbeat answered %d", result.status)
-            self._done.wait(self._heartbeat_secs)
+            self._on_beat(result)
+            if result.answered:
+                self._beaten.set()
+            return result.answered
+
+    def _on_beat(self, result: Beat) -> None:
+        if not result.answered:
+            self._note_reach(False)
+        elif not result.supported:
+            self._note_reach(True)
+            if not self._heartbeats_unsupported:
+                log.info(
+                    "the scheduler has no heartbeat endpoint (%d); polling on, and "
+                    "trying the heartbeat again every %gs",
+                    result.status,
+                    self._heartbeat_secs,
+                )
+            self._heartbeats_unsupported = True
+        elif result.status // 100 == 2:
+            self._note_reach(True)
+            self._heartbeats_unsupported = False
+            if result.heartbeat_secs:
+                self._heartbeat_secs = result.heartbeat_secs
+            if result.drain != self._drain_flag:
+                # The scheduler gives a draining node no new work; nothing to do here
+                # but say so.
+                self._drain_flag = result.drain
+                log.info("the scheduler %s this node", "drains" if result.drain else "undrains")
+            self._obey_stops(result.stop)
+        else:
+            log.debug("heartbeat answered %d", result.status)
 
     def _obey_stops(self, job_ids: tuple[str, ...]) -> None:
         with self._lock:
