@@ -2,9 +2,8 @@
 
 Every test runs real agent processes (the installed command line's module) and a real
 scheduler under gunicorn, on loopback. Jobs wait on files the test creates, so the test
-decides when a job ends; every wait is bounded. The scheduler of this round has no heartbeat
-or live-output endpoint yet (404/405), so these tests also show that an agent works against
-a scheduler without them.
+decides when a job ends; every wait is bounded. Stop orders, live output and the built-in
+node list are the scheduler's own (heartbeats, `POST /jobs/{id}/output`, `REGISTRY_URL=builtin`).
 """
 
 from __future__ import annotations
@@ -15,12 +14,13 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import BASE_ENV, PostgresDatabases, SchedulerFactory, start_scheduler, stop_scheduler
-from helpers import Api, wait_for
+from helpers import Api, expect_json, wait_for
 
 from tiny_scheduler.agent import main
 from tiny_scheduler.agent.groups import kill_recorded_children
@@ -30,7 +30,12 @@ from tiny_scheduler.dev.registry import FakeRegistry
 CLI = os.path.join(os.path.dirname(sys.executable), "tiny-scheduler")
 """The installed command, as docs/agent.md runs it."""
 
-SCHEDULER_ENV = {"MAX_JOBS_PER_NODE": "4", "MAX_JOB_RETRIES": "0"}
+SCHEDULER_ENV = {
+    "MAX_JOBS_PER_NODE": "4",
+    "MAX_JOB_RETRIES": "0",
+    # The period the scheduler asks of agents: stop orders come with a heartbeat.
+    "NODE_HEARTBEAT_SECS": "1",
+}
 
 AGENT_VARIABLES = ("SCHEDULER_URL", "TINYAWS_API_KEY", "KILL_GRACE_SECS", "MAX_OUTPUT_BYTES")
 """Variables of the developer's shell that would change how the agent runs (with AGENT_*)."""
@@ -382,6 +387,78 @@ def test_a_restarted_agent_kills_the_jobs_its_crashed_run_left(
     assert _alive(pid), "the job should outlive the agent's crash"
     start_agent(agents, tmp_path, node, sched.url)
     wait_for(lambda: not _alive(pid), message="the restarted agent to kill the orphaned job")
+    api.close()
+
+
+def test_a_cancelled_job_is_stopped_by_its_agent_sigkill_after_the_grace(
+    tmp_path: Path, sched: SchedulerProcess, node: str, agents: list[AgentProcess]
+) -> None:
+    agent = start_agent(agents, tmp_path, node, sched.url, "--kill-grace-secs", "0.5")
+    api = Api(sched.url)
+    child_pid = tmp_path / "child.pid"
+    # SIGTERM is ignored by the job and its child: only the SIGKILL after the grace ends them.
+    command = f"trap '' TERM; sleep 600 & echo $! > {shlex.quote(str(child_pid))}; wait"
+    job = api.submit(command=command)
+    wait_for(lambda: child_pid.exists() and child_pid.read_text().strip(), message="the child")
+    pid = int(child_pid.read_text())
+    cancelled = api.post(f"/jobs/{job['job_id']}/cancel")
+    assert cancelled.status_code == 200, cancelled.text
+    wait_for(
+        lambda: not _alive(pid), timeout=20, message=agent.waiting("the heartbeat's stop order")
+    )
+    assert f"stopping {job['job_id']} at the scheduler's request" in agent.log()
+    # The late report leaves the job as the cancel made it.
+    wait_for(
+        lambda: f"{job['job_id']} reported failed" in agent.log(),
+        message=agent.waiting("the late report"),
+    )
+    assert (api.job(job["job_id"])["reason"], agent.spooled()) == ("cancelled", [])
+    api.close()
+
+
+def test_a_running_jobs_output_is_sent_while_it_runs(
+    tmp_path: Path, sched: SchedulerProcess, node: str, agents: list[AgentProcess]
+) -> None:
+    agent = start_agent(agents, tmp_path, node, sched.url)
+    api = Api(sched.url)
+    go = tmp_path / "go"
+    job = api.submit(command="echo early; echo warning >&2; " + waits_for(go, "echo late"))
+
+    def output(stream: str) -> str:
+        reply = api.get(f"/jobs/{job['job_id']}/output", params={"stream": stream, "wait": 1})
+        return reply.text if reply.status_code == 200 else ""
+
+    wait_for(lambda: output("stdout") == "early\n", message=agent.waiting("live stdout"))
+    wait_for(lambda: output("stderr") == "warning\n", message=agent.waiting("live stderr"))
+    assert api.job(job["job_id"])["status"] == "running"
+    go.touch()
+    done = wait_for(lambda: ended(api, job["job_id"]), message="the job's report")
+    assert (done["status"], done["stdout"], done["stderr"]) == (
+        "done",
+        "early\nlate\n",
+        "warning\n",
+    )
+    api.close()
+
+
+def test_with_the_built_in_node_list_the_agent_is_the_node(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    sched = scheduler_factory(env={**SCHEDULER_ENV, "REGISTRY_URL": "builtin"})
+    agent = start_agent(agents, tmp_path, "builtin-node", sched.url, "--slots", "3")
+    api = Api(sched.url)
+
+    def listed() -> dict[str, Any] | None:
+        nodes = expect_json(api.get("/nodes"), 200)
+        return next((n for n in nodes if n["node_id"] == "builtin-node"), None)
+
+    node = wait_for(listed, message=agent.waiting("the agent's heartbeat"))
+    assert (node["health"], node["source"], node["cpu_count"]) == ("healthy", "heartbeat", 3)
+    assert node["version"] == metadata.version("tiny-scheduler")
+    job = api.submit(command="echo placed by heartbeat")
+    assert job["node_id"] == "builtin-node"
+    done = wait_for(lambda: ended(api, job["job_id"]), message=agent.waiting("the job"))
+    assert (done["status"], done["stdout"]) == ("done", "placed by heartbeat\n")
     api.close()
 
 
