@@ -1,11 +1,12 @@
 """The storage contract: what a backend must do to keep jobs durable, and nothing more.
 
-A backend (`sqlite.py`, and any other) is a `JobStore`: it loads every job and schedule at
+A backend (`sqlite.py`, `postgres.py`) is a `JobStore`: it loads every job and schedule at
 start-up and writes batches of changes, each batch in one transaction that either commits
-durably or raises. Writes, the load and the outbox reads come from one thread at a time (the
-group commit's turn, `writer.py`, or the start-up code), so they need no locking of their own. Group
-commit, health tracking and the waiting of request threads live above it, written once in
-`writer.py`; the behavioural tests every backend must pass are in
+durably or raises. The SQL backends apply a batch in one shared place (`sql.py`), each
+supplying only its dialect. Writes, the load and the outbox reads come from one thread at a
+time (the group commit's turn, `writer.py`, or the start-up code), so they need no locking of
+their own. Group commit, health tracking and the waiting of request threads live above it,
+written once in `writer.py`; the behavioural tests every backend must pass are in
 `tests/test_storage_contract.py`.
 
 A job's output is kept apart from the job: the load leaves it on disk, and request threads

@@ -15,6 +15,7 @@ output, which request threads make on connections of their own (`_Readers`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -22,7 +23,6 @@ import os
 import re
 import socket
 import threading
-import time
 import types
 import typing
 from collections.abc import Callable, Iterator, Sequence
@@ -31,11 +31,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 import psycopg
-from psycopg import sql
+from psycopg import sql as pgsql
 
 from ..jobs import Job, Output
 from ..schedules import Schedule
-from . import rows
+from . import rows, sql
 from .base import Batch, Loaded, OutboxEvent, StoreOpenError, judge_version
 from .readers import ReaderPool
 
@@ -131,48 +131,8 @@ _UNIQUE = frozenset({"jobs.dedupe_key", "schedules.name"})
 job per fire time), also across leaders; a schedule's name is taken once."""
 
 
-def _select(table: str, columns: tuple[str, ...]) -> sql.Composed:
-    return sql.SQL("SELECT {} FROM {} ORDER BY seq").format(
-        sql.SQL(", ").join(map(sql.Identifier, columns)), sql.Identifier(table)
-    )
-
-
-def _upsert(table: str, columns: tuple[str, ...]) -> sql.Composed:
-    return sql.SQL(
-        "INSERT INTO {table} ({cols}) VALUES ({marks}) ON CONFLICT (seq) DO UPDATE SET {sets}"
-    ).format(
-        table=sql.Identifier(table),
-        cols=sql.SQL(", ").join(map(sql.Identifier, columns)),
-        marks=sql.SQL(", ").join(sql.Placeholder() for _ in columns),
-        sets=sql.SQL(", ").join(
-            sql.SQL("{0} = excluded.{0}").format(sql.Identifier(c)) for c in columns if c != "seq"
-        ),
-    )
-
-
-_SELECT = _select("jobs", rows.COLUMNS)
-_UPSERT = _upsert("jobs", rows.COLUMNS)
-_SELECT_SCHEDULES = _select("schedules", rows.SCHEDULE_COLUMNS)
-_UPSERT_SCHEDULE = _upsert("schedules", rows.SCHEDULE_COLUMNS)
-_HIGH_WATER = (
-    "INSERT INTO meta (key, value) VALUES (%s, %s) "
-    "ON CONFLICT (key) DO UPDATE SET value = greatest(meta.value, excluded.value)"
-)
-_PROBE = (
-    "INSERT INTO meta (key, value) VALUES ('probe', %s) "
-    "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
-)
 # Last before COMMIT, so the share lock on the lease row is held only for the commit itself.
 _FENCE = "SELECT check_epoch(%s)"
-_SAVE_OUTPUT = (
-    "INSERT INTO outputs (seq, attempt, stdout, stderr) VALUES (%s, %s, %s, %s) "
-    "ON CONFLICT (seq, attempt) DO UPDATE SET stdout = excluded.stdout, stderr = excluded.stderr"
-)
-# One job's every output; no row at all when the job is not stored (deleted meanwhile).
-_OUTPUTS_OF = (
-    "SELECT o.attempt, o.stdout, o.stderr FROM jobs AS j "
-    "LEFT JOIN outputs AS o ON o.seq = j.seq WHERE j.seq = %s"
-)
 # The latest attempt's output of some jobs (NULL: it printed nothing), and first its size
 # (octet_length reads it from the stored value's header, without fetching the value).
 _LATEST = (
@@ -183,6 +143,7 @@ _LATEST_SIZES = (
     "SELECT j.seq, coalesce(octet_length(o.stdout) + octet_length(o.stderr), 0) " + _LATEST
 )
 _LATEST_OUTPUTS = "SELECT j.seq, o.stdout, o.stderr " + _LATEST
+_SQL = sql.Statements(mark="%s", greatest="greatest")
 _READ_BATCH = 256
 """Jobs whose output sizes a listing asks for at once."""
 _READ_BYTES = 4 * 1024 * 1024
@@ -264,13 +225,15 @@ def interrupt(conn: psycopg.Connection[Any] | None) -> None:
         sock.close()
 
 
-class PostgresStore:
+class PostgresStore(sql.SqlStore):
     """A `JobStore` in a PostgreSQL database.
 
     Unfenced (`fenced=False`) it writes as the only writer (tests, tools). Fenced, it refuses
     every write until `fence_with(epoch)` and afterwards commits only while the lease row
     holds that epoch.
     """
+
+    SQL = _SQL
 
     def __init__(
         self, url: str, lease_secs: float = 5.0, fenced: bool = False, migrate: bool = True
@@ -280,6 +243,7 @@ class PostgresStore:
         self._lease_secs = lease_secs
         self._fenced = fenced
         self._epoch: int | None = None
+        self._writing_epoch: int | None = None  # the epoch the transaction under way writes in
         self.on_fenced: Callable[[int], None] | None = None
         """Called (by the thread committing) when a write found its epoch gone."""
         self._conn_lock = threading.Lock()  # guards swapping the connection, not its use
@@ -334,23 +298,19 @@ class PostgresStore:
                 loaded: list[Job] = []
                 with conn.cursor(name="load_jobs") as cursor:
                     cursor.itersize = 10000
-                    cursor.execute(_SELECT)
+                    cursor.execute(self.SQL.select_jobs)
                     for row in cursor:
                         loaded.append(self._job(_unescaped(row)))
                 schedules = [
                     rows.schedule_from_row(_unescaped(row))
-                    for row in conn.execute(_SELECT_SCHEDULES)
+                    for row in conn.execute(self.SQL.select_schedules)
                 ]
                 marks = dict(conn.execute("SELECT key, value FROM meta").fetchall())
                 events = conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
         finally:
             if collecting:
                 gc.enable()
-        last_seq = max(marks.get("last_seq", 0), loaded[-1].seq if loaded else 0)
-        last_schedule_seq = max(
-            marks.get("last_schedule_seq", 0), schedules[-1].seq if schedules else 0
-        )
-        return Loaded(loaded, last_seq, events, schedules, last_schedule_seq)
+        return sql.loaded(loaded, schedules, marks, events)
 
     def _job(self, row: Sequence[Any]) -> Job:
         try:
@@ -362,78 +322,47 @@ class PostgresStore:
 
     def outbox(self, limit: int) -> list[OutboxEvent]:
         with self._use:
-            found = self._connection().execute(
-                "SELECT id, seq, message FROM outbox ORDER BY id LIMIT %s", (limit,)
-            )
-            return [OutboxEvent(seq, _unescape_text(message), id_) for id_, seq, message in found]
+            return self._outbox(self._connection(), limit)
 
     def write(self, batch: Batch) -> None:
         with self._use:
             self._write(batch)
 
-    def _write(self, batch: Batch) -> None:
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[psycopg.Cursor[Any]]:
         epoch = self._epoch
         if self._fenced and epoch is None:
             raise NotLeader("this scheduler is not the leader")
-        upserts = [_escaped(rows.to_row(job)) for job in batch.upserts]
-        outputs = [_escaped(row) for job in batch.upserts for row in rows.output_rows(job)]
         conn = self._connection()
+        self._writing_epoch = epoch
         try:
             # One round trip for the whole transaction: the writer gives up the GIL at every
             # wait for the server and must win it back from the request threads.
             with conn.pipeline(), conn.transaction():
-                cursor = conn.cursor()
-                if upserts:
-                    cursor.executemany(_UPSERT, upserts)
-                if outputs:
-                    cursor.executemany(_SAVE_OUTPUT, outputs)
-                if batch.deletes:
-                    deleted = (list(batch.deletes),)
-                    cursor.execute("DELETE FROM jobs WHERE seq = ANY(%s)", deleted)
-                    cursor.execute("DELETE FROM outputs WHERE seq = ANY(%s)", deleted)
-                    # Only a deleted job's id needs the mark: every other is in the rows, and
-                    # the load takes the larger of the two.
-                    cursor.execute(_HIGH_WATER, ("last_seq", max(batch.deletes)))
-                if batch.schedules:
-                    cursor.executemany(
-                        _UPSERT_SCHEDULE,
-                        [_escaped(rows.schedule_to_row(s)) for s in batch.schedules],
-                    )
-                    top = max(schedule.seq for schedule in batch.schedules)
-                    cursor.execute(_HIGH_WATER, ("last_schedule_seq", top))
-                if batch.schedule_deletes:
-                    cursor.execute(
-                        "DELETE FROM schedules WHERE seq = ANY(%s)", (list(batch.schedule_deletes),)
-                    )
-                if batch.events:
-                    cursor.executemany(
-                        "INSERT INTO outbox (seq, message) VALUES (%s, %s)",
-                        [(event.seq, _escape_text(event.message)) for event in batch.events],
-                    )
-                if batch.delivered:
-                    cursor.execute(
-                        "DELETE FROM outbox WHERE id = ANY(%s)", (list(batch.delivered),)
-                    )
-                if batch.probe:
-                    cursor.execute(_PROBE, (time.time_ns(),))
-                if epoch is not None and self._fenced:
-                    cursor.execute(_FENCE, (epoch,))
+                yield conn.cursor()
         except psycopg.Error as exc:
             if epoch is not None and exc.sqlstate == FENCED_SQLSTATE:
                 self._deposed(epoch)
                 raise Fenced(f"epoch {epoch} is over: another scheduler took the lease") from exc
             raise
 
-    def read_outputs(self, seq: int) -> dict[int, Output] | None:
-        with self._readers.connection() as conn:
-            found = conn.execute(_OUTPUTS_OF, (seq,)).fetchall()
-        if not found:
-            return None
-        return {
-            attempt: Output(_text(out), _text(err))
-            for attempt, out, err in found
-            if attempt is not None
-        }
+    def _guard(self, cursor: psycopg.Cursor[Any]) -> None:
+        # The epoch as the transaction began, even if it was taken away since (then the fence
+        # fails, as it must): a takeover since then fails the COMMIT.
+        epoch = self._writing_epoch
+        if epoch is not None and self._fenced:
+            cursor.execute(_FENCE, (epoch,))
+
+    def _delete(
+        self, cursor: psycopg.Cursor[Any], table: str, column: str, ids: Sequence[int]
+    ) -> None:
+        cursor.execute(f"DELETE FROM {table} WHERE {column} = ANY(%s)", (list(ids),))
+
+    def _storable(self, values: Sequence[object]) -> Sequence[object]:
+        return _escaped(values)
+
+    def _readable(self, value: str) -> str:
+        return _text(value)
 
     def read_latest_outputs(self, seqs: Sequence[int]) -> Iterator[tuple[int, Output | None]]:
         with self._readers.connection() as conn:
@@ -641,28 +570,28 @@ def _move_output(conn: psycopg.Connection[Any]) -> None:
             if stdout or stderr:
                 outputs.append((seq, retry_count, _text(stdout), _text(stderr)))
             with conn.cursor() as writes:
-                writes.executemany(_SAVE_OUTPUT, [_escaped(row) for row in outputs])
+                writes.executemany(_SQL.save_output, [_escaped(row) for row in outputs])
     conn.execute("ALTER TABLE jobs DROP COLUMN stdout, DROP COLUMN stderr")
 
 
-def _add_column(table: str, field: dataclasses.Field[Any]) -> sql.Composed:
+def _add_column(table: str, field: dataclasses.Field[Any]) -> pgsql.Composed:
     """`ALTER TABLE … ADD COLUMN …` for a field, its type read from its annotation."""
     sql_type, nullable = column_type(_HINTS[table][field.name])
     parts = [
-        sql.SQL("ALTER TABLE {} ADD COLUMN {} ").format(
-            sql.Identifier(table), sql.Identifier(field.name)
+        pgsql.SQL("ALTER TABLE {} ADD COLUMN {} ").format(
+            pgsql.Identifier(table), pgsql.Identifier(field.name)
         ),
-        sql.SQL(sql_type),
+        pgsql.SQL(sql_type),
     ]
     default = field.default
     if not nullable:
-        parts.append(sql.SQL(" NOT NULL"))
+        parts.append(pgsql.SQL(" NOT NULL"))
         if default is not dataclasses.MISSING and isinstance(default, (str, int, float)):
             # Rows written before the field existed read as the declaration's default.
-            parts.append(sql.SQL(" DEFAULT {}").format(sql.Literal(_plain(default))))
+            parts.append(pgsql.SQL(" DEFAULT {}").format(pgsql.Literal(_plain(default))))
     if f"{table}.{field.name}" in _UNIQUE:
-        parts.append(sql.SQL(" UNIQUE"))
-    return sql.Composed(parts)
+        parts.append(pgsql.SQL(" UNIQUE"))
+    return pgsql.Composed(parts)
 
 
 def column_type(hint: Any) -> tuple[str, bool]:

@@ -13,16 +13,16 @@ its own (WAL lets readers and the one writer pass each other).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
 import sqlite3
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..jobs import Output, job_id_of
-from . import rows
+from . import rows, sql
 from .base import Batch, Loaded, OutboxEvent, StoreOpenError, judge_version
 from .lockfile import LockFile
 from .readers import ReaderPool
@@ -152,40 +152,20 @@ MIGRATIONS: dict[int, str] = {
 """Each entry upgrades a file to version N from the one before it. A new schema version adds
 one; a file is taken through every entry above its version, in order."""
 
-_SELECT = f"SELECT {', '.join(rows.COLUMNS)} FROM jobs ORDER BY seq"
-_UPSERT = "INSERT INTO jobs ({cols}) VALUES ({marks}) ON CONFLICT(seq) DO UPDATE SET {sets}".format(
-    cols=", ".join(rows.COLUMNS),
-    marks=", ".join("?" for _ in rows.COLUMNS),
-    sets=", ".join(f"{c} = excluded.{c}" for c in rows.COLUMNS if c != "seq"),
-)
-_HIGH_WATER = (
-    "INSERT INTO meta (key, value) VALUES (?, ?) "
-    "ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)"
-)
-_SELECT_SCHEDULES = f"SELECT {', '.join(rows.SCHEDULE_COLUMNS)} FROM schedules ORDER BY seq"
-_UPSERT_SCHEDULE = (
-    "INSERT INTO schedules ({cols}) VALUES ({marks}) ON CONFLICT(seq) DO UPDATE SET {sets}".format(
-        cols=", ".join(rows.SCHEDULE_COLUMNS),
-        marks=", ".join("?" for _ in rows.SCHEDULE_COLUMNS),
-        sets=", ".join(f"{c} = excluded.{c}" for c in rows.SCHEDULE_COLUMNS if c != "seq"),
-    )
-)
-_PROBE = (
-    "INSERT INTO meta (key, value) VALUES ('probe', ?) "
-    "ON CONFLICT(key) DO UPDATE SET value = excluded.value"
-)
-_SAVE_OUTPUT = "INSERT OR REPLACE INTO outputs (seq, attempt, stdout, stderr) VALUES (?, ?, ?, ?)"
-# One job's every output; no row at all when the job is not stored (deleted meanwhile).
-_OUTPUTS_OF = (
-    "SELECT o.attempt, o.stdout, o.stderr FROM jobs AS j "
-    "LEFT JOIN outputs AS o ON o.seq = j.seq WHERE j.seq = ?"
-)
-# The latest attempt's output of some jobs (a NULL output: it printed nothing).
-_LATEST_OUTPUTS = (
-    "SELECT j.seq, o.stdout, o.stderr FROM jobs AS j "
-    "LEFT JOIN outputs AS o ON o.seq = j.seq AND o.attempt = j.retry_count "
-    "WHERE j.seq IN ({marks}) ORDER BY j.seq"
-)
+
+class _Statements(sql.Statements):
+    """SQLite's statements: `?` and its two-argument `max`."""
+
+    def __init__(self) -> None:
+        super().__init__(mark="?", greatest="max")
+        # The latest attempt's output of some jobs (a NULL output: it printed nothing).
+        self.latest_outputs = (
+            "SELECT j.seq, o.stdout, o.stderr FROM jobs AS j "
+            "LEFT JOIN outputs AS o ON o.seq = j.seq AND o.attempt = j.retry_count "
+            "WHERE j.seq IN ({marks}) ORDER BY j.seq"
+        )
+
+
 _READER_CACHE_KIB = 256
 """Page cache of each read connection, in KiB (SQLite's default is 2000)."""
 _READ_BATCH = 256
@@ -197,8 +177,10 @@ class FileLost(Exception):
     replaced while the daemon had it open. Nothing more can be acknowledged into it."""
 
 
-class SqliteStore:
+class SqliteStore(sql.SqlStore):
     """A `JobStore` in one SQLite file, held for as long as it is open (`lockfile.LockFile`)."""
+
+    SQL = _Statements()
 
     def __init__(self, path: str, wait_secs: float = 0.0) -> None:
         """Open the file for this process alone, waiting up to `wait_secs` for another
@@ -223,7 +205,7 @@ class SqliteStore:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            loaded = [rows.from_row(row) for row in self._conn.execute(_SELECT)]
+            loaded = [rows.from_row(row) for row in self._conn.execute(self.SQL.select_jobs)]
         except Exception as exc:  # one bad row: name it, rather than a traceback
             raise self._unreadable(exc) from None
         finally:
@@ -231,10 +213,13 @@ class SqliteStore:
                 gc.enable()
         marks = dict(self._conn.execute("SELECT key, value FROM meta"))
         events = self._conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
-        schedules = [rows.schedule_from_row(row) for row in self._conn.execute(_SELECT_SCHEDULES)]
+        schedules = [
+            rows.schedule_from_row(row) for row in self._conn.execute(self.SQL.select_schedules)
+        ]
         # The load filled SQLite's page cache with pages the writer will rarely touch again.
         self._conn.execute("PRAGMA shrink_memory")
-        last_seq = max(marks.get("last_seq", 0), loaded[-1].seq if loaded else 0)
+        found = sql.loaded(loaded, schedules, marks, events)
+        last_seq = found.last_seq
         if self._lock.last_seq > last_seq:
             log.warning(
                 "job database %s knows ids up to %s, but ids up to %s were handed out from this "
@@ -243,63 +228,24 @@ class SqliteStore:
                 job_id_of(last_seq),
                 job_id_of(self._lock.last_seq),
             )
-            last_seq = self._lock.last_seq
-        last_schedule_seq = max(
-            marks.get("last_schedule_seq", 0), schedules[-1].seq if schedules else 0
-        )
-        return Loaded(loaded, last_seq, events, schedules, last_schedule_seq)
+            found = dataclasses.replace(found, last_seq=self._lock.last_seq)
+        return found
 
     def outbox(self, limit: int) -> list[OutboxEvent]:
-        found = self._conn.execute(
-            "SELECT id, seq, message FROM outbox ORDER BY id LIMIT ?", (limit,)
-        )
-        return [OutboxEvent(seq, message, id_) for id_, seq, message in found]
+        return self._outbox(self._conn, limit)
 
     def write(self, batch: Batch) -> None:
-        # One statement per kind of change: the writer gives up the GIL at every statement
-        # and must win it back from the request threads, so fewer statements mean a shorter
-        # commit under load.
-        upserts = [rows.to_row(job) for job in batch.upserts]
-        outputs = [row for job in batch.upserts for row in rows.output_rows(job)]
         newest = max((job.seq for job in batch.upserts), default=0)
+        self._write(batch)
+        if newest > self._lock.last_seq:
+            self._lock.record(newest)
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
-            if upserts:
-                conn.executemany(_UPSERT, upserts)
-            if outputs:
-                conn.executemany(_SAVE_OUTPUT, outputs)
-            if batch.deletes:
-                deleted = [(s,) for s in batch.deletes]
-                conn.executemany("DELETE FROM jobs WHERE seq = ?", deleted)
-                conn.executemany("DELETE FROM outputs WHERE seq = ?", deleted)
-                # Only a deleted job's id needs the mark: every other is in the rows, and the
-                # load takes the larger of the two (one statement less per commit).
-                conn.execute(_HIGH_WATER, ("last_seq", max(batch.deletes)))
-            if batch.schedules:
-                conn.executemany(
-                    _UPSERT_SCHEDULE, [rows.schedule_to_row(s) for s in batch.schedules]
-                )
-                top = max(schedule.seq for schedule in batch.schedules)
-                conn.execute(_HIGH_WATER, ("last_schedule_seq", top))
-            if batch.schedule_deletes:
-                conn.executemany(
-                    "DELETE FROM schedules WHERE seq = ?", [(s,) for s in batch.schedule_deletes]
-                )
-            if batch.events:
-                conn.executemany(
-                    "INSERT INTO outbox (seq, message) VALUES (?, ?)",
-                    [(event.seq, event.message) for event in batch.events],
-                )
-            if batch.delivered:
-                conn.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in batch.delivered])
-            if batch.probe:
-                # A fresh value each time: SQLite skips writing a row that does not change.
-                conn.execute(_PROBE, (time.time_ns(),))
-            # Last before the commit, so that nothing is acknowledged into a file that is gone.
-            lost = self._lost()
-            if lost:
-                raise FileLost(lost)
+            yield conn
             conn.execute("COMMIT")
         except Exception as exc:
             if conn.in_transaction:
@@ -310,21 +256,24 @@ class SqliteStore:
             if isinstance(exc, FileLost):
                 self._let_go()
             raise
-        if newest > self._lock.last_seq:
-            self._lock.record(newest)
 
-    def read_outputs(self, seq: int) -> dict[int, Output] | None:
-        with self._readers.connection() as conn:
-            found = conn.execute(_OUTPUTS_OF, (seq,)).fetchall()
-        if not found:
-            return None
-        return {attempt: Output(out, err) for attempt, out, err in found if attempt is not None}
+    def _guard(self, cursor: sqlite3.Connection) -> None:
+        # Nothing is acknowledged into a file that is gone.
+        lost = self._lost()
+        if lost:
+            raise FileLost(lost)
+
+    def _delete(
+        self, cursor: sqlite3.Connection, table: str, column: str, ids: Sequence[int]
+    ) -> None:
+        # SQLite binds no list: one execution per id, prepared once.
+        cursor.executemany(f"DELETE FROM {table} WHERE {column} = ?", [(i,) for i in ids])
 
     def read_latest_outputs(self, seqs: Sequence[int]) -> Iterator[tuple[int, Output | None]]:
         with self._readers.connection() as conn:
             for first in range(0, len(seqs), _READ_BATCH):
                 batch = seqs[first : first + _READ_BATCH]
-                query = _LATEST_OUTPUTS.format(marks=", ".join("?" * len(batch)))
+                query = self.SQL.latest_outputs.format(marks=", ".join("?" * len(batch)))
                 cursor = conn.execute(query, batch)
                 try:
                     # Row by row: one job's output in memory at a time, however long the list.
@@ -381,7 +330,7 @@ class SqliteStore:
         conn = self._conn
         conn.text_factory = bytes
         try:
-            for row in conn.execute(_SELECT):
+            for row in conn.execute(self.SQL.select_jobs):
                 reason = rows.problem(row)
                 if reason is not None:
                     return StoreOpenError(
