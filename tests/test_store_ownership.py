@@ -17,8 +17,10 @@ import shutil
 import signal
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from conftest import refused_scheduler, start_scheduler, stop_scheduler
 from helpers import Agent, Api, expect_error, expect_json, wait_for
 
@@ -86,6 +88,34 @@ def test_a_second_scheduler_on_the_same_file_refuses_to_start(
     finally:
         api.close()
         stop_scheduler(again)
+
+
+@pytest.mark.parametrize("link", [os.symlink, os.link], ids=["symlink", "hard link"])
+def test_a_second_scheduler_on_another_name_of_the_same_file_refuses_to_start(
+    tmp_path: Path, registry: FakeRegistry, link: Callable[[Path, Path], None]
+) -> None:
+    """Ownership follows the file, not its name: a second daemon given a symbolic or a hard
+    link to the first's database is refused too (the lock was `<name>.lock`, so each took
+    its own, both handed out the same ids, and acknowledged jobs were lost)."""
+    db_path = tmp_path / "scheduler.db"
+    first = start_scheduler(db_path, tmp_path / "first.log", registry.url)
+    api = Api(first.url)
+    try:
+        jobs = [api.submit(command=f"echo {n}") for n in range(3)]
+        other_name = tmp_path / "elsewhere" / "other.db"
+        other_name.parent.mkdir()
+        link(db_path, other_name)
+        output = refused_scheduler(other_name, tmp_path, registry.url)
+        owner = worker_pid(first)
+        assert owner is not None
+        line = f"tiny-scheduler: database {other_name} is in use by another scheduler (pid {owner})"
+        assert line in output, output
+        jobs.append(api.submit(command="after the refusal"))
+        assert jobs[-1]["job_id"] == "job-4"
+        assert api.jobs() == jobs
+    finally:
+        api.close()
+        stop_scheduler(first)
 
 
 def test_a_worker_started_again_by_gunicorn_takes_the_file_back(
