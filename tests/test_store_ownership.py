@@ -266,3 +266,42 @@ def test_a_database_file_replaced_while_in_use_stops_acknowledging_and_ids_go_on
     finally:
         api.close()
         stop_scheduler(again)
+
+
+def test_a_write_ahead_log_deleted_while_in_use_stops_acknowledging_and_loses_nothing(
+    tmp_path: Path, registry: FakeRegistry
+) -> None:
+    """`rm scheduler.db-wal` under a running daemon: the commits since the last checkpoint
+    live only in that unlinked file. The daemon went on acknowledging into it, and a crash
+    lost every one of them, some acknowledged before the deletion. It must notice at its next
+    write, refuse from then on, and keep everything it acknowledged through a SIGKILL."""
+    only_node_a(registry)
+    db_path = tmp_path / "scheduler.db"
+    wal = Path(f"{db_path}-wal")
+    proc = start_scheduler(db_path, tmp_path / "scheduler.log", registry.url, ENV)
+    served = Served(proc)
+    try:
+        for n in range(20):
+            job = served.api.submit(command=f"before the deletion {n}")
+            served.seen[job["job_id"]] = job
+        wal.unlink()
+        # Each write from now on is refused, or acknowledged only once it is stored for good.
+        for n in range(10):
+            reply = served.api.post("/jobs", {"command": f"after the deletion {n}"})
+            if reply.status_code != 503:
+                job = expect_json(reply, 201)
+                served.seen[job["job_id"]] = job
+        served.check_refusing(f"the write-ahead log {wal} was deleted while in use")
+        proc.kill()  # a crash: nothing gets to clean up
+    finally:
+        served.close()
+        stop_scheduler(proc)
+
+    again = start_scheduler(db_path, tmp_path / "again.log", registry.url, ENV)
+    api = Api(again.url)
+    try:
+        stored = {job["job_id"]: job for job in api.jobs()}
+        assert stored == served.seen
+    finally:
+        api.close()
+        stop_scheduler(again)
