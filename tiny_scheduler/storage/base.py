@@ -34,6 +34,13 @@ class StoreOpenError(RuntimeError):
     """The database cannot be used: corrupt, not ours, from a newer scheduler, unreachable."""
 
 
+class OutcomeUnknown(RuntimeError):
+    """A write's COMMIT was sent, and whether it took effect cannot be found out: the
+    connection died before the answer and no other could look, or the disk failed the flush
+    of a commit that may reach it anyway. A fault of the store (`is_fault`); never answered as
+    "nothing was changed"."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class OutboxEvent:
     """An event waiting in the outbox to be delivered."""
@@ -89,9 +96,10 @@ class JobStore(Protocol):
 
     def write(self, batch: Batch) -> None:
         """Apply the batch in one transaction, durable when this returns; all or nothing.
-        Raises the first *upsert* it cannot store (e.g. a duplicate dedupe key) as an error
-        for which `is_fault` is False. Schedule ids, like job ids, are never handed out twice:
-        the high-water mark outlives a deleted schedule.
+        Raises `OutcomeUnknown` when it cannot tell whether the batch committed; any other
+        error means it did not. Raises the first *upsert* it cannot store (e.g. a duplicate
+        dedupe key) as an error for which `is_fault` is False. Schedule ids, like job ids,
+        are never handed out twice: the high-water mark outlives a deleted schedule.
 
         An upserted job's output (`Job.outputs()`, by attempt) is stored apart from it. Once
         stored, an attempt's output stays until its job is deleted: a later version of the job

@@ -7,6 +7,15 @@ COMMIT, that the lease row still carries that epoch, holding a share lock on the
 commit. A takeover (`leadership.py`) updates that row, so it waits for a write in flight to end
 and every later write sees the new epoch and rolls back: a deposed leader can never commit.
 
+A write whose connection dies after its COMMIT was sent may have committed or not. Each write
+therefore records a random write id in a small `commits` table, in its own transaction; when
+the connection fails while committing, `_outcome` claims that id on a new connection: finding
+it taken means the write committed (success), claiming it means it did not and now never can
+(its own insert of the id would conflict), and not being able to ask means the outcome is
+unknown (`OutcomeUnknown`), which is never answered as "nothing was changed". The claim waits
+for the old transaction if it is still ending, so the answer cannot change afterwards. Each
+write also removes the ids whose outcome is settled, so the table stays a few rows long.
+
 It does not elect anyone: `leadership.py` owns the lease row's protocol and tells this store
 its epoch. Called from one thread at a time (the writer, or start-up code), except
 `interrupt()`, which any thread may call to break a connection that hangs, and the reads of
@@ -21,8 +30,10 @@ import gc
 import logging
 import os
 import re
+import secrets
 import socket
 import threading
+import time
 import types
 import typing
 from collections.abc import Callable, Iterator, Sequence
@@ -36,12 +47,12 @@ from psycopg import sql as pgsql
 from ..jobs import Job, Output
 from ..schedules import Schedule
 from . import rows, sql
-from .base import Batch, Loaded, OutboxEvent, StoreOpenError, judge_version
+from .base import Batch, Loaded, OutboxEvent, OutcomeUnknown, StoreOpenError, judge_version
 from .readers import ReaderPool
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The version of the tables below; the jobs table's columns are not counted in it: they follow
 the job declaration by themselves (`_missing_columns`)."""
 
@@ -120,7 +131,20 @@ _SCHEMA_V3 = (
     )""",
 )
 
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3}
+# Version 4: the write ids, by which a write whose COMMIT went unanswered is found out.
+_SCHEMA_V4 = (
+    """CREATE TABLE IF NOT EXISTS commits (
+        id BIGINT PRIMARY KEY,                  -- a write's random id, committed with it
+        at TIMESTAMPTZ NOT NULL DEFAULT now()   -- rows left by a crash are pruned by age
+    )""",
+)
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: _SCHEMA_V1,
+    2: _SCHEMA_V2,
+    3: _SCHEMA_V3,
+    4: _SCHEMA_V4,
+}
 """Each entry upgrades a database from version N-1 to N, one statement at a time."""
 
 _MIGRATION_LOCK = 7_461_205_311
@@ -133,6 +157,13 @@ job per fire time), also across leaders; a schedule's name is taken once."""
 
 # Last before COMMIT, so the share lock on the lease row is held only for the commit itself.
 _FENCE = "SELECT check_epoch(%s)"
+# A write's id, stored with it; and the ids no write will ask about again (settled ones, and any
+# a crashed daemon left behind).
+_RECORD_WRITE = "INSERT INTO commits (id) VALUES (%s)"
+_PRUNE_WRITES = "DELETE FROM commits WHERE id = ANY(%s) OR at < now() - interval '1 day'"
+# On another connection: take the id of a write in doubt. Waits for that write's transaction
+# when it holds the id uncommitted; no row back means the write committed it.
+_CLAIM_WRITE = "INSERT INTO commits (id) VALUES (%s) ON CONFLICT (id) DO NOTHING RETURNING id"
 # The latest attempt's output of some jobs (NULL: it printed nothing), and first its size
 # (octet_length reads it from the stored value's header, without fetching the value).
 _LATEST = (
@@ -149,6 +180,9 @@ _READ_BATCH = 256
 _READ_BYTES = 4 * 1024 * 1024
 """Output fetched in one round trip, at most (one bigger job is fetched alone): the driver
 holds a whole answer in memory."""
+
+_OUTCOME_RETRY_SECS = 0.2
+"""How often a write in doubt tries again to reach the database to find out its outcome."""
 
 STATEMENT_TIMEOUT_SECS = 30.0
 """Seconds one statement of the writer may run (e.g. wait for a lock) before it fails."""
@@ -244,6 +278,8 @@ class PostgresStore(sql.SqlStore):
         self._fenced = fenced
         self._epoch: int | None = None
         self._writing_epoch: int | None = None  # the epoch the transaction under way writes in
+        self._write_id = 0  # the id the transaction under way records
+        self._settled: list[int] = []  # write ids whose outcome is known: removed next write
         self.on_fenced: Callable[[int], None] | None = None
         """Called (by the thread committing) when a write found its epoch gone."""
         self._conn_lock = threading.Lock()  # guards swapping the connection, not its use
@@ -335,20 +371,59 @@ class PostgresStore(sql.SqlStore):
             raise NotLeader("this scheduler is not the leader")
         conn = self._connection()
         self._writing_epoch = epoch
+        self._write_id = write_id = secrets.randbits(63)
+        committing = False
         try:
             # One round trip for the whole transaction: the writer gives up the GIL at every
             # wait for the server and must win it back from the request threads.
             with conn.pipeline(), conn.transaction():
                 yield conn.cursor()
+                committing = True  # from here on the COMMIT is sent
         except psycopg.Error as exc:
             if epoch is not None and exc.sqlstate == FENCED_SQLSTATE:
                 self._deposed(epoch)
                 raise Fenced(f"epoch {epoch} is over: another scheduler took the lease") from exc
-            raise
+            # An error the server answered with (a constraint, a timeout) rolled the
+            # transaction back; a connection that broke may have committed it first.
+            if not (committing and (conn.broken or conn.closed)):
+                raise
+            committed = self._outcome(write_id)
+            if committed is None:
+                raise OutcomeUnknown(
+                    f"the connection to {self.location} failed while committing and the "
+                    f"outcome cannot be looked up: {exc}"
+                ) from exc
+            if not committed:
+                raise
+            log.warning("a commit whose connection failed (%s) had taken effect", exc)
+        self._settled = [write_id]
+
+    def _outcome(self, write_id: int) -> bool | None:
+        """Whether the write that recorded `write_id` committed, asked on a new connection:
+        None when that cannot be found out within the lease."""
+        deadline = time.monotonic() + self._lease_secs
+        while True:
+            try:
+                with connect(self._url, self._lease_secs, "write check") as conn:
+                    conn.execute(f"SET statement_timeout = {int(self._lease_secs * 1000)}")
+                    claimed = conn.execute(_CLAIM_WRITE, (write_id,)).fetchone()
+            except (psycopg.Error, StoreOpenError) as exc:
+                if time.monotonic() >= deadline:
+                    log.error("cannot find out whether a commit took effect: %s", exc)
+                    return None
+                time.sleep(_OUTCOME_RETRY_SECS)  # the server may be restarting
+                continue
+            if claimed is not None:
+                self._settled.append(write_id)  # ours now: removed with the next write
+                return False
+            return True
 
     def _guard(self, cursor: psycopg.Cursor[Any]) -> None:
         # The epoch as the transaction began, even if it was taken away since (then the fence
         # fails, as it must): a takeover since then fails the COMMIT.
+        cursor.execute(_RECORD_WRITE, (self._write_id,))
+        if self._settled:
+            cursor.execute(_PRUNE_WRITES, (self._settled,))
         epoch = self._writing_epoch
         if epoch is not None and self._fenced:
             cursor.execute(_FENCE, (epoch,))
@@ -376,7 +451,7 @@ class PostgresStore(sql.SqlStore):
     def is_fault(self, error: BaseException) -> bool:
         # Not being the leader says nothing about the database; text that cannot be encoded
         # (a lone surrogate) fails in the driver, before the database sees it.
-        return isinstance(error, psycopg.Error)
+        return isinstance(error, (psycopg.Error, OutcomeUnknown))
 
     def close(self) -> None:
         self._readers.close()

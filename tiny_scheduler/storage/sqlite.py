@@ -5,7 +5,9 @@ not touch (another program's database, a newer scheduler's, a corrupt one, one a
 scheduler has open) is refused and left exactly as it was, and a row that cannot be read is
 named. Writes come one group at a time (`writer.py`), a batch per transaction, one
 statement per kind of change (`sql.py`). Output is read back by request threads, each on a
-read-only connection of its own (WAL lets readers and the one writer pass each other).
+read-only connection of its own (WAL lets readers and the one writer pass each other). A
+COMMIT whose flush of the log failed may be on disk all the same (`_maybe_committed`): it is
+reported as `OutcomeUnknown`, never as a change that was not made.
 
 Each transaction first makes sure that the files it writes are still the ones at their paths,
 so nothing is acknowledged into a file that is gone: the database (not deleted or replaced
@@ -43,7 +45,7 @@ from pathlib import Path
 
 from ..jobs import Output, job_id_of
 from . import rows, sql
-from .base import Batch, Loaded, OutboxEvent, StoreOpenError, judge_version
+from .base import Batch, Loaded, OutboxEvent, OutcomeUnknown, StoreOpenError, judge_version
 from .lockfile import LockFile
 from .readers import ReaderPool
 
@@ -270,7 +272,15 @@ class SqliteStore(sql.SqlStore):
         try:
             conn.execute("BEGIN IMMEDIATE")
             yield conn
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if _maybe_committed(exc):
+                    raise OutcomeUnknown(
+                        f"job database {self.location}: committing failed, and the commit may "
+                        f"still be on disk: {exc}"
+                    ) from exc
+                raise
         except Exception as exc:
             if conn.in_transaction:
                 try:
@@ -309,7 +319,7 @@ class SqliteStore(sql.SqlStore):
     def is_fault(self, error: BaseException) -> bool:
         # A value SQLite cannot bind (text that is not valid Unicode) raises something else,
         # and says nothing about the disk.
-        return isinstance(error, (sqlite3.Error, FileLost, OSError))
+        return isinstance(error, (sqlite3.Error, FileLost, OSError, OutcomeUnknown))
 
     def close(self) -> None:
         try:
@@ -483,6 +493,17 @@ def _migrate(conn: sqlite3.Connection, path: str, version: int) -> None:
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+
+
+def _maybe_committed(error: sqlite3.Error) -> bool:
+    """Whether a failed COMMIT may have taken effect all the same: when the flush of the log
+    failed. The commit's frames were written whole into the log by then, and the disk may
+    still have them (a failed fsync does not say the data is not there), in which case the
+    next start-up's recovery applies them. Any other failure (a full disk, a file system
+    turned read-only, a write refused, a lock) came before the commit frame was written, and
+    recovery ignores frames without one: nothing was changed."""
+    code = getattr(error, "sqlite_errorcode", None)
+    return code in (sqlite3.SQLITE_IOERR_FSYNC, sqlite3.SQLITE_IOERR_DIR_FSYNC)
 
 
 def _identity(stat: os.stat_result) -> tuple[int, int]:
