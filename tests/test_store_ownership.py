@@ -268,13 +268,25 @@ def test_a_database_file_replaced_while_in_use_stops_acknowledging_and_ids_go_on
         stop_scheduler(again)
 
 
-def test_a_write_ahead_log_deleted_while_in_use_stops_acknowledging_and_loses_nothing(
-    tmp_path: Path, registry: FakeRegistry
+def replace_with_empty_file(path: Path) -> None:
+    empty = path.with_name(path.name + ".new")
+    empty.write_bytes(b"")
+    os.replace(empty, path)
+
+
+@pytest.mark.parametrize(
+    ("lose", "how"),
+    [(Path.unlink, "deleted"), (replace_with_empty_file, "replaced by another file")],
+    ids=["deleted", "replaced"],
+)
+def test_a_write_ahead_log_lost_while_in_use_stops_acknowledging_and_loses_nothing(
+    tmp_path: Path, registry: FakeRegistry, lose: Callable[[Path], None], how: str
 ) -> None:
-    """`rm scheduler.db-wal` under a running daemon: the commits since the last checkpoint
-    live only in that unlinked file. The daemon went on acknowledging into it, and a crash
-    lost every one of them, some acknowledged before the deletion. It must notice at its next
-    write, refuse from then on, and keep everything it acknowledged through a SIGKILL."""
+    """`rm scheduler.db-wal` under a running daemon (or a file put in its place): the commits
+    since the last checkpoint live only in the unlinked file. The daemon went on acknowledging
+    into it, and a crash lost every one of them, some acknowledged before the deletion. It
+    must notice at its next write, refuse from then on, and keep everything it acknowledged
+    through a SIGKILL."""
     only_node_a(registry)
     db_path = tmp_path / "scheduler.db"
     wal = Path(f"{db_path}-wal")
@@ -284,14 +296,14 @@ def test_a_write_ahead_log_deleted_while_in_use_stops_acknowledging_and_loses_no
         for n in range(20):
             job = served.api.submit(command=f"before the deletion {n}")
             served.seen[job["job_id"]] = job
-        wal.unlink()
+        lose(wal)
         # Each write from now on is refused, or acknowledged only once it is stored for good.
         for n in range(10):
             reply = served.api.post("/jobs", {"command": f"after the deletion {n}"})
             if reply.status_code != 503:
                 job = expect_json(reply, 201)
                 served.seen[job["job_id"]] = job
-        served.check_refusing(f"the write-ahead log {wal} was deleted while in use")
+        served.check_refusing(f"the write-ahead log {wal} was {how} while in use")
         proc.kill()  # a crash: nothing gets to clean up
     finally:
         served.close()
