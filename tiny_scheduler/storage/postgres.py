@@ -383,9 +383,7 @@ class PostgresStore(sql.SqlStore):
             if epoch is not None and exc.sqlstate == FENCED_SQLSTATE:
                 self._deposed(epoch)
                 raise Fenced(f"epoch {epoch} is over: another scheduler took the lease") from exc
-            # An error the server answered with (a constraint, a timeout) rolled the
-            # transaction back; a connection that broke may have committed it first.
-            if not (committing and (conn.broken or conn.closed)):
+            if not committing or _rolled_back(exc, conn):
                 raise
             committed = self._outcome(write_id)
             if committed is None:
@@ -486,6 +484,17 @@ class PostgresStore(sql.SqlStore):
         with self._conn_lock:
             self._conn = conn
         return conn
+
+
+def _rolled_back(error: psycopg.Error, conn: psycopg.Connection[Any]) -> bool:
+    """Whether a write that failed while committing was certainly rolled back: the server
+    answered with an ERROR (a constraint, a timeout, a failed COMMIT) on a connection that is
+    still up. A session that ended (FATAL: terminated, the server shutting down) or a
+    connection that broke may have committed first: that is looked up, not assumed."""
+    if error.sqlstate is None or conn.broken or conn.closed:
+        return False
+    severity = error.diag.severity_nonlocalized or error.diag.severity
+    return severity == "ERROR"
 
 
 def _groups(sizes: Sequence[tuple[int, int]], limit: int) -> Iterator[list[int]]:
