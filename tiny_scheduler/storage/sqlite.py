@@ -330,22 +330,14 @@ class SqliteStore(sql.SqlStore):
             self._lock.release()
 
     def _lost(self) -> str | None:
-        """Why the file at the path is no longer ours to write, or None."""
-        try:
-            now = _identity(os.stat(self._path))
-        except FileNotFoundError:
-            now = None
-        if now != self._identity:
-            how = "deleted" if now is None else "replaced by another file"
+        """Why the file at the path (or its log) is no longer ours to write, or None."""
+        how = _gone(self._path, self._identity)
+        if how:
             return (
                 f"the database file {self.location} was {how} while in use; restart the scheduler"
             )
-        try:
-            wal = _identity(os.stat(self._wal))
-        except FileNotFoundError:
-            wal = None
-        if wal != self._wal_identity:
-            how = "deleted" if wal is None else "replaced by another file"
+        how = _gone(self._wal, self._wal_identity)
+        if how:
             return (
                 f"database {self.location}: the write-ahead log {self._wal} was {how} while in "
                 "use; restart the scheduler"
@@ -504,6 +496,16 @@ def _maybe_committed(error: sqlite3.Error) -> bool:
     recovery ignores frames without one: nothing was changed."""
     code = getattr(error, "sqlite_errorcode", None)
     return code in (sqlite3.SQLITE_IOERR_FSYNC, sqlite3.SQLITE_IOERR_DIR_FSYNC)
+
+
+def _gone(path: str, identity: tuple[int, int]) -> str | None:
+    """How the file with `identity` left `path` ("deleted", "replaced by another file"), or
+    None while it is still there."""
+    try:
+        now = _identity(os.stat(path))
+    except FileNotFoundError:
+        return "deleted"
+    return None if now == identity else "replaced by another file"
 
 
 def _identity(stat: os.stat_result) -> tuple[int, int]:
