@@ -30,6 +30,7 @@ from conftest import PostgresDatabases, start_scheduler, stop_scheduler
 from helpers import Api, compact, expect_error, expect_json, set_nodes, wait_for
 from pg_proxy import SilentProxy
 
+from tiny_scheduler import errors
 from tiny_scheduler.cli import main
 from tiny_scheduler.client import Client, wait_for_job
 from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, parse_poll_reply, report_update
@@ -530,3 +531,95 @@ def test_a_leader_cut_off_from_the_database_stops_and_a_standby_takes_over(ha: H
     finally:
         ha.stop()
         proxy.close()
+
+
+# --- commits whose answer was lost ---------------------------------------------------------------
+
+TERMINATIONS = 10
+"""Times the leader's writer connections are terminated under load."""
+
+
+def test_a_commit_whose_connection_dies_is_answered_with_the_truth(
+    ha: Ha, registry: FakeRegistry
+) -> None:
+    """The leader's writer connections are terminated again and again while clients submit.
+    A write caught in the middle may have committed before its connection died; it used to be
+    answered "nothing was changed; try again", and a client that did so made a duplicate. Now
+    every 201 is one stored job, every "nothing was changed" none, and a write whose outcome
+    could not be found out says so (it may be stored once, or not)."""
+    set_nodes(registry, ["ha-node-1"])
+    leader = ha.start()
+    assert ha.wait_leader() is leader
+    lock = threading.Lock()
+    answers: dict[str, tuple[int, str]] = {}  # command -> (status, body) of its one POST
+    stop = threading.Event()
+
+    def submitter(number: int) -> None:
+        session = requests.Session()
+        session.trust_env = False
+        for count in itertools.count():
+            if stop.is_set():
+                break
+            command = f"echo {number}-{count}"
+            try:
+                reply = session.post(
+                    leader.url + "/jobs", data=compact({"command": command}), timeout=30
+                )
+            except requests.RequestException as exc:
+                answer = (0, repr(exc))
+            else:
+                answer = (reply.status_code, reply.text)
+            with lock:
+                answers[command] = answer
+        session.close()
+
+    def acknowledged() -> int:
+        with lock:
+            return sum(status == 201 for status, _ in answers.values())
+
+    def more_acknowledged(count: int = 10) -> None:
+        goal = acknowledged() + count
+        wait_for(lambda: acknowledged() >= goal, timeout=LIVENESS_SECS, message="progress")
+
+    threads = [threading.Thread(target=submitter, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    terminated = 0
+    try:
+        with psycopg.connect(ha.db_url, autocommit=True) as admin:
+            for _ in range(TERMINATIONS):
+                more_acknowledged()  # under load, through a new connection each round
+                found = admin.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE application_name = 'tiny-scheduler writer' "
+                    "AND datname = current_database()"
+                ).fetchone()
+                terminated += found[0] if found else 0
+            more_acknowledged()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(LIVENESS_SECS + 10)
+    assert terminated >= TERMINATIONS, "a writer connection to terminate each time"
+
+    with psycopg.connect(ha.db_url) as conn:
+        stored = collections.Counter(
+            dict(conn.execute("SELECT command, count(*) FROM jobs GROUP BY command").fetchall())
+        )
+    kinds: collections.Counter[str] = collections.Counter()
+    wrong = []
+    for command, (status, body) in answers.items():
+        if status == 201:
+            kind, right = "acknowledged", stored[command] == 1
+        elif (status, body) == (503, errors.STORE_UNAVAILABLE + "\n"):
+            kind, right = "nothing was changed", stored[command] == 0
+        elif (status, body) == (503, errors.STORE_OUTCOME_UNKNOWN + "\n"):
+            kind, right = "outcome unknown", stored[command] <= 1
+        else:
+            kind, right = f"{status} {body!r}", False
+        kinds[kind] += 1
+        if not right:
+            wrong.append((command, kind, stored[command]))
+    print(f"\nanswers: {dict(kinds)}")
+    assert wrong == [], "answers that do not match what was stored"
+    assert kinds["acknowledged"] > TERMINATIONS

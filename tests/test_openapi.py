@@ -177,6 +177,11 @@ WHERE = {
         ("503", "patch", "/jobs/{job_id}"),
         ("503", "post", "/jobs/{job_id}/cancel"),
     ],
+    errors.STORE_OUTCOME_UNKNOWN: [  # only a change: a read has no outcome to doubt
+        ("503", "post", "/jobs"),
+        ("503", "patch", "/jobs/{job_id}"),
+        ("503", "post", "/jobs/{job_id}/cancel"),
+    ],
 }
 
 
