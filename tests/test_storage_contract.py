@@ -17,6 +17,7 @@ import pytest
 from tiny_scheduler import jobs
 from tiny_scheduler.errors import StoreError
 from tiny_scheduler.jobs import Attempt, Job, Output
+from tiny_scheduler.node_book import NodeRecord
 from tiny_scheduler.schedules import Overlap, Schedule
 from tiny_scheduler.storage import JobStore, OutboxEvent, Writer
 from tiny_scheduler.storage.memory import MemoryDatabase, MemoryStore
@@ -250,6 +251,20 @@ def test_schedules_survive_a_restart_and_their_ids_are_never_reused(open_store: 
     assert loaded.schedules == [nightly]
     assert loaded.last_schedule_seq == 2
     assert loaded.jobs == [fired]
+
+
+def test_nodes_survive_a_restart_and_a_later_record_replaces_an_earlier(
+    open_store: OpenStore,
+) -> None:
+    store = open_store()
+    labelled = NodeRecord("node-b", 8, (("rack", "r1"), ("zone", "ü")), "1.2", False, T0)
+    store.save_nodes(NodeRecord("node-a", 2, (), "", False, T0), labelled)
+    store.save_nodes(NodeRecord("node-a", 4, (), "1.3", True, T0 + 5))
+    store.close()
+    assert open_store().load().nodes == [
+        NodeRecord("node-a", 4, (), "1.3", True, T0 + 5),
+        labelled,
+    ]
 
 
 def test_timestamps_keep_every_microsecond(open_store: OpenStore) -> None:

@@ -52,7 +52,7 @@ from .readers import ReaderPool
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The version of the tables below; the jobs table's columns are not counted in it: they follow
 the job declaration by themselves (`_missing_columns`)."""
 
@@ -139,11 +139,24 @@ _SCHEMA_V4 = (
     )""",
 )
 
+# Version 5: the nodes the scheduler knows itself (issue 22), as in SQLite's version 6.
+_SCHEMA_V5 = (
+    """CREATE TABLE IF NOT EXISTS nodes (
+        node_id   TEXT PRIMARY KEY,
+        cpu_count INTEGER NOT NULL,
+        labels    TEXT NOT NULL,
+        version   TEXT NOT NULL,
+        drain     INTEGER NOT NULL,
+        seen_at   BIGINT NOT NULL
+    )""",
+)
+
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: _SCHEMA_V1,
     2: _SCHEMA_V2,
     3: _SCHEMA_V3,
     4: _SCHEMA_V4,
+    5: _SCHEMA_V5,
 }
 """Each entry upgrades a database from version N-1 to N, one statement at a time."""
 
@@ -333,10 +346,14 @@ class PostgresStore(sql.SqlStore):
                 ]
                 marks = dict(conn.execute("SELECT key, value FROM meta").fetchall())
                 events = conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
+                nodes = [
+                    sql.node_from_row(_unescaped(row))
+                    for row in conn.execute(self.SQL.select_nodes)
+                ]
         finally:
             if collecting:
                 gc.enable()
-        return sql.loaded(loaded, schedules, marks, events)
+        return sql.loaded(loaded, schedules, marks, events, nodes)
 
     def _job(self, row: Sequence[Any]) -> Job:
         try:

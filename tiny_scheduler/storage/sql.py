@@ -16,10 +16,34 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
+import orjson
+
 from ..jobs import Job, Output
+from ..node_book import NodeRecord
 from ..schedules import Schedule
 from . import rows
 from .base import Batch, Loaded, OutboxEvent
+
+NODE_COLUMNS = ("node_id", "cpu_count", "labels", "version", "drain", "seen_at")
+"""The `nodes` table: a node's facts from its last heartbeat that changed, and its drain."""
+
+
+def node_row(record: NodeRecord) -> tuple[object, ...]:
+    labels = orjson.dumps(dict(record.labels)).decode() if record.labels else ""
+    return (
+        record.node_id,
+        record.cpu_count,
+        labels,
+        record.version,
+        int(record.drain),
+        record.seen_at,
+    )
+
+
+def node_from_row(row: Sequence[Any]) -> NodeRecord:
+    node_id, cpu_count, labels, version, drain, seen_at = row
+    pairs = tuple(sorted(orjson.loads(labels).items())) if labels else ()
+    return NodeRecord(node_id, cpu_count, pairs, version, bool(drain), seen_at)
 
 
 def _names(columns: Iterable[str]) -> str:
@@ -56,6 +80,8 @@ class Statements:
             f"INSERT INTO meta (key, value) VALUES ('probe', {mark}) "
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
         )
+        self.upsert_node = upsert("nodes", NODE_COLUMNS, ("node_id",))
+        self.select_nodes = f"SELECT {_names(NODE_COLUMNS)} FROM nodes ORDER BY node_id"
         self.add_event = f"INSERT INTO outbox (seq, message) VALUES ({mark}, {mark})"
         self.outbox = f"SELECT id, seq, message FROM outbox ORDER BY id LIMIT {mark}"
         # One job's every output; no row at all when the job is not stored (deleted meanwhile).
@@ -142,6 +168,9 @@ class SqlStore:
             self._many(cursor, sql.add_event, events)
         if batch.delivered:
             self._delete(cursor, "outbox", "id", batch.delivered)
+        if batch.nodes:
+            values = [self._storable(node_row(record)) for record in batch.nodes]
+            self._many(cursor, sql.upsert_node, values)
         if batch.probe:
             # A fresh value each time: SQLite skips writing a row that does not change.
             cursor.execute(sql.probe, (time.time_ns(),))
@@ -165,7 +194,11 @@ class SqlStore:
 
 
 def loaded(
-    jobs: list[Job], schedules: list[Schedule], marks: dict[str, int], events: int
+    jobs: list[Job],
+    schedules: list[Schedule],
+    marks: dict[str, int],
+    events: int,
+    nodes: list[NodeRecord],
 ) -> Loaded:
     """What a store holds, from its rows (in seq order), its high-water marks (`meta`) and the
     outbox's size: an id high-water mark is the larger of the stored mark (kept for deleted
@@ -174,4 +207,4 @@ def loaded(
     last_schedule_seq = max(
         marks.get("last_schedule_seq", 0), schedules[-1].seq if schedules else 0
     )
-    return Loaded(jobs, last_seq, events, schedules, last_schedule_seq)
+    return Loaded(jobs, last_seq, events, schedules, last_schedule_seq, nodes)

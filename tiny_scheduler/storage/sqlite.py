@@ -51,7 +51,7 @@ from .readers import ReaderPool
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _SCHEMA_V1 = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -164,12 +164,26 @@ CREATE TABLE schedules (
 );
 """
 
+# Version 6: the nodes the scheduler knows itself (issue 22): each node's facts from its last
+# heartbeat that changed, and whether an operator drains it.
+_SCHEMA_V6 = """
+CREATE TABLE nodes (
+    node_id   TEXT PRIMARY KEY,
+    cpu_count INTEGER NOT NULL,
+    labels    TEXT NOT NULL,     -- JSON object, '' when none
+    version   TEXT NOT NULL,
+    drain     INTEGER NOT NULL,
+    seen_at   INTEGER NOT NULL   -- the heartbeat that changed the facts (microseconds)
+);
+"""
+
 MIGRATIONS: dict[int, str] = {
     1: _SCHEMA_V1,
     2: _SCHEMA_V2,
     3: _SCHEMA_V3,
     4: _OUTPUTS_V4,
     5: _SCHEMA_V5,
+    6: _SCHEMA_V6,
 }
 """Each entry upgrades a file to version N from the one before it. A new schema version adds
 one; a file is taken through every entry above its version, in order."""
@@ -244,7 +258,8 @@ class SqliteStore(sql.SqlStore):
         ]
         # The load filled SQLite's page cache with pages the writer will rarely touch again.
         self._conn.execute("PRAGMA shrink_memory")
-        found = sql.loaded(loaded, schedules, marks, events)
+        nodes = [sql.node_from_row(row) for row in self._conn.execute(self.SQL.select_nodes)]
+        found = sql.loaded(loaded, schedules, marks, events, nodes)
         last_seq = found.last_seq
         if self._lock.last_seq > last_seq:
             log.warning(
