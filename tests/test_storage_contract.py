@@ -17,6 +17,7 @@ import pytest
 from tiny_scheduler import jobs
 from tiny_scheduler.errors import StoreError
 from tiny_scheduler.jobs import Attempt, Job, Output
+from tiny_scheduler.queues import QueueSettings
 from tiny_scheduler.schedules import Overlap, Schedule
 from tiny_scheduler.storage import JobStore, OutboxEvent, Writer
 from tiny_scheduler.storage.memory import MemoryDatabase, MemoryStore
@@ -419,3 +420,19 @@ def test_a_bad_change_does_not_take_its_neighbours_events_with_it(open_store: Op
     assert outcomes == {seq: seq != 5 for seq in range(2, 9)}
     assert sorted(e.seq for e in store.outbox(100)) == [2, 3, 4, 6, 7, 8]
     assert store.events_waiting == 6
+
+
+def test_queue_settings_survive_a_restart_and_a_second_save_replaces_the_first(
+    open_store: OpenStore,
+) -> None:
+    store = open_store()
+    store.save_queue(QueueSettings("nightly", max_running=4))
+    store.save_queue(QueueSettings("batch.eu-1", max_running=None, paused=True))
+    store.save_queue(QueueSettings("nightly", max_running=2, paused=True))
+    store.close()
+    loaded = open_store().load()
+    assert loaded.queues == [
+        QueueSettings("batch.eu-1", None, True),
+        QueueSettings("nightly", 2, True),
+    ]
+    assert type(loaded.queues[0].paused) is bool

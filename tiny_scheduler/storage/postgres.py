@@ -33,6 +33,7 @@ import psycopg
 from psycopg import sql
 
 from ..jobs import Job, Output
+from ..queues import QueueSettings
 from ..redaction import redacted
 from ..schedules import Schedule
 from . import rows
@@ -41,7 +42,7 @@ from .readers import ReaderPool
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The version of the tables below; the jobs table's columns are not counted in it: they follow
 the job declaration by themselves (`_missing_columns`)."""
 
@@ -120,7 +121,22 @@ _SCHEMA_V3 = (
     )""",
 )
 
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3}
+# Version 4: queues' settings (issue 25), one row per queue an operator has set. (The jobs'
+# new columns, dependencies, priority and queue, come from the declaration.)
+_SCHEMA_V4 = (
+    """CREATE TABLE queues (
+        name        TEXT PRIMARY KEY,
+        max_running BIGINT,           -- NULL: no limit
+        paused      BIGINT NOT NULL   -- 0 or 1
+    )""",
+)
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: _SCHEMA_V1,
+    2: _SCHEMA_V2,
+    3: _SCHEMA_V3,
+    4: _SCHEMA_V4,
+}
 """Each entry upgrades a database from version N-1 to N, one statement at a time."""
 
 _MIGRATION_LOCK = 7_461_205_311
@@ -157,6 +173,10 @@ _UPSERT_SCHEDULE = _upsert("schedules", rows.SCHEDULE_COLUMNS)
 _HIGH_WATER = (
     "INSERT INTO meta (key, value) VALUES (%s, %s) "
     "ON CONFLICT (key) DO UPDATE SET value = greatest(meta.value, excluded.value)"
+)
+_UPSERT_QUEUE = (
+    "INSERT INTO queues (name, max_running, paused) VALUES (%s, %s, %s) "
+    "ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running, paused = excluded.paused"
 )
 _PROBE = (
     "INSERT INTO meta (key, value) VALUES ('probe', %s) "
@@ -331,6 +351,12 @@ class PostgresStore:
                     rows.schedule_from_row(_unescaped(row))
                     for row in conn.execute(_SELECT_SCHEDULES)
                 ]
+                queues = [
+                    QueueSettings(name, max_running, bool(paused))
+                    for name, max_running, paused in conn.execute(
+                        "SELECT name, max_running, paused FROM queues ORDER BY name"
+                    )
+                ]
                 marks = dict(conn.execute("SELECT key, value FROM meta").fetchall())
                 events = conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
         finally:
@@ -340,7 +366,7 @@ class PostgresStore:
         last_schedule_seq = max(
             marks.get("last_schedule_seq", 0), schedules[-1].seq if schedules else 0
         )
-        return Loaded(loaded, last_seq, events, schedules, last_schedule_seq)
+        return Loaded(loaded, last_seq, events, schedules, last_schedule_seq, queues=queues)
 
     def _job(self, row: Sequence[Any]) -> Job:
         try:
@@ -394,6 +420,11 @@ class PostgresStore:
                 if batch.schedule_deletes:
                     cursor.execute(
                         "DELETE FROM schedules WHERE seq = ANY(%s)", (list(batch.schedule_deletes),)
+                    )
+                if batch.queue_settings:
+                    cursor.executemany(
+                        _UPSERT_QUEUE,
+                        [(q.name, q.max_running, int(q.paused)) for q in batch.queue_settings],
                     )
                 if batch.events:
                     cursor.executemany(

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..jobs import Output, job_id_of
+from ..queues import QueueSettings
 from . import rows
 from .base import Batch, Loaded, OutboxEvent, StoreOpenError, judge_version
 from .lockfile import LockFile
@@ -29,7 +30,7 @@ from .readers import ReaderPool
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _SCHEMA_V1 = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -142,12 +143,22 @@ CREATE TABLE schedules (
 );
 """
 
+# Version 6: queues' settings (issue 25), one row per queue an operator has set.
+_SCHEMA_V6 = """
+CREATE TABLE queues (
+    name        TEXT PRIMARY KEY,
+    max_running INTEGER,           -- NULL: no limit
+    paused      INTEGER NOT NULL   -- 0 or 1
+);
+"""
+
 MIGRATIONS: dict[int, str] = {
     1: _SCHEMA_V1,
     2: _SCHEMA_V2,
     3: _SCHEMA_V3,
     4: _OUTPUTS_V4,
     5: _SCHEMA_V5,
+    6: _SCHEMA_V6,
 }
 """Each entry upgrades a file to version N from the one before it. A new schema version adds
 one; a file is taken through every entry above its version, in order."""
@@ -169,6 +180,10 @@ _UPSERT_SCHEDULE = (
         marks=", ".join("?" for _ in rows.SCHEDULE_COLUMNS),
         sets=", ".join(f"{c} = excluded.{c}" for c in rows.SCHEDULE_COLUMNS if c != "seq"),
     )
+)
+_UPSERT_QUEUE = (
+    "INSERT INTO queues (name, max_running, paused) VALUES (?, ?, ?) "
+    "ON CONFLICT(name) DO UPDATE SET max_running = excluded.max_running, paused = excluded.paused"
 )
 _PROBE = (
     "INSERT INTO meta (key, value) VALUES ('probe', ?) "
@@ -232,6 +247,12 @@ class SqliteStore:
         marks = dict(self._conn.execute("SELECT key, value FROM meta"))
         events = self._conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
         schedules = [rows.schedule_from_row(row) for row in self._conn.execute(_SELECT_SCHEDULES)]
+        queues = [
+            QueueSettings(name, max_running, bool(paused))
+            for name, max_running, paused in self._conn.execute(
+                "SELECT name, max_running, paused FROM queues ORDER BY name"
+            )
+        ]
         # The load filled SQLite's page cache with pages the writer will rarely touch again.
         self._conn.execute("PRAGMA shrink_memory")
         last_seq = max(marks.get("last_seq", 0), loaded[-1].seq if loaded else 0)
@@ -247,7 +268,7 @@ class SqliteStore:
         last_schedule_seq = max(
             marks.get("last_schedule_seq", 0), schedules[-1].seq if schedules else 0
         )
-        return Loaded(loaded, last_seq, events, schedules, last_schedule_seq)
+        return Loaded(loaded, last_seq, events, schedules, last_schedule_seq, queues=queues)
 
     def outbox(self, limit: int) -> list[OutboxEvent]:
         found = self._conn.execute(
@@ -285,6 +306,11 @@ class SqliteStore:
             if batch.schedule_deletes:
                 conn.executemany(
                     "DELETE FROM schedules WHERE seq = ?", [(s,) for s in batch.schedule_deletes]
+                )
+            if batch.queue_settings:
+                conn.executemany(
+                    _UPSERT_QUEUE,
+                    [(q.name, q.max_running, int(q.paused)) for q in batch.queue_settings],
                 )
             if batch.events:
                 conn.executemany(
