@@ -111,6 +111,10 @@ def full_job(seq: int = 1) -> Job:
         dedupe_key="http:key-1",
         holds_slot=True,
         moved_from="node-z",
+        depends_on=(7, 3),
+        dependency=jobs.Dependency.ANY,
+        priority=0,
+        queue="nightly.eu-1",
     )
 
 
@@ -126,6 +130,13 @@ def test_every_field_survives_a_round_trip(open_store: OpenStore) -> None:
     # Equal is not enough: "timeout" == Reason.TIMEOUT and 1 == True.
     assert type(loaded[0].reason) is jobs.Reason and type(loaded[0].holds_slot) is bool
     assert (loaded[1].reason, loaded[1].holds_slot, loaded[1].moved_from) == (None, False, "")
+    assert type(loaded[0].dependency) is jobs.Dependency and loaded[0].depends_on == (7, 3)
+    assert (loaded[1].depends_on, loaded[1].dependency, loaded[1].priority, loaded[1].queue) == (
+        (),
+        "ok",
+        50,
+        "default",
+    )
     store = open_store()
     assert [job.with_output(store.read_outputs(job.seq) or {}) for job in loaded] == saved
 

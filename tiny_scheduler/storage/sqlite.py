@@ -30,7 +30,7 @@ from .readers import ReaderPool
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _SCHEMA_V1 = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -152,6 +152,16 @@ CREATE TABLE queues (
 );
 """
 
+# Version 7: workflows (issue 25). A job's dependencies (JSON array of job numbers, NULL when
+# none), how they must end, its priority and its queue; rows written before read as the
+# defaults.
+_SCHEMA_V7 = """
+ALTER TABLE jobs ADD COLUMN depends_on TEXT;
+ALTER TABLE jobs ADD COLUMN dependency TEXT NOT NULL DEFAULT 'ok';
+ALTER TABLE jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 50;
+ALTER TABLE jobs ADD COLUMN queue TEXT NOT NULL DEFAULT 'default'
+"""
+
 MIGRATIONS: dict[int, str] = {
     1: _SCHEMA_V1,
     2: _SCHEMA_V2,
@@ -159,6 +169,7 @@ MIGRATIONS: dict[int, str] = {
     4: _OUTPUTS_V4,
     5: _SCHEMA_V5,
     6: _SCHEMA_V6,
+    7: _SCHEMA_V7,
 }
 """Each entry upgrades a file to version N from the one before it. A new schema version adds
 one; a file is taken through every entry above its version, in order."""
