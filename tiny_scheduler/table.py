@@ -4,6 +4,9 @@ Jobs are kept without their output (`Job.without_output`): that stays in the sto
 Indexes, each kept in step by `put()` and `remove()`:
 - all jobs by sequence number, sorted, so listings are oldest-first and `after=` is a seek;
 - pending jobs per node, sorted, so the agent poll reads only its own node's queue (FIFO);
+  a job whose dependencies are not met (`depends_on`) waits in an index of its own, with a
+  reverse index (dependency -> its waiting dependents) that promotes it when its last
+  dependency ends, and that retention reads so as never to remove a job one still waits for;
   a delayed job (`not_before` in the future) waits in a second per-node index instead, and a
   heap of due times promotes it into its node's queue once its time has come (`poll` does it
   first), so the poll never reads a job that is not due and never walks the delayed ones;
@@ -67,6 +70,8 @@ class JobTable:
         self._jobs: SortedDict = SortedDict()
         self._pending: dict[str, SortedDict] = {}  # due pending jobs
         self._waiting: dict[str, SortedDict] = {}  # pending jobs before their not_before
+        self._blocked: dict[str, SortedDict] = {}  # pending jobs whose dependencies are unmet
+        self._dependents: dict[int, set[int]] = {}  # dependency -> blocked jobs naming it
         self._due_heap: list[tuple[int, int]] = []  # (not_before, seq) of waiting jobs
         self._promoted_until = 0  # every job with not_before at or before this is due
         self._running: dict[str, SortedDict] = {}
@@ -178,7 +183,11 @@ class JobTable:
         self, node_id: str | None, status: str, job_type: str | None, after: int, wanted: int
     ) -> list[Job]:
         # A listing shows every pending job, due or not: only the poll waits for not_before.
-        indexes = (self._pending, self._waiting) if status == jobs.PENDING else (self._running,)
+        indexes = (
+            (self._pending, self._waiting, self._blocked)
+            if status == jobs.PENDING
+            else (self._running,)
+        )
         with self._lock:
             return list(itertools.islice(self._stream(indexes, node_id, after, job_type), wanted))
 
@@ -255,20 +264,31 @@ class JobTable:
     def node_counts(self, node_id: str) -> tuple[int, int]:
         """(pending jobs, running jobs) of the node: three lookups."""
         with self._lock:
-            pending = len(self._pending.get(node_id, ())) + len(self._waiting.get(node_id, ()))
+            pending = sum(
+                len(index.get(node_id, ()))
+                for index in (self._pending, self._waiting, self._blocked)
+            )
             return pending, len(self._running.get(node_id, ()))
 
     def busy_nodes(self) -> set[str]:
         """Nodes that have pending or running jobs, or a timed-out job holding a slot."""
         with self._lock:
-            return set(self._pending) | set(self._waiting) | set(self._running) | set(self._held)
+            return (
+                set(self._pending)
+                | set(self._waiting)
+                | set(self._blocked)
+                | set(self._running)
+                | set(self._held)
+            )
 
     def on_node(self, node_id: str) -> NodeJobs:
         """The node's pending (due or delayed), running and slot-holding timed-out jobs,
         oldest first."""
         with self._lock:
             return NodeJobs(
-                pending=list(self._stream((self._pending, self._waiting), node_id, 0, None)),
+                pending=list(
+                    self._stream((self._pending, self._waiting, self._blocked), node_id, 0, None)
+                ),
                 running=list(self._running.get(node_id, {}).values()),
                 held=list(self._held.get(node_id, {}).values()),
             )
@@ -332,17 +352,25 @@ class JobTable:
         return found
 
     def finished_before(self, cutoff: int, limit: int) -> list[int]:
-        """Ids of up to `limit` jobs that finished before `cutoff`, oldest first."""
+        """Ids of up to `limit` jobs that finished before `cutoff`, oldest first; never one
+        that a pending job still waits for (its outcome decides whether that one runs)."""
         found: list[int] = []
         with self._lock:
             for seq in self._finished:
                 job = self._jobs.get(seq)
                 if job is not None and (job.finished_at or job.created_at) >= cutoff:
                     break
+                if seq in self._dependents:
+                    continue
                 found.append(seq)
                 if len(found) == limit:
                     break
         return found
+
+    def dependents(self, seq: int) -> list[Job]:
+        """The pending jobs that wait for job `seq` among their unmet dependencies, by id."""
+        with self._lock:
+            return [self._jobs[dependent] for dependent in sorted(self._dependents.get(seq, ()))]
 
     # --- writes -----------------------------------------------------------------------------
 
@@ -454,7 +482,11 @@ class JobTable:
     def _index(self, job: Job, old: Job | None) -> None:
         node = job.node_id
         self._counts[job.status] += 1
-        if job.status == jobs.PENDING and not job.is_due(self._promoted_until):
+        if job.status == jobs.PENDING and job.depends_on and not self._dependencies_met(job):
+            _queue(self._blocked, node)[job.seq] = job
+            for dependency in job.depends_on:
+                self._dependents.setdefault(dependency, set()).add(job.seq)
+        elif job.status == jobs.PENDING and not job.is_due(self._promoted_until):
             _queue(self._waiting, node)[job.seq] = job
             heapq.heappush(self._due_heap, (job.not_before, job.seq))
         elif job.status == jobs.PENDING:
@@ -463,6 +495,7 @@ class JobTable:
             _queue(self._running, node)[job.seq] = job
         elif old is not None and not old.is_final:
             self._finished.append(job.seq)
+            self._release_dependents(job.seq)
         if job.holds_slot:
             _queue(self._held, node)[job.seq] = job
         if job.uses_slot:
@@ -475,7 +508,16 @@ class JobTable:
         self._counts[job.status] -= 1
         if job.status == jobs.PENDING:
             queue = self._waiting.get(node)
-            if queue and job.seq in queue:
+            blocked = self._blocked.get(node)
+            if blocked and job.seq in blocked:
+                _discard(self._blocked, node, job.seq)
+                for dependency in job.depends_on:
+                    waiting = self._dependents.get(dependency)
+                    if waiting is not None:
+                        waiting.discard(job.seq)
+                        if not waiting:
+                            del self._dependents[dependency]
+            elif queue and job.seq in queue:
                 # The heap entry of a waiting job stays; _promote skips it once it is stale.
                 _discard(self._waiting, node, job.seq)
             else:
@@ -488,6 +530,29 @@ class JobTable:
             _decrement(self._slots_used, node)
         if job.dedupe_key is not None and self._keys.get(job.dedupe_key) == job.seq:
             del self._keys[job.dedupe_key]
+
+    def _dependencies_met(self, job: Job) -> bool:
+        """Whether every job it depends on ended as its `dependency` asks: all `done` (`ok`)
+        or all final (`any`). A dependency no longer in the table counts as met: only final
+        jobs are removed, and never one a blocked job waits for (`finished_before`)."""
+        need_done = job.dependency == jobs.Dependency.OK
+        for seq in job.depends_on:
+            dependency = self._jobs.get(seq)
+            if dependency is None:
+                continue
+            if dependency.status != jobs.DONE if need_done else not dependency.is_final:
+                return False
+        return True
+
+    def _release_dependents(self, seq: int) -> None:
+        """Job `seq` just ended: its dependents whose dependencies are now all met become
+        pending jobs like any other (due, or delayed until their not_before). An `ok`
+        dependent of a failure stays: the service fails it in the same commit."""
+        for dependent_seq in sorted(self._dependents.get(seq, ())):
+            dependent = self._jobs[dependent_seq]
+            if self._dependencies_met(dependent):
+                self._unindex(dependent)
+                self._index(dependent, dependent)
 
     def _promote(self, now: int) -> None:
         """Move waiting jobs that are due at `now` into their nodes' queues: O(promoted),
