@@ -12,10 +12,14 @@ Indexes, each kept in step by `put()` and `remove()`:
   first), so the poll never reads a job that is not due and never walks the delayed ones;
 - running jobs per node, and per node the count of slots in use (running `run` jobs, and
   timed-out ones that keep their slot), so the free-slot check is one dict lookup;
+- due pending jobs per node once more, in the order they are handed out: by priority (higher
+  first), then age (`_order`), so the poll reads exactly the jobs it hands out, whatever
+  the mix of priorities; the seq-ordered indexes above stay for listings;
 - per node the count of due pending `run` jobs, so a node's load is two dict lookups
   (placement reads them for every healthy node: O(nodes), never O(jobs));
-- due pending jobs per node that an idle node may take over (`jobs.can_move`), oldest first,
-  so the poll of an idle node reads only the heads of the other nodes' queues;
+- due pending jobs per node that an idle node may take over (`jobs.can_move`), in the poll's
+  order (priority, then age), so the poll of an idle node reads only the heads of the other
+  nodes' queues;
 - timed-out jobs that still hold a slot, per node, for the dashboard and the lost-node scan;
 - finished job ids in the order they finished, so retention pops from the front;
 - the dedupe key (Idempotency-Key / SQS message) of each job.
@@ -68,7 +72,8 @@ class JobTable:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # a busy job or key was released
         self._jobs: SortedDict = SortedDict()
-        self._pending: dict[str, SortedDict] = {}  # due pending jobs
+        self._pending: dict[str, SortedDict] = {}  # due pending jobs, by seq (listings)
+        self._ready: dict[str, SortedDict] = {}  # the same, by _order (the poll)
         self._waiting: dict[str, SortedDict] = {}  # pending jobs before their not_before
         self._blocked: dict[str, SortedDict] = {}  # pending jobs whose dependencies are unmet
         self._dependents: dict[int, set[int]] = {}  # dependency -> blocked jobs naming it
@@ -77,7 +82,7 @@ class JobTable:
         self._running: dict[str, SortedDict] = {}
         self._slots_used: collections.Counter[str] = collections.Counter()
         self._pending_runs: collections.Counter[str] = collections.Counter()
-        self._movable: dict[str, SortedDict] = {}
+        self._movable: dict[str, SortedDict] = {}  # by _order
         self._held: dict[str, SortedDict] = {}
         self._finished: collections.deque[int] = collections.deque()
         self._keys: dict[str, int] = {}
@@ -117,8 +122,9 @@ class JobTable:
     def poll(
         self, node_id: str, max_running: int, now: int | None = None, remember: bool = False
     ) -> list[Job]:
-        """The node's oldest pending jobs that are due at `now` (default: the clock), at most
-        as many as it has free slots.
+        """The node's pending jobs that are due at `now` (default: the clock), highest
+        priority first and oldest first within a priority, at most as many as it has free
+        slots.
 
         With `remember` (the agent's poll, while jobs may move), the answer is remembered as
         offered to the node at `now` (see `movable`), in the same lock hold, and a job some
@@ -130,7 +136,8 @@ class JobTable:
             free = max_running - self._slots_used[node_id]
             if free <= 0:
                 return []
-            found = self._stream((self._pending,), node_id, 0, None)
+            ready = self._ready.get(node_id)
+            found: Iterator[Job] = iter(ready.values()) if ready else iter(())
             if not remember:
                 return list(itertools.islice(found, free))
             answer = list(itertools.islice((j for j in found if j.seq not in self._busy), free))
@@ -315,16 +322,17 @@ class JobTable:
             return list(self._movable)
 
     def movable(self, node_ids: Iterable[str], now: int, limit: int) -> list[Job]:
-        """The oldest jobs due at `now` over the given nodes' queues that an idle node could
-        take over, at most `limit`: never one offered to its own node in the OFFER_HOLD_SECS
-        before `now` (its agent may be about to claim it), nor one a change holds busy. Reads
-        only the heads of those queues: offered and busy jobs are few, and at the front."""
+        """The first jobs due at `now` (by priority, then age) over the given nodes' queues
+        that an idle node could take over, at most `limit`: never one offered to its own node
+        in the OFFER_HOLD_SECS before `now` (its agent may be about to claim it), nor one a
+        change holds busy. Reads only the heads of those queues: offered and busy jobs are
+        few, and at the front."""
         found: list[Job] = []
         offered_since = now - _OFFER_HOLD_US
         with self._lock:
             self._promote(now)
             queues = [self._movable[node].values() for node in node_ids if node in self._movable]
-            for job in heapq.merge(*queues, key=_seq_of):
+            for job in heapq.merge(*queues, key=_order):
                 if len(found) == limit:
                     break
                 if job.seq not in self._busy and not self._offered_since(job, offered_since):
@@ -574,18 +582,20 @@ class JobTable:
         """A pending job that is due: in its node's queue, its load, and movable if it may."""
         node = job.node_id
         _queue(self._pending, node)[job.seq] = job
+        _queue(self._ready, node)[_order(job)] = job
         if job.takes_slot:
             self._pending_runs[node] += 1
         if jobs.can_move(job):
-            _queue(self._movable, node)[job.seq] = job
+            _queue(self._movable, node)[_order(job)] = job
 
     def _remove_due(self, job: Job) -> None:
         node = job.node_id
         _discard(self._pending, node, job.seq)
+        _discard(self._ready, node, _order(job))
         if job.takes_slot:
             _decrement(self._pending_runs, node)
         if jobs.can_move(job):
-            _discard(self._movable, node, job.seq)
+            _discard(self._movable, node, _order(job))
 
 
 def _values_after(queue: SortedDict, after: int) -> Iterator[Job]:
@@ -596,6 +606,11 @@ def _values_after(queue: SortedDict, after: int) -> Iterator[Job]:
 
 def _seq_of(job: Job) -> int:
     return job.seq
+
+
+def _order(job: Job) -> tuple[int, int]:
+    """The order due jobs are handed out in: higher priority first, then oldest first."""
+    return (-job.priority, job.seq)
 
 
 def _decrement(counter: collections.Counter[str], node_id: str) -> None:
@@ -613,8 +628,8 @@ def _queue(index: dict[str, SortedDict], node_id: str) -> SortedDict:
     return queue
 
 
-def _discard(index: dict[str, SortedDict], node_id: str, seq: int) -> None:
+def _discard(index: dict[str, SortedDict], node_id: str, key: object) -> None:
     queue = index[node_id]
-    del queue[seq]
+    del queue[key]
     if not queue:
         del index[node_id]  # nodes come and go: don't keep an empty queue for each forever
