@@ -48,3 +48,10 @@ def room(settings: QueueSettings | None, running: int) -> int | None:
         return 0
     assert settings.max_running is not None
     return max(0, settings.max_running - running)
+
+
+def refusal(settings: QueueSettings, running: int) -> str:
+    """Why a job of the queue may not start now (a claim's 409, and why a job waits)."""
+    if settings.paused:
+        return f"queue {settings.name} paused"
+    return f"queue {settings.name} at its limit ({running} running)"

@@ -72,6 +72,7 @@ class JobQuery:
     after: int = 0
     limit: int = DEFAULT_PAGE
     reason: str | None = None
+    queue: str | None = None
 
 
 _POLL_PARAMETERS = frozenset({"node_id", "status"})
@@ -110,6 +111,7 @@ def parse_query(args: Mapping[str, str]) -> JobQuery:
         after=after,
         limit=limit,
         reason=args.get("reason") or None,
+        queue=args.get("queue") or None,
     )
 
 
@@ -212,6 +214,27 @@ def _depends_on(value: Any) -> tuple[int, ...]:
             raise errors.BadRequest(DEPENDS_ON_MESSAGE)
         seqs[seq] = None
     return tuple(seqs)
+
+
+MAX_RUNNING_MESSAGE = "max_running must be an integer of at least 1, or null"
+PAUSED_MESSAGE = "paused must be true or false"
+
+
+def parse_queue_settings(name: str, body: bytes) -> queues.QueueSettings:
+    """A PUT /queues/{name} body: `{"max_running": N|null, "paused": bool}`, each field
+    absent or null meaning no limit and not paused (the body is the whole of the settings)."""
+    if not queues.is_valid_name(name):
+        raise errors.BadRequest(QUEUE_MESSAGE)
+    data = decode_object(body, errors.DECODE_QUEUE)
+    max_running = data.get("max_running")
+    if max_running is not None and (
+        (max_running := _integer(max_running)) is None or not 1 <= max_running < _INT64
+    ):
+        raise errors.BadRequest(MAX_RUNNING_MESSAGE)
+    paused = data.get("paused")
+    if paused is not None and not isinstance(paused, bool):
+        raise errors.BadRequest(PAUSED_MESSAGE)
+    return queues.QueueSettings(name, max_running, bool(paused))
 
 
 def job_request_to_wire(request: JobRequest) -> dict[str, object]:

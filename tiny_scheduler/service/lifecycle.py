@@ -122,7 +122,12 @@ class Lifecycle:
                         new = self._end_attempt(job, update, now)
                 except jobs.TransitionError as exc:
                     raise errors.Conflict(str(exc)) from None
-                core.commit(new)
+                if new.status == jobs.RUNNING:
+                    # A claim counts against its queue's limit from the check to the commit.
+                    with core.table.starting(new):
+                        core.commit(new)
+                else:
+                    core.commit(new)
         if late:
             # The job as it stands, with the output its timeout gave it (on disk by now).
             return core.with_stored_output(new)
