@@ -153,3 +153,13 @@ def test_settings_and_dependencies_survive_a_restart(
     finally:
         agent.close()
         api.close()
+
+
+def test_metrics_count_pending_and_running_jobs_per_queue(api: Api, agent: Agent) -> None:
+    queue = f"metered-{agent.node_id}"
+    running = api.submit(queue=queue)
+    api.submit(queue=queue)
+    assert agent.claim(running["job_id"]).status_code == 200
+    text = api.get("/metrics").text
+    assert f'tiny_scheduler_queue_jobs{{queue="{queue}",status="pending"}} 1.0\n' in text
+    assert f'tiny_scheduler_queue_jobs{{queue="{queue}",status="running"}} 1.0\n' in text
