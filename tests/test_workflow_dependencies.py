@@ -190,3 +190,13 @@ def test_a_failure_after_a_restart_still_ends_its_dependents() -> None:
     h = h.restart()
     h.report(a.job_id, exit_code=1)
     assert h.job(b.job_id).reason == Reason.DEPENDENCY_FAILED
+
+
+def test_a_job_waiting_for_dependencies_cannot_be_claimed_by_name() -> None:
+    h = Harness()
+    a = h.submit("a")
+    b = h.submit("b", depends_on=[a.job_id])
+    with pytest.raises(errors.Conflict) as caught:
+        h.claim(b.job_id)
+    assert caught.value.message == f"job {b.job_id} cannot start: its dependencies have not ended"
+    assert h.job(b.job_id).status == jobs.PENDING

@@ -456,9 +456,16 @@ class JobTable:
     def starting(self, job: Job) -> Iterator[None]:
         """Around a claim's commit (the job held busy): refuse it (Conflict, naming the
         queue) when its queue is paused or already runs its limit, counting the claims under
-        way, so that two nodes claiming at once can never both pass the last free place."""
+        way, so that two nodes claiming at once can never both pass the last free place; and
+        refuse a job whose dependencies have not ended."""
         reserved = False
         with self._lock:
+            blocked = self._blocked.get(job.node_id)
+            if blocked is not None and job.seq in blocked:
+                # Never handed out, but a PATCH can name any job: it must not jump its wait.
+                raise errors.Conflict(
+                    f"job {job.job_id} cannot start: its dependencies have not ended"
+                )
             settings = self._queue_settings.get(job.queue)
             if settings is not None and settings.holds_back:
                 taken = self._queue_running[job.queue] + self._queue_starting[job.queue]
