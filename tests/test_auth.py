@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import SchedulerFactory
-from helpers import Agent, Api, expect_error, expect_json
+from helpers import Agent, Api, expect_error, expect_json, without_waiting_for
 
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
@@ -67,7 +67,7 @@ def test_calls_without_the_right_key_are_unauthorized(
 def test_with_the_key_every_call_works(authed: Api, node: str) -> None:
     job = authed.submit(command="echo authorized")
     assert job["node_id"] == node  # the registry (which wants the key too) was reached
-    assert authed.job(job["job_id"]) == job
+    assert without_waiting_for(authed.job(job["job_id"])) == job
     assert [listed["job_id"] for listed in authed.jobs(node_id=node)] == [job["job_id"]]
     assert expect_json(authed.get("/schedule"), 200) == {"node_id": node}
     assert expect_json(authed.post(f"/jobs/{job['job_id']}/cancel"), 200)["reason"] == "cancelled"

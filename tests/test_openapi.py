@@ -148,6 +148,7 @@ WHERE = {
         ("404", "patch", "/schedules/{schedule_id}"),
         ("404", "delete", "/schedules/{schedule_id}"),
     ],
+    errors.DECODE_QUEUE: [("400", "put", "/queues/{name}")],
     errors.DECODE_UPDATE: [("400", "patch", "/jobs/{job_id}")],
     errors.INVALID_STATUS: [("400", "patch", "/jobs/{job_id}")],
     errors.JOB_NOT_FOUND: [

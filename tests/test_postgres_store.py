@@ -250,6 +250,7 @@ def test_a_version_1_database_is_migrated_cancelled_rows_become_failures_with_re
         sql.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
     sql.execute("DROP TABLE outputs")
     sql.execute("DROP TABLE nodes")
+    sql.execute("DROP TABLE queues")
     sql.execute(
         "ALTER TABLE jobs ADD COLUMN stdout TEXT NOT NULL DEFAULT '', "
         "ADD COLUMN stderr TEXT NOT NULL DEFAULT ''"

@@ -262,6 +262,9 @@ def zone(name: str) -> ZoneInfo:
     return ZoneInfo(name)
 
 
+DEPENDS_ON_MESSAGE = "job.depends_on is not allowed in a schedule's job"
+
+
 def _overlap(value: Any) -> Overlap:
     if value not in ("skip", "allow"):
         raise errors.BadRequest(OVERLAP_MESSAGE)
@@ -271,6 +274,9 @@ def _overlap(value: Any) -> Overlap:
 def _job(value: Any) -> JobRequest:
     if not isinstance(value, dict):
         raise errors.BadRequest(JOB_MESSAGE)
+    if value.get("depends_on") is not None:
+        # A fire makes a new job each time: jobs named once cannot gate every run of it.
+        raise errors.BadRequest(DEPENDS_ON_MESSAGE)
     return validation.job_request_from(value)
 
 

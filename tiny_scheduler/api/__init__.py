@@ -1,5 +1,5 @@
-"""The HTTP API: blueprints for jobs, nodes, schedule, schedules, health, the leader and the
-OpenAPI document, authentication, and error replies.
+"""The HTTP API: blueprints for jobs, nodes, queues, schedule, schedules, health, the leader
+and the OpenAPI document, authentication, and error replies.
 
 Views only translate between HTTP and the service: read the request, call one service method,
 shape the reply. Every rule lives in the service or below it.
@@ -22,6 +22,7 @@ from . import (
     nodes,
     openapi,
     output,
+    queues,
     replies,
     schedule,
     schedules,
@@ -38,6 +39,7 @@ def init_app(app: Flask) -> None:
     app.register_blueprint(schedule.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(schedules.bp)
+    app.register_blueprint(queues.bp)
     app.register_blueprint(nodes.bp)
     app.register_blueprint(output.bp)
     app.register_blueprint(events.bp)

@@ -28,6 +28,7 @@ from typing import Protocol
 
 from ..jobs import Job, Output
 from ..node_book import NodeRecord
+from ..queues import QueueSettings
 from ..schedules import Schedule
 
 
@@ -61,6 +62,7 @@ class Loaded:
     schedules: list[Schedule] = dataclasses.field(default_factory=list)  # in id order
     last_schedule_seq: int = 0  # the highest schedule id ever handed out
     nodes: list[NodeRecord] = dataclasses.field(default_factory=list)  # by node id
+    queues: list[QueueSettings] = dataclasses.field(default_factory=list)  # by name
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,6 +79,7 @@ class Batch:
     schedules: Sequence[Schedule] = ()
     schedule_deletes: Sequence[int] = ()
     nodes: Sequence[NodeRecord] = ()  # insert or replace (by node id)
+    queue_settings: Sequence[QueueSettings] = ()  # insert or replace (by queue name)
 
 
 class JobStore(Protocol):

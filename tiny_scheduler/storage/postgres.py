@@ -52,7 +52,7 @@ from .readers import ReaderPool
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The version of the tables below; the jobs table's columns are not counted in it: they follow
 the job declaration by themselves (`_missing_columns`)."""
 
@@ -151,12 +151,23 @@ _SCHEMA_V5 = (
     )""",
 )
 
+# Version 6: queues' settings (issue 25). (The jobs' new columns, dependencies, priority and
+# queue, come from the declaration.)
+_SCHEMA_V6 = (
+    """CREATE TABLE IF NOT EXISTS queues (
+        name        TEXT PRIMARY KEY,
+        max_running BIGINT,           -- NULL: no limit
+        paused      BIGINT NOT NULL   -- 0 or 1
+    )""",
+)
+
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: _SCHEMA_V1,
     2: _SCHEMA_V2,
     3: _SCHEMA_V3,
     4: _SCHEMA_V4,
     5: _SCHEMA_V5,
+    6: _SCHEMA_V6,
 }
 """Each entry upgrades a database from version N-1 to N, one statement at a time."""
 
@@ -350,10 +361,14 @@ class PostgresStore(sql.SqlStore):
                     sql.node_from_row(_unescaped(row))
                     for row in conn.execute(self.SQL.select_nodes)
                 ]
+                queues = [
+                    sql.queue_from_row(_unescaped(row))
+                    for row in conn.execute(self.SQL.select_queues)
+                ]
         finally:
             if collecting:
                 gc.enable()
-        return sql.loaded(loaded, schedules, marks, events, nodes)
+        return sql.loaded(loaded, schedules, marks, events, nodes, queues)
 
     def _job(self, row: Sequence[Any]) -> Job:
         try:

@@ -20,6 +20,7 @@ import orjson
 
 from ..jobs import Job, Output
 from ..node_book import NodeRecord
+from ..queues import QueueSettings
 from ..schedules import Schedule
 from . import rows
 from .base import Batch, Loaded, OutboxEvent
@@ -44,6 +45,19 @@ def node_from_row(row: Sequence[Any]) -> NodeRecord:
     node_id, cpu_count, labels, version, drain, seen_at = row
     pairs = tuple(sorted(orjson.loads(labels).items())) if labels else ()
     return NodeRecord(node_id, cpu_count, pairs, version, bool(drain), seen_at)
+
+
+QUEUE_COLUMNS = ("name", "max_running", "paused")
+"""The `queues` table: the settings an operator gave a queue (max_running NULL: no limit)."""
+
+
+def queue_row(settings: QueueSettings) -> tuple[object, ...]:
+    return (settings.name, settings.max_running, int(settings.paused))
+
+
+def queue_from_row(row: Sequence[Any]) -> QueueSettings:
+    name, max_running, paused = row
+    return QueueSettings(name, max_running, bool(paused))
 
 
 def _names(columns: Iterable[str]) -> str:
@@ -82,6 +96,8 @@ class Statements:
         )
         self.upsert_node = upsert("nodes", NODE_COLUMNS, ("node_id",))
         self.select_nodes = f"SELECT {_names(NODE_COLUMNS)} FROM nodes ORDER BY node_id"
+        self.upsert_queue = upsert("queues", QUEUE_COLUMNS, ("name",))
+        self.select_queues = f"SELECT {_names(QUEUE_COLUMNS)} FROM queues ORDER BY name"
         self.add_event = f"INSERT INTO outbox (seq, message) VALUES ({mark}, {mark})"
         self.outbox = f"SELECT id, seq, message FROM outbox ORDER BY id LIMIT {mark}"
         # One job's every output; no row at all when the job is not stored (deleted meanwhile).
@@ -171,6 +187,9 @@ class SqlStore:
         if batch.nodes:
             values = [self._storable(node_row(record)) for record in batch.nodes]
             self._many(cursor, sql.upsert_node, values)
+        if batch.queue_settings:
+            values = [self._storable(queue_row(q)) for q in batch.queue_settings]
+            self._many(cursor, sql.upsert_queue, values)
         if batch.probe:
             # A fresh value each time: SQLite skips writing a row that does not change.
             cursor.execute(sql.probe, (time.time_ns(),))
@@ -199,6 +218,7 @@ def loaded(
     marks: dict[str, int],
     events: int,
     nodes: list[NodeRecord],
+    queues: list[QueueSettings],
 ) -> Loaded:
     """What a store holds, from its rows (in seq order), its high-water marks (`meta`) and the
     outbox's size: an id high-water mark is the larger of the stored mark (kept for deleted
@@ -207,4 +227,4 @@ def loaded(
     last_schedule_seq = max(
         marks.get("last_schedule_seq", 0), schedules[-1].seq if schedules else 0
     )
-    return Loaded(jobs, last_seq, events, schedules, last_schedule_seq, nodes)
+    return Loaded(jobs, last_seq, events, schedules, last_schedule_seq, nodes, queues)

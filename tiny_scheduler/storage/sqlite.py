@@ -51,7 +51,7 @@ from .readers import ReaderPool
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 8
 
 _SCHEMA_V1 = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -177,6 +177,25 @@ CREATE TABLE nodes (
 );
 """
 
+# Version 7: queues' settings (issue 25), one row per queue an operator has set.
+_SCHEMA_V7 = """
+CREATE TABLE queues (
+    name        TEXT PRIMARY KEY,
+    max_running INTEGER,           -- NULL: no limit
+    paused      INTEGER NOT NULL   -- 0 or 1
+);
+"""
+
+# Version 8: workflows (issue 25). A job's dependencies (JSON array of job numbers, NULL when
+# none), how they must end, its priority and its queue; rows written before read as the
+# defaults.
+_SCHEMA_V8 = """
+ALTER TABLE jobs ADD COLUMN depends_on TEXT;
+ALTER TABLE jobs ADD COLUMN dependency TEXT NOT NULL DEFAULT 'ok';
+ALTER TABLE jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 50;
+ALTER TABLE jobs ADD COLUMN queue TEXT NOT NULL DEFAULT 'default'
+"""
+
 MIGRATIONS: dict[int, str] = {
     1: _SCHEMA_V1,
     2: _SCHEMA_V2,
@@ -184,6 +203,8 @@ MIGRATIONS: dict[int, str] = {
     4: _OUTPUTS_V4,
     5: _SCHEMA_V5,
     6: _SCHEMA_V6,
+    7: _SCHEMA_V7,
+    8: _SCHEMA_V8,
 }
 """Each entry upgrades a file to version N from the one before it. A new schema version adds
 one; a file is taken through every entry above its version, in order."""
@@ -259,7 +280,8 @@ class SqliteStore(sql.SqlStore):
         # The load filled SQLite's page cache with pages the writer will rarely touch again.
         self._conn.execute("PRAGMA shrink_memory")
         nodes = [sql.node_from_row(row) for row in self._conn.execute(self.SQL.select_nodes)]
-        found = sql.loaded(loaded, schedules, marks, events, nodes)
+        queues = [sql.queue_from_row(row) for row in self._conn.execute(self.SQL.select_queues)]
+        found = sql.loaded(loaded, schedules, marks, events, nodes, queues)
         last_seq = found.last_seq
         if self._lock.last_seq > last_seq:
             log.warning(

@@ -48,6 +48,7 @@ from ..config import STORE_PROBE_INTERVAL_SECS, STORE_STALL_SECS
 from ..errors import STORE_OUTCOME_UNKNOWN, StoreError
 from ..jobs import Job, Output
 from ..node_book import NodeRecord
+from ..queues import QueueSettings
 from ..schedules import Schedule
 from .base import Batch, JobStore, Loaded, OutboxEvent, OutcomeUnknown
 
@@ -179,6 +180,10 @@ class Writer:
     def save_nodes(self, *records: NodeRecord) -> None:
         """Insert or replace these nodes' records; returns once committed."""
         self._submit(Batch(nodes=records))
+
+    def save_queue(self, settings: QueueSettings) -> None:
+        """Insert or replace a queue's settings; returns once committed."""
+        self._submit(Batch(queue_settings=(settings,)))
 
     def delete_schedule(self, seq: int) -> None:
         """Remove a schedule; its id is never handed out again."""
