@@ -27,14 +27,15 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 
-class _WireEnum(str, Enum):
-    """A string enum whose members print and format as their plain value (the wire form)."""
+class WireEnum(str, Enum):
+    """A string enum whose members print and format as their plain value (the wire form): the
+    base of every enum that goes on the wire, the schedules' ones too."""
 
     __str__ = str.__str__
     __format__ = str.__format__
 
 
-class Status(_WireEnum):
+class Status(WireEnum):
     """A job's status. A typo in a member name is an AttributeError, not a silent miss."""
 
     PENDING = "pending"
@@ -43,7 +44,7 @@ class Status(_WireEnum):
     FAILED = "failed"
 
 
-class Reason(_WireEnum):
+class Reason(WireEnum):
     """Why a job is `failed` for good (set only on a failure that will not be retried)."""
 
     EXIT = "exit"  # a non-zero exit, or an error the agent reported before the command ran
@@ -52,7 +53,7 @@ class Reason(_WireEnum):
     CANCELLED = "cancelled"
 
 
-class JobType(_WireEnum):
+class JobType(WireEnum):
     RUN = "run"
     SERVICE = "service"
 
