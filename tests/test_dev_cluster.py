@@ -22,7 +22,6 @@ from helpers import Api, wait_for
 
 from tiny_scheduler.dev import demo
 from tiny_scheduler.dev.cluster import ClusterConfig, ClusterError, DevCluster
-from tiny_scheduler.dev.daemon import free_port
 from tiny_scheduler.jobs import FINAL_STATUSES
 
 CLI = os.path.join(os.path.dirname(sys.executable), "tiny-scheduler")
@@ -173,10 +172,12 @@ def test_cluster_runs_50_jobs_and_survives_a_killed_node(tmp_path: pathlib.Path)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-def test_dev_command_leaves_no_process_behind(tmp_path: pathlib.Path, sig: int) -> None:
+def test_dev_command_leaves_no_process_behind(
+    tmp_path: pathlib.Path, sig: int, unused_port: int
+) -> None:
     """SIGTERM: a clean stop. SIGKILL: no chance to clean up, so the watchdog must."""
     work = tmp_path / "dev"
-    port = free_port()
+    port = unused_port
     url = f"http://127.0.0.1:{port}"
     dev = subprocess.Popen(
         [CLI, "dev", "--quick", "--agents", "2", "--port", str(port), "--work-dir", str(work)],
