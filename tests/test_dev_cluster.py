@@ -21,6 +21,7 @@ import requests
 from helpers import Api, wait_for
 
 from tiny_scheduler.dev import demo
+from tiny_scheduler.dev.agent import CHILDREN_FILE
 from tiny_scheduler.dev.cluster import ClusterConfig, ClusterError, DevCluster
 from tiny_scheduler.jobs import FINAL_STATUSES
 
@@ -190,9 +191,14 @@ def test_dev_command_leaves_no_process_behind(
         api = Api(url)
         wait_for(lambda: _submitted(api), timeout=30, message="the dev cluster to take jobs")
         # A running service and a running job each have processes of their own.
-        api.submit(command="sleep 60", job_type="service")
-        api.submit(command="sleep 60")
-        wait_for(lambda: len(api.jobs(status="running")) == 2, message="the service and job to run")
+        service = api.submit(command="sleep 60", job_type="service")["job_id"]
+        job = api.submit(command="sleep 60")["job_id"]
+        # Claimed ("running") comes before the agent starts the command and records its
+        # process group: wait for the records, or a busy machine may stop the cluster first.
+        wait_for(
+            lambda: recorded_jobs(work) == {service, job},
+            message=lambda: f"the agents to record their jobs' processes ({recorded_jobs(work)})",
+        )
         api.close()
         dev.send_signal(sig)
         out, err = dev.communicate(timeout=30)
@@ -210,6 +216,17 @@ def test_dev_command_leaves_no_process_behind(
             lambda: processes_using(work) == [],
             message=lambda: f"the watchdog to kill {processes_using(work)}",
         )
+
+
+def recorded_jobs(work: pathlib.Path) -> set[str]:
+    """The jobs whose processes the agents of the dev cluster in `work` have recorded: what its
+    watchdog kills should the cluster die."""
+    return {
+        line.split()[1]
+        for path in work.glob(f"*/{CHILDREN_FILE}")
+        for line in path.read_text().splitlines()
+        if line.strip()
+    }
 
 
 def _submitted(api: Api) -> bool:
