@@ -2,7 +2,7 @@
 (silent) network cut: exactly one leader, standbys that send clients to it, and takeovers that
 lose nothing acknowledged while a deposed leader commits nothing.
 
-Failover times are printed (`pytest -s` shows them; `make bench` has the figures), never
+Failover times are printed (`pytest -s -n 0` shows them; `make bench` has the figures), never
 asserted: each deadline here is a liveness bound, generous for a shared machine. Where a test
 must tell *how* a takeover happened (the leader's session seen gone, not its lease run out),
 the lease is made far longer than the deadline. Skipped, visibly, without a PostgreSQL server.
