@@ -26,11 +26,12 @@ POSTGRES_TEST = "tests/test_harness.py::test_a_fresh_database_per_test"
 
 
 def run_pytest(tests: tuple[str, ...], **env: str) -> subprocess.CompletedProcess[str]:
-    """pytest, as `make test` runs it (the project's options), on `tests` with `env` added."""
+    """pytest, as `make test` runs it (the project's options), on `tests` with `env` added; in
+    one process (`-n 0`): a few tests need no workers of their own."""
     unset = ("TEST_REQUIRE_BROWSER", "TEST_REQUIRE_POSTGRES", "TEST_POSTGRES_URL")
     base = {name: value for name, value in os.environ.items() if name not in unset}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *tests],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", *tests],
         cwd=ROOT,
         env={**base, **env},
         capture_output=True,
