@@ -70,7 +70,11 @@ def final_jobs(api: Api, job_ids: list[str]) -> list[dict[str, Any]] | None:
 
 def test_cluster_runs_50_jobs_and_survives_a_killed_node(tmp_path: pathlib.Path) -> None:
     work = tmp_path / "cluster"
-    config = ClusterConfig.quick(agents=3, work_dir=str(work), scheduler_env=SCHEDULER_ENV)
+    # Round robin: below, jobs must queue on the node that dies. Least-loaded placement puts
+    # them there only while the other nodes' agents are slower to run jobs than the test is
+    # to submit them, which a busy machine can turn around.
+    env = {**SCHEDULER_ENV, "PLACEMENT": "round-robin"}
+    config = ClusterConfig.quick(agents=3, work_dir=str(work), scheduler_env=env)
     with DevCluster(config) as cluster:
         api = Api(cluster.scheduler_url)
 
