@@ -2,7 +2,7 @@
 (silent) network cut: exactly one leader, standbys that send clients to it, and takeovers that
 lose nothing acknowledged while a deposed leader commits nothing.
 
-Failover times are printed (`pytest -s` shows them; `make bench` has the figures), never
+Failover times are printed (`pytest -s -n 0` shows them; `make bench` has the figures), never
 asserted: each deadline here is a liveness bound, generous for a shared machine. Where a test
 must tell *how* a takeover happened (the leader's session seen gone, not its lease run out),
 the lease is made far longer than the deadline. Skipped, visibly, without a PostgreSQL server.
@@ -35,7 +35,7 @@ from tiny_scheduler.cli import main
 from tiny_scheduler.client import Client, wait_for_job
 from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, parse_poll_reply, report_update
 from tiny_scheduler.dev.cluster import ClusterConfig, DevCluster
-from tiny_scheduler.dev.daemon import SchedulerProcess, free_port
+from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.dev.sns import FakeSns
 from tiny_scheduler.dev.sqs import FakeSqs
@@ -216,13 +216,15 @@ def test_a_standby_with_no_known_leader_answers_503_and_takes_over_when_its_sess
     assert leader_reply(standby) == (200, {"leader": standby.url, "epoch": 8})
 
 
-def test_the_cli_takes_several_urls_and_follows_the_leader_with_the_key(ha: Ha) -> None:
+def test_the_cli_takes_several_urls_and_follows_the_leader_with_the_key(
+    ha: Ha, unused_port: int
+) -> None:
     key = "ha-sekrit"
     first = ha.start(env={"TINYAWS_API_KEY": key})
     second = ha.start(env={"TINYAWS_API_KEY": key})
     assert ha.wait_leader() is first
     wait_for(lambda: leader_reply(second)[1]["leader"] == first.url)
-    nobody = f"http://127.0.0.1:{free_port()}"  # a daemon that is down
+    nobody = f"http://127.0.0.1:{unused_port}"  # a daemon that is down
     urls = ",".join([nobody, second.url, first.url])
     env = {"SCHEDULER_URL": urls, "TINYAWS_API_KEY": key}
     submitted = CliRunner().invoke(main, ["submit", "-q", "echo hi"], env=env)

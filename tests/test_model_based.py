@@ -542,6 +542,9 @@ MODEL_RUNS = settings(
 )
 
 
+# A fixed amount of work on the CPU: about 30 s alone, a few times that while parallel test
+# workers (and whatever else runs on the machine) share its cores. The limit only catches hangs.
+@pytest.mark.timeout(600)
 def test_the_scheduler_follows_the_model(registry_server: FakeRegistry) -> None:
     run_state_machine_as_test(lambda: SchedulerMachine(registry_server), settings=MODEL_RUNS)
 

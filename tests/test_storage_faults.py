@@ -295,7 +295,7 @@ def health(api: Api) -> tuple[int, dict[str, Any]]:
 
 
 def wait_unhealthy(api: Api, fault: str, timeout: float = PROBE_WITHIN) -> dict[str, Any]:
-    """Wait for /health to say 503 after `fault`; prints how long it took (`pytest -s`)."""
+    """Wait for /health to say 503 after `fault`; prints how long it took (`pytest -s -n 0`)."""
     started = time.monotonic()
     wait_for(lambda: health(api)[0] == 503, timeout=timeout, message="/health to say 503")
     print(f"/health said unhealthy {time.monotonic() - started:.1f}s after {fault}")

@@ -29,14 +29,15 @@ from typing import Any, NamedTuple
 from .queues import DEFAULT_QUEUE
 
 
-class _WireEnum(str, Enum):
-    """A string enum whose members print and format as their plain value (the wire form)."""
+class WireEnum(str, Enum):
+    """A string enum whose members print and format as their plain value (the wire form): the
+    base of every enum that goes on the wire, the schedules' ones too."""
 
     __str__ = str.__str__
     __format__ = str.__format__
 
 
-class Status(_WireEnum):
+class Status(WireEnum):
     """A job's status. A typo in a member name is an AttributeError, not a silent miss."""
 
     PENDING = "pending"
@@ -45,7 +46,7 @@ class Status(_WireEnum):
     FAILED = "failed"
 
 
-class Reason(_WireEnum):
+class Reason(WireEnum):
     """Why a job is `failed` for good (set only on a failure that will not be retried)."""
 
     EXIT = "exit"  # a non-zero exit, or an error the agent reported before the command ran
@@ -55,14 +56,14 @@ class Reason(_WireEnum):
     DEPENDENCY_FAILED = "dependency_failed"  # a job it depends on (`ok`) failed for good
 
 
-class Dependency(_WireEnum):
+class Dependency(WireEnum):
     """How a job's dependencies must end before it is due (Slurm's afterok / afterany)."""
 
     OK = "ok"  # every one of them `done`
     ANY = "any"  # every one of them ended, whatever the status
 
 
-class JobType(_WireEnum):
+class JobType(WireEnum):
     RUN = "run"
     SERVICE = "service"
 

@@ -64,6 +64,12 @@ _interval_option = click.option(
     show_default=True,
     help="Seconds between looks at the job while waiting.",
 )
+_wait_option = click.option(
+    "--wait",
+    is_flag=True,
+    help="Follow the job until it ends (a service: until it runs), print its output, exit"
+    " with its exit code.",
+)
 _no_logs_option = click.option(
     "--no-logs", is_flag=True, help="With --wait: do not print the job's stdout and stderr."
 )
@@ -92,12 +98,7 @@ _no_logs_option = click.option(
 @click.option("--priority", type=click.IntRange(0, 100), help="0-100 (default 50), higher first.")
 @click.option("--queue", help="The queue the job waits in (default: default).")
 @delay_options
-@click.option(
-    "--wait",
-    is_flag=True,
-    help="Follow the job until it ends (a service: until it runs), print its output, exit"
-    " with its exit code.",
-)
+@_wait_option
 @_no_logs_option
 @click.option("-q", "--quiet", is_flag=True, help="Print only the job id.")
 @_interval_option
@@ -184,12 +185,7 @@ def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
 
 @click.command()
 @click.argument("job_id")
-@click.option(
-    "--wait",
-    is_flag=True,
-    help="Follow the job until it ends (a service: until it runs), print its output, exit"
-    " with its exit code.",
-)
+@_wait_option
 @_no_logs_option
 @_interval_option
 @_json_option

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..agent.config import DEFAULT_POLL_SECS, DEFAULT_REGISTRY_HEARTBEAT_SECS
 from ..agent.groups import kill_groups, kill_recorded_children
-from .daemon import SchedulerProcess, free_port
+from .daemon import SchedulerProcess
 from .registry import FakeRegistry
 
 log = logging.getLogger(__name__)
@@ -244,9 +244,10 @@ class DevCluster:
         db_path = os.path.join(self.work_dir, "scheduler.db")
         if self.config.standbys:
             db_path = self._make_database()
-        ports = [port or free_port()]
+        # No port given: each SchedulerProcess holds a free one of its own until it listens.
+        ports: list[int | None] = [port]
         for number in range(1, self.config.standbys + 1):
-            wanted = port + number if port else free_port()
+            wanted = port + number if port else None
             if port and not _port_free(wanted):
                 raise ClusterError(f"port {wanted} is already in use; choose another port")
             ports.append(wanted)
