@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from helpers import Api, expect_json, wait_for
 
-from tiny_scheduler.dev.daemon import free_port
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
 CLI = str(Path(sys.executable).with_name("tiny-scheduler"))
@@ -77,10 +76,12 @@ def stop(proc: subprocess.Popen[bytes]) -> int:
 
 
 @pytest.mark.timeout(180)
-def test_the_units_make_a_cluster_with_auth_and_the_builtin_node_list(tmp_path: Path) -> None:
+def test_the_units_make_a_cluster_with_auth_and_the_builtin_node_list(
+    tmp_path: Path, unused_port: int
+) -> None:
     settings, _ = unit("tiny-scheduler.service")
     assert settings["KillMode"] == "mixed" and "StateDirectory" in settings
-    port = free_port()
+    port = unused_port  # held for this test until the scheduler listens on it
     scheduler_state, agent_state = tmp_path / "scheduler", tmp_path / "agent"
     scheduler_state.mkdir()
     agent_state.mkdir()
