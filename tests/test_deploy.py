@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from helpers import Api, expect_json, wait_for
 
-
 DEPLOY = Path(__file__).parent.parent / "deploy"
 CLI = str(Path(sys.executable).with_name("tiny-scheduler"))
 
