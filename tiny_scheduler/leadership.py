@@ -157,7 +157,12 @@ class Leadership:
             if self._epoch is not None:
                 serving = self.is_serving()
                 return LeaderView(serving, self.advertise_url if serving else None, self._epoch)
-            return self._seen
+            seen = self._seen
+        if seen.leader_url is not None and not self.health()[0]:
+            # The lease row has not been read for a lease: whoever led then may have lost it
+            # since. Naming nobody makes this standby answer 503 itself, not send clients on.
+            return LeaderView(False, None, seen.epoch)
+        return seen
 
     def health(self) -> tuple[bool, str | None]:
         """Whether the lease connection answered within the lease, and the error if not."""
