@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from flask import Flask, Response, g, request
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -342,6 +342,15 @@ class _StateCollector(Collector):
             f'queues; the rest under queue="{OTHER_NODES}").',
             labels=["queue", "status"],
         )
+        leader = GaugeMetricFamily(
+            PREFIX + "leader",
+            "1 while this daemon leads and serves (always with SQLite), 0 on a standby.",
+        )
+        changes = CounterMetricFamily(
+            PREFIX + "leader_changes",
+            "Times this daemon saw the leadership change hands (the lease's epoch rise, its own "
+            "takeovers included) since it started.",
+        )
         if with_values:
             # Queue names come from submitters: bounded like the node series.
             active = [view for view in service.list_queues() if view.pending or view.running]
@@ -349,6 +358,8 @@ class _StateCollector(Collector):
                 counts = {view.queue: getattr(view, status) for view in active}
                 for name, count in _bounded(counts):
                     by_queue.add_metric([name, status], count)
+            leader.add_metric([], 1 if service.is_serving() else 0)
+            changes.add_metric([], service.leader_changes())
             for status, count in service.counts().items():
                 by_status.add_metric([status], count)
             healthy.add_metric([], 1 if service.store_health()[0] else 0)
@@ -356,7 +367,7 @@ class _StateCollector(Collector):
             depth.add_metric([], queue_depth() if queue_depth is not None else 0)
             for node, count in _bounded(service.queue_depths()):
                 node_queue.add_metric([node], count)
-        return [by_status, healthy, depth, node_queue, by_queue]
+        return [by_status, healthy, depth, node_queue, by_queue, leader, changes]
 
 
 def _bounded(depths: dict[str, int]) -> list[tuple[str, int]]:

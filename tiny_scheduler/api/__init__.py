@@ -14,6 +14,7 @@ from flask import Flask, request
 from .. import errors
 from . import (
     auth,
+    cluster,
     events,
     health,
     jobs,
@@ -36,6 +37,7 @@ def init_app(app: Flask) -> None:
     auth.init_app(app)
     app.register_blueprint(health.bp)
     app.register_blueprint(leader.bp)
+    app.register_blueprint(cluster.bp)
     app.register_blueprint(schedule.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(schedules.bp)

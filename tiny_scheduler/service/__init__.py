@@ -131,6 +131,8 @@ class Scheduler:
         terms = Terms(core, node_ops, leadership)
         self.is_serving = terms.is_serving
         self.leader = terms.leader
+        self.cluster = terms.cluster
+        self.leader_changes = terms.leader_changes
         self.take_over = terms.take_over
         self.hand_over = terms.hand_over
         self.health = terms.health
