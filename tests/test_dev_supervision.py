@@ -1,0 +1,91 @@
+"""`tiny-scheduler dev --standby N` keeps N+1 daemons (issue #24): a daemon killed with
+SIGKILL is started again after a moment, on its port, and comes back as a standby.
+
+The real command, as a developer runs it, on a PostgreSQL server (skipped, visibly, without
+one); every wait has a deadline, and nothing it started outlives it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import requests
+from helpers import wait_for
+from test_dev_cluster import CLI, SCHEDULER_ENV, processes_using
+
+from tiny_scheduler.dev.daemon import free_port
+
+LIVENESS_SECS = 30.0
+LEADER_LINE = re.compile(r"^leader: (\S+) \(epoch (\d+), pid (\d+)\)$")
+
+
+def leader_of(url: str) -> tuple[int, str | None]:
+    try:
+        reply = requests.get(url + "/leader", timeout=2)
+    except requests.RequestException:
+        return 0, None
+    return reply.status_code, reply.json()["leader"]
+
+
+def test_a_killed_daemon_is_started_again_as_a_standby(tmp_path: Path, postgres_url: str) -> None:
+    work = tmp_path / "dev"
+    port = free_port()
+    argv = [CLI, "dev", "--quick", "--agents", "1", "--standby", "1", "--port", str(port)]
+    argv += ["--postgres", postgres_url, "--work-dir", str(work)]
+    dev = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "TINYAWS_API_KEY": "", **SCHEDULER_ENV},
+        start_new_session=True,
+        text=True,
+    )
+    lines: list[str] = []
+
+    def read() -> None:
+        assert dev.stderr is not None
+        for line in dev.stderr:
+            lines.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def leader_lines() -> list[tuple[str, int, int]]:
+        found = [LEADER_LINE.match(line) for line in list(lines)]
+        return [(m[1], int(m[2]), int(m[3])) for m in found if m]
+
+    first, standby = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
+    try:
+        wait_for(leader_lines, timeout=LIVENESS_SECS, message=lambda: f"a leader in {lines}")
+        url, epoch, pid = leader_lines()[0]
+        assert url == first
+        os.killpg(pid, signal.SIGKILL)  # the leader, as the banner tells developers to
+        wait_for(
+            lambda: f"restarted the daemon at {first}" in lines,
+            timeout=LIVENESS_SECS,
+            message=lambda: f"the restart in {lines}",
+        )
+        # The standby took over; the killed daemon is back, on its port, as a standby.
+        wait_for(lambda: leader_of(standby) == (200, standby), timeout=LIVENESS_SECS)
+        wait_for(lambda: leader_of(first) == (503, standby), timeout=LIVENESS_SECS)
+        assert leader_lines()[-1][:2] == (standby, epoch + 1)
+        cluster = requests.get(first + "/cluster", timeout=5).json()
+        assert {d["url"]: d["role"] for d in cluster["daemons"]} == {
+            standby: "leader",
+            first: "standby",
+        }
+        dev.send_signal(signal.SIGTERM)
+        assert dev.wait(timeout=LIVENESS_SECS) == 0, lines
+    finally:
+        if dev.poll() is None:
+            os.killpg(dev.pid, signal.SIGKILL)
+            dev.wait()
+        reader.join(10)
+        if dev.stderr is not None:
+            dev.stderr.close()
+    wait_for(lambda: processes_using(work) == [], message="every process of the cluster to end")
