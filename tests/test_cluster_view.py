@@ -125,3 +125,25 @@ def test_every_daemon_lists_the_leader_and_the_standbys(ha: Ha) -> None:
     assert table.exit_code == 0, table.output
     assert table.output.splitlines()[0] == f"leader: {second.url}  (epoch 2)"
     assert table.output.splitlines()[2].split()[:2] == ["leader", second.url]
+
+
+def test_the_dashboard_says_which_daemon_you_are_on(ha: Ha) -> None:
+    first = ha.start(lease=LONG_LEASE)
+    assert ha.wait_leader() is first
+    second = ha.start(lease=LONG_LEASE)
+    wait_for(lambda: len(requests.get(first.url + "/cluster", timeout=5).json()["daemons"]) == 2)
+
+    def overview(url: str) -> str:
+        reply = requests.get(url + "/ui/", timeout=10, allow_redirects=False)
+        assert reply.status_code == 200
+        section = reply.text[reply.text.index('<section class="daemons"') :]
+        return " ".join(re.sub(r"<[^>]+>", "", section[: section.index("</section>")]).split())
+
+    at_leader = overview(first.url)
+    assert f"You are on {first.url}, the leader." in at_leader
+    assert f"Leader: {first.url} epoch 1" in at_leader
+    assert re.search(rf"standby {re.escape(second.url)} · seen (just now|\d+ s ago)", at_leader)
+    # Through the standby the page is the leader's, forwarded, and says where you are.
+    through = overview(second.url)
+    assert f"You are on {second.url}, the standby (it forwards to the leader)." in through
+    assert f"standby {second.url} (you are here)" in through

@@ -1,9 +1,9 @@
 """The web dashboard under /ui/: server-rendered pages for the people who run the cluster.
 
-Pages: the overview (counts, a chart of the last hour, nodes, recent failures), the nodes
-(slots, load, running and waiting jobs), the jobs list (filters, paging), one job (outputs,
-attempts, cancel, what a waiting job waits for), the schedules (next and last fire, the last
-job) and the queues (pending, running, limit, pause and resume). Jinja templates, one
+Pages: the overview (the daemons, counts, a chart of the last hour, nodes, recent failures), the
+nodes (slots, load, running and waiting jobs), the jobs list (filters, paging), one job
+(outputs, attempts, cancel, what a waiting job waits for), the schedules (next and last fire,
+the last job) and the queues (pending, running, limit, pause and resume). Jinja templates, one
 stylesheet and one small script, no build step and nothing fetched from elsewhere (the chart
 is inline SVG drawn on the server); the script refreshes the open page every few seconds and
 keeps relative times current. Without JavaScript every page still works (refresh by hand).
@@ -31,9 +31,10 @@ from flask import (
 )
 
 from .. import errors, jobs
+from ..api.forward import MARKER
 from ..api.replies import scheduler
 from ..service import Scheduler
-from . import formatting, pages
+from . import daemons, formatting, pages
 
 bp = Blueprint(
     "ui",
@@ -104,7 +105,9 @@ def overview() -> Response:
     """Counts by status, the last hour's chart, each node with its jobs, recent failures."""
     extensions = current_app.extensions
     view = pages.overview(scheduler(), extensions[_EXTENSION], extensions[_CHARTS])
-    return _page("overview.html", view=view)
+    forwarded_by = request.headers.get(MARKER)
+    cluster = daemons.daemons(scheduler(), forwarded_by, request.host_url.rstrip("/"))
+    return _page("overview.html", view=view, cluster=cluster)
 
 
 @bp.get("/nodes")
