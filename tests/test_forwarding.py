@@ -210,6 +210,18 @@ def test_every_endpoint_answers_the_same_through_a_standby(ha: Ha, registry: Fak
     assert gone.status_code in (200, 204), gone.text
     same("GET", f"/schedules/{created['schedule_id']}")  # 404 now
 
+    # A chunked request body goes through as it came; so does a streamed answer, as it comes.
+    with requests.get(standby.url + "/events", headers=auth, stream=True, timeout=10) as events:
+        assert events.status_code == 200
+        assert events.headers["Content-Type"].startswith("text/event-stream")
+        body = iter([b'{"command":', b'"echo chunked"}'])
+        sent = requests.post(standby.url + "/jobs", data=body, headers=auth, timeout=10)
+        chunked = expect_json(sent, 201)
+        assert chunked["command"] == "echo chunked"
+        for line in events.iter_lines():  # each read bounded by the timeout above
+            if chunked["job_id"].encode() in line:
+                break
+
     # The dashboard is the leader's, forwarded; /metrics, /health, /leader and /cluster are
     # the standby's own.
     assert both("GET", "/ui/")[1].status_code == 200
