@@ -24,7 +24,8 @@ import pytest
 import requests
 from conftest import BASE_ENV, START_TIMEOUT, PostgresDatabases
 from helpers import Api, compact, expect_error, expect_json, set_nodes, wait_for
-from test_ha import LIVENESS_SECS, LONG_LEASE, Ha, all_jobs, leader_reply
+from pg_proxy import SilentProxy
+from test_ha import LIVENESS_SECS, LONG_LEASE, SHORT_LEASE, Ha, all_jobs, leader_reply
 
 from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, parse_poll_reply, report_update
 from tiny_scheduler.dev.daemon import SchedulerProcess
@@ -305,6 +306,37 @@ def test_a_leader_that_does_not_answer_gives_503_no_leader_within_the_deadline(h
         assert took < 30  # the deadline is 10 s; generous for a shared machine
     finally:
         os.killpg(leader.proc.pid, signal.SIGCONT)
+
+
+def test_a_standby_that_cannot_read_the_lease_answers_503_itself(ha: Ha) -> None:
+    # The standby's way to the database goes silent; the leader's does not. After a lease
+    # without a look at the lease row, the standby no longer knows who leads (the leader it
+    # last saw may have lost the lease since), so it forwards nothing and answers 503 itself.
+    leader = ha.start(lease=SHORT_LEASE)
+    assert ha.wait_leader() is leader
+    proxy = SilentProxy(ha.db_url)
+    try:
+        standby = ha.start(lease=SHORT_LEASE, db_url=proxy.url)
+        wait_for(lambda: leader_reply(standby)[1]["leader"] == leader.url)
+        assert requests.get(standby.url + "/jobs", timeout=15).status_code == 200  # forwarded
+        proxy.cut()
+        cut_at = time.monotonic()
+        wait_for(
+            lambda: leader_reply(standby)[1]["leader"] is None,
+            timeout=LIVENESS_SECS,
+            message="the standby to forget the leader",
+        )
+        print(f"\nno leader named {time.monotonic() - cut_at:.2f}s after the cut")
+        reply = requests.post(standby.url + "/jobs", data=b'{"command":"echo x"}', timeout=15)
+        expect_error(reply, 503, "no leader")
+        assert reply.headers["Retry-After"] == "1"
+        assert not [j for j in all_jobs(leader.url).values() if j["command"] == "echo x"]
+        assert ha.leaders() == [leader]  # the leader itself is fine meanwhile
+        proxy.heal()
+        wait_for(lambda: leader_reply(standby)[1]["leader"] == leader.url, timeout=LIVENESS_SECS)
+    finally:
+        ha.stop()
+        proxy.close()
 
 
 def test_sigkill_of_the_leader_under_load_through_one_standby_loses_nothing(
