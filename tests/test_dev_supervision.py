@@ -18,8 +18,6 @@ import requests
 from helpers import wait_for
 from test_dev_cluster import CLI, SCHEDULER_ENV, processes_using
 
-from tiny_scheduler.dev.daemon import free_port
-
 LIVENESS_SECS = 30.0
 LEADER_LINE = re.compile(r"^leader: (\S+) \(epoch (\d+), pid (\d+)\)$")
 
@@ -34,8 +32,7 @@ def leader_of(url: str) -> tuple[int, str | None]:
 
 def test_a_killed_daemon_is_started_again_as_a_standby(tmp_path: Path, postgres_url: str) -> None:
     work = tmp_path / "dev"
-    port = free_port()
-    argv = [CLI, "dev", "--quick", "--agents", "1", "--standby", "1", "--port", str(port)]
+    argv = [CLI, "dev", "--quick", "--agents", "1", "--standby", "1"]
     argv += ["--postgres", postgres_url, "--work-dir", str(work)]
     dev = subprocess.Popen(
         argv,
@@ -59,11 +56,17 @@ def test_a_killed_daemon_is_started_again_as_a_standby(tmp_path: Path, postgres_
         found = [LEADER_LINE.match(line) for line in list(lines)]
         return [(m[1], int(m[2]), int(m[3])) for m in found if m]
 
-    first, standby = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
     try:
         wait_for(leader_lines, timeout=LIVENESS_SECS, message=lambda: f"a leader in {lines}")
-        url, epoch, pid = leader_lines()[0]
-        assert url == first
+        first, epoch, pid = leader_lines()[0]
+        # The other daemon, as the leader lists them (ports are the cluster's choice).
+        listed = wait_for(
+            lambda: (
+                len(daemons := requests.get(first + "/cluster", timeout=5).json()["daemons"]) == 2
+                and daemons
+            )
+        )
+        [standby] = [daemon["url"] for daemon in listed if daemon["url"] != first]
         os.killpg(pid, signal.SIGKILL)  # the leader, as the banner tells developers to
         wait_for(
             lambda: f"restarted the daemon at {first}" in lines,
