@@ -15,12 +15,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import random
 import shutil
 import socket
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 
 from tiny_scheduler.daemon_command import SERVE_ARGV
 from tiny_scheduler.dev.daemon import SchedulerProcess
@@ -115,12 +118,10 @@ class Namespace:
         tag = uuid.uuid4().hex[:5]
         self.name = f"tsha-{tag}"
         self._tag = tag
-        # A /24 of the private range per namespace, picked at random (the chance of two
-        # concurrent test runs on one machine picking the same is small; `ip addr add`
-        # refuses a clash loudly).
-        self._net = f"{PREFIX}.{int(tag, 16) % 250 + 1}"
         self._links: list[Link] = []
         self._relays: list[Relay] = []
+        self._claim = _claim_subnet(self.name)
+        self._net = f"{PREFIX}.{self._claim.name}"
         _ip("netns", "add", self.name)
         _ip("-n", self.name, "link", "set", "lo", "up")
 
@@ -159,6 +160,36 @@ class Namespace:
                 _ip("link", "del", link.root_dev)  # takes its peer along
         with contextlib.suppress(subprocess.CalledProcessError):
             _ip("netns", "del", self.name)
+        self._claim.unlink(missing_ok=True)
+
+
+CLAIMS = Path("/run/tiny-scheduler-netns")
+"""One file per /24 of the range in use, naming the namespace that uses it: tests running at
+the same time (pytest-xdist, two work trees) never share a subnet."""
+
+
+def _claim_subnet(namespace: str) -> Path:
+    """Claim a free 10.213.N.0/24 for `namespace` (a claim whose namespace is gone, left by
+    a run that was killed, is taken over)."""
+    CLAIMS.mkdir(parents=True, exist_ok=True)
+    existing = set(
+        subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    )
+    for number in random.sample(range(1, 251), 250):
+        claim = CLAIMS / str(number)
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            with contextlib.suppress(OSError):
+                # Stale when its namespace is gone, and not just being made (a minute old).
+                owner = claim.read_text().strip()
+                if owner not in existing and time.time() - claim.stat().st_mtime > 60:
+                    claim.unlink(missing_ok=True)  # free for the next namespace
+            continue
+        with os.fdopen(fd, "w") as file:
+            file.write(namespace)
+        return claim
+    raise RuntimeError(f"no free /24 left in {PREFIX}.0.0/16 (see {CLAIMS})")
 
 
 class NamespacedScheduler(SchedulerProcess):

@@ -197,9 +197,14 @@ class Load:
                     continue
                 with self.lock:
                     self.claims[job.job_id] += 1
-                done = self._call(
-                    session, urls, "PATCH", path, data=compact(report_update(0, "ok"))
-                )
+                # Like the real agent (which spools its reports), report until the scheduler
+                # takes it: polling again with the job unreported would tell the scheduler
+                # the agent lost it, and the job would rightly run again elsewhere.
+                report = compact(report_update(0, "ok"))
+                done = self._call(session, urls, "PATCH", path, data=report)
+                while done is not None and done.status_code >= 500:
+                    time.sleep(0.05)  # the store is away (a cut): again, within the deadline
+                    done = self._call(session, urls, "PATCH", path, data=report)
                 if done is not None and done.status_code == 200:
                     with self.lock:
                         self.finished.add(job.job_id)
