@@ -222,6 +222,7 @@ class Leadership:
         self._version = banner.version()
         self._recorded_at = -RECORD_SECS  # monotonic
         self._recorded_role = ""
+        self._record_failing = False
         self._epoch_seen: int | None = None
         self._terms: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -415,8 +416,11 @@ class Leadership:
         try:
             rows = self._call(_RECORD, params).fetchall()
         except (psycopg.Error, StoreOpenError) as exc:
-            log.warning("leadership: could not record this daemon in `daemons`: %s", exc)
+            if not self._record_failing:  # once per outage: the lease's own failures log on
+                log.warning("leadership: could not record this daemon in `daemons`: %s", exc)
+            self._record_failing = True
             return
+        self._record_failing = False
         self._recorded_at, self._recorded_role = now, role
         read_at = rows[-1][6] if rows else 0
         daemons = tuple(DaemonRow(*row[:6]) for row in rows)
