@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import collections
 import itertools
+import json
 import os
 import re
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -280,6 +282,33 @@ def test_forwarding_overhead(ha: Ha) -> None:
         session.close()
     direct, forwarded = (timings[name] * 1000 for name in ("direct", "forwarded"))
     print(f"\nGET /jobs/{{id}}: {direct:.2f} ms direct, {forwarded:.2f} ms forwarded")
+
+
+def test_a_client_that_waits_for_100_continue_is_forwarded_with_its_body(ha: Ha) -> None:
+    # curl and others send `Expect: 100-continue` before a large body; the standby must
+    # invite the body (it is the leader's to judge) and forward it whole, once.
+    leader, standby = pair(ha)
+    body = compact({"command": "echo expected " + "x" * 2000})
+    host, port = standby.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=15) as sock:
+        head = (
+            f"POST /jobs HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: {len(body)}\r\n"
+            "Expect: 100-continue\r\nConnection: close\r\n\r\n"
+        )
+        sock.sendall(head.encode())
+        with sock.makefile("rb") as reader:
+            invited = reader.readline()
+            assert invited.startswith(b"HTTP/1.1 100"), (
+                f"no invitation to send the body: {invited!r}"
+            )
+            assert reader.readline() == b"\r\n"
+            sock.sendall(body)
+            status = reader.readline()
+            answer = reader.read()
+    assert status.startswith(b"HTTP/1.1 201"), (status, answer[-300:])
+    job_id = json.loads(answer.split(b"\r\n\r\n", 1)[1])["job_id"]
+    stored = [j for j in all_jobs(leader.url).values() if j["command"].startswith("echo expected")]
+    assert [j["job_id"] for j in stored] == [job_id]
 
 
 def test_a_forwarded_request_is_never_forwarded_again(ha: Ha) -> None:

@@ -52,27 +52,38 @@ def leader() -> Response:
 
 
 def to_the_leader() -> Response | None:
-    """On a standby, the reply that sends the current request on; None on the leader."""
+    """On a standby, the leader's answer to the current request (forwarded), or the reply that
+    sends it there; None on the leader."""
+    reply, leader_url = standby_reply()
+    if leader_url is None:
+        return reply
+    try:
+        return forward.forward(leader_url, scheduler().settings.advertise_url)
+    except forward.LeaderUnreachable:
+        return text_reply(NO_LEADER, 503, _NO_LEADER_HEADERS)
+
+
+def standby_reply() -> tuple[Response | None, str | None]:
+    """(None, None) on the leader; (None, the leader's URL) when the request is to be forwarded;
+    else (the reply: 503 or 307, None). Decided from the head alone and never calling the
+    leader, so the worker may ask it before `100 Continue` (`answered_before_body`)."""
     service = scheduler()
     if request.endpoint in STANDBY_SERVES or service.is_serving():
-        return None
+        return None, None
     view = service.leader()
     own = service.settings.advertise_url
     # Never to itself: a daemon that sees its own URL in the lease row is about to lead or has
     # just stopped; either way nobody else would answer.
     if view is None or view.leader_url is None or view.leader_url == own:
-        return text_reply(NO_LEADER, 503, _NO_LEADER_HEADERS)
+        return text_reply(NO_LEADER, 503, _NO_LEADER_HEADERS), None
     if service.settings.ha_forward and request.headers.get(NO_FORWARD) != "1":
         if request.headers.get(forward.MARKER) is not None:
             # Another daemon forwarded this to us as the leader, and we are not: its view and
             # ours disagree for a moment (a takeover). Sending it on could loop.
-            return text_reply(NO_LEADER, 503, _NO_LEADER_HEADERS)
-        try:
-            return forward.forward(view.leader_url, own)
-        except forward.LeaderUnreachable:
-            return text_reply(NO_LEADER, 503, _NO_LEADER_HEADERS)
+            return text_reply(NO_LEADER, 503, _NO_LEADER_HEADERS), None
+        return None, view.leader_url
     # The path as the client sent it (quoted again after WSGI decoded it), and the query as is.
     target = view.leader_url + quote(request.path, safe="/:@!$&'()*+,;=~")
     if request.query_string:
         target += "?" + request.query_string.decode("latin-1")
-    return text_reply(f"the leader is {view.leader_url}", 307, {"Location": target})
+    return text_reply(f"the leader is {view.leader_url}", 307, {"Location": target}), None
