@@ -11,15 +11,42 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import requests
 from helpers import wait_for
-from test_dev_cluster import CLI, SCHEDULER_ENV, processes_using
+
+CLI = os.path.join(os.path.dirname(sys.executable), "tiny-scheduler")
+"""The installed command, as a developer runs it."""
+
+SCHEDULER_ENV = {"JOB_RETENTION_SECS": "0", "SQS_URL": "", "SNS_URL": "", "TINYAWS_API_KEY": ""}
+"""Whatever the developer's shell holds: no peers, no key."""
 
 LIVENESS_SECS = 30.0
 LEADER_LINE = re.compile(r"^leader: (\S+) \(epoch (\d+), pid (\d+)\)$")
+
+
+def processes_using(folder: Path) -> list[int]:
+    """Live processes whose command line or environment names `folder` (the cluster's work
+    dir: its daemons, agents and their jobs)."""
+    needle = str(folder).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_bytes()
+            if stat.rsplit(b")", 1)[-1].split()[0] == b"Z":
+                continue  # dead, not yet reaped
+            seen = Path(f"/proc/{entry}/cmdline").read_bytes()
+            seen += Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        if needle in seen:
+            found.append(int(entry))
+    return found
 
 
 def leader_of(url: str) -> tuple[int, str | None]:
@@ -38,7 +65,7 @@ def test_a_killed_daemon_is_started_again_as_a_standby(tmp_path: Path, postgres_
         argv,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env={**os.environ, "TINYAWS_API_KEY": "", **SCHEDULER_ENV},
+        env={**os.environ, **SCHEDULER_ENV},
         start_new_session=True,
         text=True,
     )
