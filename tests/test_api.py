@@ -531,9 +531,16 @@ def test_cancel(api: Api, agent: Agent) -> None:
     assert agent.poll() == []
     expect_conflict(api.post(f"/jobs/{job['job_id']}/cancel"), "failed")
 
+    # A running job is cancelled too (its agent is told to stop it): at once, in the same form.
     running = api.submit()["job_id"]
     claim(api, running)
-    expect_conflict(api.post(f"/jobs/{running}/cancel"), "running")
+    stopped = expect_json(api.post(f"/jobs/{running}/cancel"), 200)
+    assert (stopped["status"], stopped["reason"], stopped["exit_code"]) == (
+        "failed",
+        "cancelled",
+        -1,
+    )
+    expect_conflict(api.post(f"/jobs/{running}/cancel"), "failed")
     expect_error(api.post("/jobs/job-999999999/cancel"), 404, "job not found")
 
 
