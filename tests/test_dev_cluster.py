@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import requests
 from helpers import Api, wait_for
-from tiny_scheduler.dev.agent import CHILDREN_FILE
 
+from tiny_scheduler.agent.groups import CHILDREN_FILE
 from tiny_scheduler.dev import demo
 from tiny_scheduler.dev.cluster import ClusterConfig, ClusterError, DevCluster
 from tiny_scheduler.jobs import FINAL_STATUSES
