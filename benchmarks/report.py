@@ -173,6 +173,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
     out += _floor_rows(results, sizes)
     out += _postgres_rows(results)
     out += _placement_rows(results.get("placement"))
+    out += _waiters_rows(results)
 
     restarts = sorted(int(key.split("_")[1]) for key in results if key.startswith("restart_"))
     for size in restarts:
@@ -364,6 +365,53 @@ def _placement_rows(case: dict[str, Any] | None) -> list[Row]:
             met=case["p99_met"],
         ),
         Row("", "jobs moved", _num(least["moved"])),
+    ]
+
+
+TARGET_WAITERS_RATIO = 1.2  # issue 23: poll p99 and /health with waiters within this of without
+TARGET_PRIORITY_RATIO = 1.2  # issue 25: poll with priorities and queues within this of FIFO
+TARGET_AGENT_P99_MS = 50.0  # issue 27: the largest agent count served with poll p99 under this
+
+
+def _ratio(ours: float, base: float) -> float:
+    return ours / base if base else float("nan")
+
+
+def _waiters_rows(results: dict[str, Any]) -> list[Row]:
+    """Issue 23: poll and /health latency with 128 parked waiters beside none, same server."""
+    with_, without = results.get("waiters_with"), results.get("waiters_without")
+    if not with_ or not without:
+        return []
+    w, b = with_["median"], without["median"]
+    poll = _ratio(w["p99_ms"], b["p99_ms"])
+    health = _ratio(w["health"]["p99_ms"], b["health"]["p99_ms"])
+    probes = sorted({run["held"].get("probe_129th") for run in with_["runs"]})
+    refused = all(status == 503 for status in probes)
+    return [
+        Row("waiters: none (baseline)", "poll p50 / p99 ms", _ms(b), cpu=_cpu(b)),
+        Row("", "/health p50 / p99 ms", _ms(b["health"])),
+        Row(
+            "waiters: 64 streams + 64 output waits",
+            "poll p50 / p99 ms; p99 x none",
+            f"{_ms(w)}; {poll:.2f}x",
+            target=f"<= {TARGET_WAITERS_RATIO}x",
+            met=poll <= TARGET_WAITERS_RATIO,
+            cpu=_cpu(w),
+        ),
+        Row(
+            "",
+            "/health p50 / p99 ms; p99 x none",
+            f"{_ms(w['health'])}; {health:.2f}x",
+            target=f"<= {TARGET_WAITERS_RATIO}x",
+            met=health <= TARGET_WAITERS_RATIO,
+        ),
+        Row(
+            "",
+            "129th waiter",
+            "/".join(str(s) for s in probes),
+            target="503",
+            met=refused,
+        ),
     ]
 
 
