@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import ha, placement, profile, report, scenarios, waiters
+from . import ha, placement, priorities, profile, report, scenarios, waiters
 from .history import node_names
 from .procs import RegistryProcess
 
@@ -37,6 +37,7 @@ SCENARIOS = (
     "postgres",
     "placement",
     "waiters",
+    "priorities",
 )
 
 
@@ -159,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             # Its own registries (4 nodes each), not the 50-node one.
             "placement": lambda _: placement.run(workdir, env, args.placement_scale),
             "waiters": waiters.waiters,
+            "priorities": priorities.priorities,
         }
         for name in SCENARIOS:
             if name in args.only:

@@ -104,6 +104,29 @@ def build_pending(path: Path, total: int, nodes: list[str]) -> list[str]:
     return [job_id_of(seq) for seq in range(1, total + 1)]
 
 
+def build_prioritised(
+    path: Path, total: int, nodes: list[str], priorities: int, queues: int
+) -> list[str]:
+    """Like `build_pending`, but each job also names one of `priorities` priority levels
+    (spread over 0-100) and one of `queues` queues (`q0`, `q1`, ...). Levels and queues change
+    every len(nodes) and every 10 x len(nodes) jobs, so that each node holds every mix."""
+    step = len(nodes)
+    levels = [round(i * 100 / max(priorities - 1, 1)) for i in range(priorities)]
+
+    def make(seq: int, now: int) -> Job:
+        return Job(
+            seq=seq,
+            node_id=nodes[seq % step],
+            command="true",
+            created_at=now,
+            priority=levels[(seq // step) % priorities],
+            queue=f"q{(seq // (step * priorities)) % queues}",
+        )
+
+    _write(path, total, make)
+    return [job_id_of(seq) for seq in range(1, total + 1)]
+
+
 def build_pending_and_running(
     path: Path, pending: int, pending_nodes: list[str], running: int, running_nodes: list[str]
 ) -> list[str]:

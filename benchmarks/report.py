@@ -174,6 +174,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
     out += _postgres_rows(results)
     out += _placement_rows(results.get("placement"))
     out += _waiters_rows(results)
+    out += _priorities_rows(results)
 
     restarts = sorted(int(key.split("_")[1]) for key in results if key.startswith("restart_"))
     for size in restarts:
@@ -413,6 +414,39 @@ def _waiters_rows(results: dict[str, Any]) -> list[Row]:
             met=refused,
         ),
     ]
+
+
+def _priorities_rows(results: dict[str, Any]) -> list[Row]:
+    """Issue 25: the poll over 100k pending jobs with priorities and queues beside plain FIFO."""
+    out: list[Row] = []
+    for clients in (1, 8):
+        prio, fifo = (
+            results.get(f"priorities_prio_{clients}"),
+            results.get(f"priorities_fifo_{clients}"),
+        )
+        if not prio or not fifo:
+            continue
+        p, f = prio["median"], fifo["median"]
+        p50, p99 = _ratio(p["p50_ms"], f["p50_ms"]), _ratio(p["p99_ms"], f["p99_ms"])
+        out.append(
+            Row(
+                f"poll, 100k pending FIFO, {clients} client{'s' if clients > 1 else ''}",
+                "p50 / p99 ms; polls/s",
+                f"{_ms(f)}; {_num(f['rate'])}",
+                cpu=_cpu(f),
+            )
+        )
+        out.append(
+            Row(
+                "  10 priorities x 10 queues",
+                "p50 / p99 ms; x FIFO",
+                f"{_ms(p)}; {p50:.2f}x / {p99:.2f}x",
+                target=f"<= {TARGET_PRIORITY_RATIO}x",
+                met=max(p50, p99) <= TARGET_PRIORITY_RATIO,
+                cpu=_cpu(p),
+            )
+        )
+    return out
 
 
 _HEADERS = ("case", "figure", "ours", "Go (issue 7)", "target", "met", "cpu srv/cli/other")
