@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import ha, placement, priorities, profile, report, scenarios, waiters
+from . import agents, ha, placement, priorities, profile, report, scenarios, waiters
 from .history import node_names
 from .procs import RegistryProcess
 
@@ -38,6 +38,7 @@ SCENARIOS = (
     "placement",
     "waiters",
     "priorities",
+    "agents1000",
 )
 
 
@@ -161,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             "placement": lambda _: placement.run(workdir, env, args.placement_scale),
             "waiters": waiters.waiters,
             "priorities": priorities.priorities,
+            "agents1000": agents.agents,
         }
         for name in SCENARIOS:
             if name in args.only:
