@@ -36,7 +36,8 @@ from schemathesis.checks import (
 )
 from schemathesis.generation.modes import GenerationMode
 
-from tiny_scheduler import Settings, create_app, errors, stop_background
+from tiny_scheduler import Settings, create_app, errors, node_requests, stop_background
+from tiny_scheduler.api import events, output
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.placement import NO_HEALTHY_NODES
@@ -48,6 +49,7 @@ from tiny_scheduler.validation import (
     PAUSED_MESSAGE,
     QUEUE_MESSAGE,
 )
+from tiny_scheduler.waiting import TOO_MANY_WAITERS
 
 DOCUMENT: dict[str, Any] = json.loads(
     resources.files("tiny_scheduler").joinpath("openapi.json").read_text()
@@ -132,6 +134,8 @@ def documents(message: str, status: str, method: str, path: str) -> bool:
 
 PLACEMENT_TEXTS = [REACH_FAILED, DECODE_FAILED, NO_HEALTHY_NODES, INSTANCE_NOT_FOUND]
 
+NODE, OUTPUT = "/nodes/{node_id}", "/jobs/{job_id}/output"
+
 # Each message of `errors`, and of the other modules that refuse requests, with the answers
 # (status, method, path) that carry it.
 WHERE = {
@@ -159,12 +163,29 @@ WHERE = {
     MAX_RUNNING_MESSAGE: [("400", "put", "/queues/{name}")],
     PAUSED_MESSAGE: [("400", "put", "/queues/{name}")],
     QUEUE_MESSAGE: [("400", "put", "/queues/{name}")],
+    node_requests.DECODE_HEARTBEAT: [("400", "put", NODE)],
+    node_requests.CPU_COUNT_MESSAGE: [("400", "put", NODE)],
+    node_requests.RUNNING_MESSAGE: [("400", "put", NODE)],
+    node_requests.VERSION_MESSAGE: [("400", "put", NODE)],
+    node_requests.LABELS_MESSAGE: [("400", "put", NODE)],
+    node_requests.DECODE_NODE_CHANGE: [("400", "patch", NODE)],
+    node_requests.DRAIN_MESSAGE: [("400", "patch", NODE)],
+    node_requests.NODE_NOT_FOUND: [("404", "get", NODE), ("404", "patch", NODE)],
+    output.DECODE_OUTPUT: [("400", "post", OUTPUT)],
+    output.STRINGS_MESSAGE: [("400", "post", OUTPUT)],
+    output.STREAM_MESSAGE: [("400", "get", OUTPUT)],
+    output.OFFSET_MESSAGE: [("400", "get", OUTPUT)],
+    output.WAIT_MESSAGE: [("400", "get", OUTPUT)],
+    events.LAST_EVENT_ID_MESSAGE: [("400", "get", "/events")],
+    TOO_MANY_WAITERS: [("503", "get", OUTPUT), ("503", "get", "/events")],
     errors.DECODE_UPDATE: [("400", "patch", "/jobs/{job_id}")],
     errors.INVALID_STATUS: [("400", "patch", "/jobs/{job_id}")],
     errors.JOB_NOT_FOUND: [
         ("404", "get", "/jobs/{job_id}"),
         ("404", "patch", "/jobs/{job_id}"),
         ("404", "post", "/jobs/{job_id}/cancel"),
+        ("404", "post", OUTPUT),
+        ("404", "get", OUTPUT),
     ],
     errors.UNAUTHORIZED: [
         ("401", "get", "/jobs"),
@@ -182,10 +203,20 @@ WHERE = {
         ("401", "get", "/cluster"),
         ("401", "get", "/queues"),
         ("401", "put", "/queues/{name}"),
+        ("401", "get", "/nodes"),
+        ("401", "get", NODE),
+        ("401", "put", NODE),
+        ("401", "patch", NODE),
+        ("401", "post", OUTPUT),
+        ("401", "get", OUTPUT),
+        ("401", "get", "/events"),
     ],
     errors.REQUEST_TOO_LARGE: [  # an update is never refused for it
         ("413", "post", "/jobs"),
         ("413", "put", "/queues/{name}"),
+        ("413", "put", NODE),
+        ("413", "patch", NODE),
+        ("413", "post", OUTPUT),
     ],
     errors.STORE_UNAVAILABLE: [
         ("503", "get", "/jobs"),  # the output a listing or a job shows is read from disk
@@ -194,11 +225,17 @@ WHERE = {
         ("503", "patch", "/jobs/{job_id}"),
         ("503", "post", "/jobs/{job_id}/cancel"),
         ("503", "put", "/queues/{name}"),
+        ("503", "put", NODE),  # a node's changed facts are stored before the answer
+        ("503", "patch", NODE),
+        ("503", "post", OUTPUT),
+        ("503", "get", OUTPUT),  # the output is read from disk
     ],
     errors.STORE_OUTCOME_UNKNOWN: [  # only a change: a read has no outcome to doubt
         ("503", "post", "/jobs"),
         ("503", "patch", "/jobs/{job_id}"),
         ("503", "post", "/jobs/{job_id}/cancel"),
+        ("503", "put", NODE),  # a heartbeat may fail a job lost by its agent
+        ("503", "post", OUTPUT),
     ],
 }
 
@@ -219,6 +256,18 @@ def test_every_error_message_of_the_code_is_documented_where_it_occurs() -> None
         "node host-a for instance i-1 is not healthy",
     ):
         assert documents(message, "503", "post", "/jobs"), message
+    # The heartbeat's refusals that name what was sent, as the parser words them.
+    for beat in (
+        {"cpu_count": 1, "running": ["job-0"]},
+        {"cpu_count": 1, "running": [7]},
+        {"cpu_count": 1, "running": [], "labels": {"rack": 1}},
+    ):
+        with pytest.raises(errors.BadRequest) as refused:
+            node_requests.parse_heartbeat(json.dumps(beat).encode())
+        assert documents(refused.value.message, "400", "put", NODE), refused.value.message
+    for status in ("pending", "done", "failed"):
+        conflict = f"job job-12 is {status}, not running: no output"
+        assert documents(conflict, "409", "post", OUTPUT), conflict
 
 
 def test_every_documented_message_is_one_the_code_has() -> None:
@@ -312,7 +361,11 @@ def live_schema(scheduler: SchedulerProcess, registry_server: FakeRegistry) -> A
     for command in ("echo one", "echo two"):
         api.submit(command=command)
     api.close()
-    return schemathesis.openapi.from_url(scheduler.url + "/openapi.json")
+    schema = schemathesis.openapi.from_url(scheduler.url + "/openapi.json")
+    # An event stream never ends: an answer of GET /events is read up to its first event (the
+    # retry hint and comments are not events), or until the call's timeout.
+    schema.config.max_stream_events = 1
+    return schema
 
 
 CONFORMANCE = settings(
@@ -337,10 +390,14 @@ def test_every_answer_matches_the_document(
         # document can only say in words; test_auth checks both sides.
         checks = [check for check in CHECKS if check is not ignored_auth]
 
+    # A stream with no event to send (no Last-Event-ID to resume after) is read for a second:
+    # its status, headers and first bytes go out at once; only an event would come later.
+    timeout = 1 if path == "/events" else 10
+
     @CONFORMANCE
     @given(case=operation.as_strategy(generation_mode=mode))
     def conforms(case: Any) -> None:
-        response = case.call(headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+        response = case.call(headers={"Authorization": f"Bearer {KEY}"}, timeout=timeout)
         if refused_by_gunicorn(response):
             return  # never reached the API; the document's description says so
         case.validate_response(response, checks=checks, headers={"Authorization": f"Bearer {KEY}"})
