@@ -522,9 +522,11 @@ def test_every_documented_answer_of_a_walk_through_the_states_matches(
     scheduler: SchedulerProcess, live_schema: Any, node: str
 ) -> None:
     """One job through pending, running, a failed attempt, pending again with attempts,
-    running, done and a refused move; another cancelled; a schedule created, read, changed
-    and deleted. Each answer is checked against the document, and every documented success
-    of the API (the dashboard's pages are tests/test_ui_*'s) must have been met."""
+    running (with live output appended and read), done and a refused move; another cancelled;
+    a schedule created, read, changed and deleted; a node's heartbeat, listing and drain; a
+    queue set and listed; the cluster; an event stream. Each answer is checked against the
+    document, and every documented success of the API (the dashboard's pages are
+    tests/test_ui_*'s) must have been met."""
     call = Walk(live_schema)
     job_path, schedule_path = "/jobs/{job_id}", "/schedules/{schedule_id}"
     for path in ("/health", "/health/scheduler", "/leader", "/schedule", "/openapi.json"):
@@ -541,6 +543,12 @@ def test_every_documented_answer_of_a_walk_through_the_states_matches(
 
     running = {"status": "running", "exit_code": None, "stdout": "", "stderr": ""}
     call("PATCH", job_path, 200, running, path_parameters=ids)
+    output_path = "/jobs/{job_id}/output"
+    call("POST", output_path, 204, {"stdout": "step 1\n", "stderr": None}, path_parameters=ids)
+    read = call("GET", output_path, 200, path_parameters=ids, query={"offset": 5})
+    # (schemathesis keeps headers by lower-case name, each with the list of its values)
+    assert (read.text, read.headers["x-output-offset"]) == ("1\n", ["7"])
+    assert read.headers["x-job-status"] == ["running"]
     failed = {"status": "failed", "exit_code": 3, "stdout": "", "stderr": "boom"}
     assert call("PATCH", job_path, 200, failed, path_parameters=ids).json()["retry_count"] == 1
     assert call("GET", job_path, 200, path_parameters=ids).json()["attempts"]
@@ -550,6 +558,7 @@ def test_every_documented_answer_of_a_walk_through_the_states_matches(
     finished = call("GET", job_path, 200, path_parameters=ids).json()
     assert (finished["status"], len(finished["attempts"])) == ("done", 1)
     call("PATCH", job_path, 409, running, path_parameters=ids)
+    call("POST", output_path, 409, {"stdout": "late"}, path_parameters=ids)
 
     cancel_ids = {"job_id": first["job_id"]}
     call("POST", "/jobs/{job_id}/cancel", 200, path_parameters=cancel_ids)
@@ -565,6 +574,39 @@ def test_every_documented_answer_of_a_walk_through_the_states_matches(
     call("PATCH", schedule_path, 200, {"paused": True}, path_parameters=schedule_ids)
     call("DELETE", schedule_path, 204, path_parameters=schedule_ids)
     call("GET", schedule_path, 404, path_parameters=schedule_ids)
+
+    beating = unique_node("beat")
+    node_ids = {"node_id": beating}
+    beat = {"cpu_count": 2, "running": [], "version": "walk", "labels": {"rack": "r1"}}
+    orders = call("PUT", "/nodes/{node_id}", 200, beat, path_parameters=node_ids).json()
+    assert (orders["node_id"], orders["drain"], orders["stop"]) == (beating, False, [])
+    listed = {shown["node_id"]: shown for shown in call("GET", "/nodes", 200).json()}
+    assert (listed[beating]["cpu_count"], listed[beating]["labels"]) == (2, {"rack": "r1"})
+    assert call("GET", "/nodes/{node_id}", 200, path_parameters=node_ids).json() == listed[beating]
+    for drain in (True, False):
+        changed = call("PATCH", "/nodes/{node_id}", 200, {"drain": drain}, path_parameters=node_ids)
+        assert changed.json()["drain"] is drain
+    missing = {"node_id": unique_node("never")}
+    call("GET", "/nodes/{node_id}", 404, path_parameters=missing)
+
+    queue = f"walk-{unique_node()}"
+    settings = {"max_running": 2, "paused": False}
+    shown_queue = call("PUT", "/queues/{name}", 200, settings, path_parameters={"name": queue})
+    assert shown_queue.json()["max_running"] == 2
+    assert queue in {shown["queue"] for shown in call("GET", "/queues", 200).json()}
+    assert call("GET", "/cluster", 200).json()["daemons"]
+
+    # An event stream: open, it takes a change made after it began; resumed just before that
+    # change's id, it starts with it.
+    with requests.get(f"{scheduler.url}/events", headers=AUTH, stream=True, timeout=10) as stream:
+        lines = stream.iter_lines(chunk_size=1)
+        assert next(lines) == b"retry: 2000"  # the stream is open
+        submitted = call("POST", "/jobs", 201, {"command": "true"}).json()
+        event_id = next(line for line in lines if line.startswith(b"id: "))[4:].decode()
+        assert json.loads(next(lines).removeprefix(b"data: "))["job_id"] == submitted["job_id"]
+    resumed = str(int(event_id) - 1)
+    sent = call("GET", "/events", 200, headers={"Last-Event-ID": resumed}).text
+    assert f"event: job\nid: {event_id}\n" in sent and submitted["job_id"] in sent
 
     successes = {
         (method.upper(), path, status)
