@@ -36,12 +36,20 @@ from schemathesis.checks import (
 )
 from schemathesis.generation.modes import GenerationMode
 
-from tiny_scheduler import Settings, create_app, errors, stop_background
+from tiny_scheduler import Settings, create_app, errors, node_requests, stop_background
+from tiny_scheduler.api import events, output
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.placement import NO_HEALTHY_NODES
 from tiny_scheduler.registry import DECODE_FAILED, INSTANCE_NOT_FOUND, REACH_FAILED
-from tiny_scheduler.validation import MAX_PAGE, MAX_TIMEOUT_SECS
+from tiny_scheduler.validation import (
+    MAX_PAGE,
+    MAX_RUNNING_MESSAGE,
+    MAX_TIMEOUT_SECS,
+    PAUSED_MESSAGE,
+    QUEUE_MESSAGE,
+)
+from tiny_scheduler.waiting import TOO_MANY_WAITERS
 
 DOCUMENT: dict[str, Any] = json.loads(
     resources.files("tiny_scheduler").joinpath("openapi.json").read_text()
@@ -126,7 +134,10 @@ def documents(message: str, status: str, method: str, path: str) -> bool:
 
 PLACEMENT_TEXTS = [REACH_FAILED, DECODE_FAILED, NO_HEALTHY_NODES, INSTANCE_NOT_FOUND]
 
-# Each message of `errors`, with the answers (status, method, path) that carry it.
+NODE, OUTPUT = "/nodes/{node_id}", "/jobs/{job_id}/output"
+
+# Each message of `errors`, and of the other modules that refuse requests, with the answers
+# (status, method, path) that carry it.
 WHERE = {
     errors.DECODE_JOB: [("400", "post", "/jobs")],
     errors.COMMAND_REQUIRED: [
@@ -149,12 +160,32 @@ WHERE = {
         ("404", "delete", "/schedules/{schedule_id}"),
     ],
     errors.DECODE_QUEUE: [("400", "put", "/queues/{name}")],
+    MAX_RUNNING_MESSAGE: [("400", "put", "/queues/{name}")],
+    PAUSED_MESSAGE: [("400", "put", "/queues/{name}")],
+    QUEUE_MESSAGE: [("400", "put", "/queues/{name}")],
+    node_requests.DECODE_HEARTBEAT: [("400", "put", NODE)],
+    node_requests.CPU_COUNT_MESSAGE: [("400", "put", NODE)],
+    node_requests.RUNNING_MESSAGE: [("400", "put", NODE)],
+    node_requests.VERSION_MESSAGE: [("400", "put", NODE)],
+    node_requests.LABELS_MESSAGE: [("400", "put", NODE)],
+    node_requests.DECODE_NODE_CHANGE: [("400", "patch", NODE)],
+    node_requests.DRAIN_MESSAGE: [("400", "patch", NODE)],
+    node_requests.NODE_NOT_FOUND: [("404", "get", NODE), ("404", "patch", NODE)],
+    output.DECODE_OUTPUT: [("400", "post", OUTPUT)],
+    output.STRINGS_MESSAGE: [("400", "post", OUTPUT)],
+    output.STREAM_MESSAGE: [("400", "get", OUTPUT)],
+    output.OFFSET_MESSAGE: [("400", "get", OUTPUT)],
+    output.WAIT_MESSAGE: [("400", "get", OUTPUT)],
+    events.LAST_EVENT_ID_MESSAGE: [("400", "get", "/events")],
+    TOO_MANY_WAITERS: [("503", "get", OUTPUT), ("503", "get", "/events")],
     errors.DECODE_UPDATE: [("400", "patch", "/jobs/{job_id}")],
     errors.INVALID_STATUS: [("400", "patch", "/jobs/{job_id}")],
     errors.JOB_NOT_FOUND: [
         ("404", "get", "/jobs/{job_id}"),
         ("404", "patch", "/jobs/{job_id}"),
         ("404", "post", "/jobs/{job_id}/cancel"),
+        ("404", "post", OUTPUT),
+        ("404", "get", OUTPUT),
     ],
     errors.UNAUTHORIZED: [
         ("401", "get", "/jobs"),
@@ -169,19 +200,42 @@ WHERE = {
         ("401", "patch", "/schedules/{schedule_id}"),
         ("401", "delete", "/schedules/{schedule_id}"),
         ("401", "get", "/ui/"),
+        ("401", "get", "/cluster"),
+        ("401", "get", "/queues"),
+        ("401", "put", "/queues/{name}"),
+        ("401", "get", "/nodes"),
+        ("401", "get", NODE),
+        ("401", "put", NODE),
+        ("401", "patch", NODE),
+        ("401", "post", OUTPUT),
+        ("401", "get", OUTPUT),
+        ("401", "get", "/events"),
     ],
-    errors.REQUEST_TOO_LARGE: [("413", "post", "/jobs")],  # an update is never refused for it
+    errors.REQUEST_TOO_LARGE: [  # an update is never refused for it
+        ("413", "post", "/jobs"),
+        ("413", "put", "/queues/{name}"),
+        ("413", "put", NODE),
+        ("413", "patch", NODE),
+        ("413", "post", OUTPUT),
+    ],
     errors.STORE_UNAVAILABLE: [
         ("503", "get", "/jobs"),  # the output a listing or a job shows is read from disk
         ("503", "get", "/jobs/{job_id}"),
         ("503", "post", "/jobs"),
         ("503", "patch", "/jobs/{job_id}"),
         ("503", "post", "/jobs/{job_id}/cancel"),
+        ("503", "put", "/queues/{name}"),
+        ("503", "put", NODE),  # a node's changed facts are stored before the answer
+        ("503", "patch", NODE),
+        ("503", "post", OUTPUT),
+        ("503", "get", OUTPUT),  # the output is read from disk
     ],
     errors.STORE_OUTCOME_UNKNOWN: [  # only a change: a read has no outcome to doubt
         ("503", "post", "/jobs"),
         ("503", "patch", "/jobs/{job_id}"),
         ("503", "post", "/jobs/{job_id}/cancel"),
+        ("503", "put", NODE),  # a heartbeat may fail a job lost by its agent
+        ("503", "post", OUTPUT),
     ],
 }
 
@@ -190,7 +244,7 @@ def test_every_error_message_of_the_code_is_documented_where_it_occurs() -> None
     constants = {
         value for name, value in vars(errors).items() if name.isupper() and isinstance(value, str)
     }
-    assert constants == set(WHERE), "a message of errors.py is missing from this test"
+    assert constants - set(WHERE) == set(), "a message of errors.py is missing from this test"
     for message, places in WHERE.items():
         for status, method, path in places:
             assert documents(message, status, method, path), (message, status, method, path)
@@ -202,6 +256,18 @@ def test_every_error_message_of_the_code_is_documented_where_it_occurs() -> None
         "node host-a for instance i-1 is not healthy",
     ):
         assert documents(message, "503", "post", "/jobs"), message
+    # The heartbeat's refusals that name what was sent, as the parser words them.
+    for beat in (
+        {"cpu_count": 1, "running": ["job-0"]},
+        {"cpu_count": 1, "running": [7]},
+        {"cpu_count": 1, "running": [], "labels": {"rack": 1}},
+    ):
+        with pytest.raises(errors.BadRequest) as refused:
+            node_requests.parse_heartbeat(json.dumps(beat).encode())
+        assert documents(refused.value.message, "400", "put", NODE), refused.value.message
+    for status in ("pending", "done", "failed"):
+        conflict = f"job job-12 is {status}, not running: no output"
+        assert documents(conflict, "409", "post", OUTPUT), conflict
 
 
 def test_every_documented_message_is_one_the_code_has() -> None:
@@ -295,7 +361,11 @@ def live_schema(scheduler: SchedulerProcess, registry_server: FakeRegistry) -> A
     for command in ("echo one", "echo two"):
         api.submit(command=command)
     api.close()
-    return schemathesis.openapi.from_url(scheduler.url + "/openapi.json")
+    schema = schemathesis.openapi.from_url(scheduler.url + "/openapi.json")
+    # An event stream never ends: an answer of GET /events is read up to its first event (the
+    # retry hint and comments are not events), or until the call's timeout.
+    schema.config.max_stream_events = 1
+    return schema
 
 
 CONFORMANCE = settings(
@@ -320,10 +390,14 @@ def test_every_answer_matches_the_document(
         # document can only say in words; test_auth checks both sides.
         checks = [check for check in CHECKS if check is not ignored_auth]
 
+    # A stream with no event to send (no Last-Event-ID to resume after) is read for a second:
+    # its status, headers and first bytes go out at once; only an event would come later.
+    timeout = 1 if path == "/events" else 10
+
     @CONFORMANCE
     @given(case=operation.as_strategy(generation_mode=mode))
     def conforms(case: Any) -> None:
-        response = case.call(headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+        response = case.call(headers={"Authorization": f"Bearer {KEY}"}, timeout=timeout)
         if refused_by_gunicorn(response):
             return  # never reached the API; the document's description says so
         case.validate_response(response, checks=checks, headers={"Authorization": f"Bearer {KEY}"})
@@ -448,9 +522,11 @@ def test_every_documented_answer_of_a_walk_through_the_states_matches(
     scheduler: SchedulerProcess, live_schema: Any, node: str
 ) -> None:
     """One job through pending, running, a failed attempt, pending again with attempts,
-    running, done and a refused move; another cancelled; a schedule created, read, changed
-    and deleted. Each answer is checked against the document, and every documented success
-    of the API (the dashboard's pages are tests/test_ui_*'s) must have been met."""
+    running (with live output appended and read), done and a refused move; another cancelled;
+    a schedule created, read, changed and deleted; a node's heartbeat, listing and drain; a
+    queue set and listed; the cluster; an event stream. Each answer is checked against the
+    document, and every documented success of the API (the dashboard's pages are
+    tests/test_ui_*'s) must have been met."""
     call = Walk(live_schema)
     job_path, schedule_path = "/jobs/{job_id}", "/schedules/{schedule_id}"
     for path in ("/health", "/health/scheduler", "/leader", "/schedule", "/openapi.json"):
@@ -467,6 +543,12 @@ def test_every_documented_answer_of_a_walk_through_the_states_matches(
 
     running = {"status": "running", "exit_code": None, "stdout": "", "stderr": ""}
     call("PATCH", job_path, 200, running, path_parameters=ids)
+    output_path = "/jobs/{job_id}/output"
+    call("POST", output_path, 204, {"stdout": "step 1\n", "stderr": None}, path_parameters=ids)
+    read = call("GET", output_path, 200, path_parameters=ids, query={"offset": 5})
+    # (schemathesis keeps headers by lower-case name, each with the list of its values)
+    assert (read.text, read.headers["x-output-offset"]) == ("1\n", ["7"])
+    assert read.headers["x-job-status"] == ["running"]
     failed = {"status": "failed", "exit_code": 3, "stdout": "", "stderr": "boom"}
     assert call("PATCH", job_path, 200, failed, path_parameters=ids).json()["retry_count"] == 1
     assert call("GET", job_path, 200, path_parameters=ids).json()["attempts"]
@@ -476,6 +558,7 @@ def test_every_documented_answer_of_a_walk_through_the_states_matches(
     finished = call("GET", job_path, 200, path_parameters=ids).json()
     assert (finished["status"], len(finished["attempts"])) == ("done", 1)
     call("PATCH", job_path, 409, running, path_parameters=ids)
+    call("POST", output_path, 409, {"stdout": "late"}, path_parameters=ids)
 
     cancel_ids = {"job_id": first["job_id"]}
     call("POST", "/jobs/{job_id}/cancel", 200, path_parameters=cancel_ids)
@@ -491,6 +574,39 @@ def test_every_documented_answer_of_a_walk_through_the_states_matches(
     call("PATCH", schedule_path, 200, {"paused": True}, path_parameters=schedule_ids)
     call("DELETE", schedule_path, 204, path_parameters=schedule_ids)
     call("GET", schedule_path, 404, path_parameters=schedule_ids)
+
+    beating = unique_node("beat")
+    node_ids = {"node_id": beating}
+    beat = {"cpu_count": 2, "running": [], "version": "walk", "labels": {"rack": "r1"}}
+    orders = call("PUT", "/nodes/{node_id}", 200, beat, path_parameters=node_ids).json()
+    assert (orders["node_id"], orders["drain"], orders["stop"]) == (beating, False, [])
+    listed = {shown["node_id"]: shown for shown in call("GET", "/nodes", 200).json()}
+    assert (listed[beating]["cpu_count"], listed[beating]["labels"]) == (2, {"rack": "r1"})
+    assert call("GET", "/nodes/{node_id}", 200, path_parameters=node_ids).json() == listed[beating]
+    for drain in (True, False):
+        changed = call("PATCH", "/nodes/{node_id}", 200, {"drain": drain}, path_parameters=node_ids)
+        assert changed.json()["drain"] is drain
+    missing = {"node_id": unique_node("never")}
+    call("GET", "/nodes/{node_id}", 404, path_parameters=missing)
+
+    queue = f"walk-{unique_node()}"
+    settings = {"max_running": 2, "paused": False}
+    shown_queue = call("PUT", "/queues/{name}", 200, settings, path_parameters={"name": queue})
+    assert shown_queue.json()["max_running"] == 2
+    assert queue in {shown["queue"] for shown in call("GET", "/queues", 200).json()}
+    assert call("GET", "/cluster", 200).json()["daemons"]
+
+    # An event stream: open, it takes a change made after it began; resumed just before that
+    # change's id, it starts with it.
+    with requests.get(f"{scheduler.url}/events", headers=AUTH, stream=True, timeout=10) as stream:
+        lines = stream.iter_lines(chunk_size=1)
+        assert next(lines) == b"retry: 2000"  # the stream is open
+        submitted = call("POST", "/jobs", 201, {"command": "true"}).json()
+        event_id = next(line for line in lines if line.startswith(b"id: "))[4:].decode()
+        assert json.loads(next(lines).removeprefix(b"data: "))["job_id"] == submitted["job_id"]
+    resumed = str(int(event_id) - 1)
+    sent = call("GET", "/events", 200, headers={"Last-Event-ID": resumed}).text
+    assert f"event: job\nid: {event_id}\n" in sent and submitted["job_id"] in sent
 
     successes = {
         (method.upper(), path, status)

@@ -12,10 +12,15 @@ from .validation import decode_object
 DECODE_HEARTBEAT = "failed to decode heartbeat"
 DECODE_NODE_CHANGE = "failed to decode node change"
 NODE_NOT_FOUND = "node not found"
+CPU_COUNT_MESSAGE = "cpu_count must be an integer of at least 1"
+DRAIN_MESSAGE = "drain must be true or false"
 
 MAX_RUNNING_LISTED = 10_000
 MAX_LABELS = 64
 MAX_TEXT = 256
+RUNNING_MESSAGE = f"running must be a list of at most {MAX_RUNNING_LISTED} job ids"
+VERSION_MESSAGE = f"version must be a string of at most {MAX_TEXT} characters"
+LABELS_MESSAGE = f"labels must be an object of at most {MAX_LABELS} strings"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -32,10 +37,10 @@ def parse_heartbeat(body: bytes) -> Heartbeat:
     data = decode_object(body, DECODE_HEARTBEAT)
     cpu_count = data.get("cpu_count")
     if not _is_int(cpu_count) or not 1 <= cpu_count <= 100_000:
-        raise errors.BadRequest("cpu_count must be an integer of at least 1")
+        raise errors.BadRequest(CPU_COUNT_MESSAGE)
     running = data.get("running")
     if not isinstance(running, list) or len(running) > MAX_RUNNING_LISTED:
-        raise errors.BadRequest(f"running must be a list of at most {MAX_RUNNING_LISTED} job ids")
+        raise errors.BadRequest(RUNNING_MESSAGE)
     for job_id in running:
         if not isinstance(job_id, str) or jobs.parse_job_id(job_id) is None:
             raise errors.BadRequest(f"running must list job ids (job-N), not {job_id!r:.60}")
@@ -43,10 +48,10 @@ def parse_heartbeat(body: bytes) -> Heartbeat:
     if version is None:
         version = ""
     if not isinstance(version, str) or len(version) > MAX_TEXT:
-        raise errors.BadRequest(f"version must be a string of at most {MAX_TEXT} characters")
+        raise errors.BadRequest(VERSION_MESSAGE)
     labels = data.get("labels") or {}
     if not isinstance(labels, dict) or len(labels) > MAX_LABELS:
-        raise errors.BadRequest(f"labels must be an object of at most {MAX_LABELS} strings")
+        raise errors.BadRequest(LABELS_MESSAGE)
     for key, value in labels.items():
         if not isinstance(value, str) or len(key) > MAX_TEXT or len(value) > MAX_TEXT:
             raise errors.BadRequest(f"labels must map names to strings ({key!r:.60} does not)")
@@ -57,7 +62,7 @@ def parse_drain(body: bytes) -> bool:
     data = decode_object(body, DECODE_NODE_CHANGE)
     drain = data.get("drain")
     if not isinstance(drain, bool):
-        raise errors.BadRequest("drain must be true or false")
+        raise errors.BadRequest(DRAIN_MESSAGE)
     return drain
 
 

@@ -22,6 +22,7 @@ from .replies import scheduler
 bp = Blueprint("events", __name__)
 
 COMMENT_SECS = 15.0
+LAST_EVENT_ID_MESSAGE = "Last-Event-ID must be an event id"
 BATCH = 500
 """Events written at most per chunk."""
 
@@ -36,7 +37,7 @@ def events() -> Response:
     elif raw.isascii() and raw.isdigit() and len(raw) < 20:
         after = int(raw)
     else:
-        raise errors.BadRequest("Last-Event-ID must be an event id")
+        raise errors.BadRequest(LAST_EVENT_ID_MESSAGE)
     service.waiters.enter()
     feed = _Feed(log, after)
     stream = Stream(feed.next_chunk, feed.next_deadline, log.signal, service.waiters.leave)

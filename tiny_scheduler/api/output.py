@@ -20,6 +20,10 @@ bp = Blueprint("output", __name__)
 
 MAX_WAIT_SECS = 30
 DECODE_OUTPUT = "failed to decode output"
+STRINGS_MESSAGE = "stdout and stderr must be strings"
+STREAM_MESSAGE = "stream must be stdout or stderr"
+OFFSET_MESSAGE = "offset must be a whole number of bytes, 0 or more"
+WAIT_MESSAGE = f"wait must be a number of seconds from 0 to {MAX_WAIT_SECS}"
 
 
 @bp.post("/jobs/<job_id>/output")
@@ -27,7 +31,7 @@ def append_output(job_id: str) -> Response:
     data = validation.decode_object(read_body(DECODE_OUTPUT), DECODE_OUTPUT)
     stdout, stderr = data.get("stdout") or "", data.get("stderr") or ""
     if not isinstance(stdout, str) or not isinstance(stderr, str):
-        raise errors.BadRequest("stdout and stderr must be strings")
+        raise errors.BadRequest(STRINGS_MESSAGE)
     scheduler().append_output(job_id, stdout, stderr)
     return Response(status=204)
 
@@ -59,15 +63,15 @@ def _query() -> tuple[str, int, float]:
     args = request.args
     stream = args.get("stream", "stdout")
     if stream not in ("stdout", "stderr"):
-        raise errors.BadRequest("stream must be stdout or stderr")
+        raise errors.BadRequest(STREAM_MESSAGE)
     raw_offset = args.get("offset", "0")
     if not raw_offset.isascii() or not raw_offset.isdigit() or len(raw_offset) > 18:
-        raise errors.BadRequest("offset must be a whole number of bytes, 0 or more")
+        raise errors.BadRequest(OFFSET_MESSAGE)
     raw_wait = args.get("wait", "0")
     try:
         wait = float(raw_wait)
     except ValueError:
         wait = -1.0
     if not 0 <= wait <= MAX_WAIT_SECS:
-        raise errors.BadRequest(f"wait must be a number of seconds from 0 to {MAX_WAIT_SECS}")
+        raise errors.BadRequest(WAIT_MESSAGE)
     return stream, int(raw_offset), wait
