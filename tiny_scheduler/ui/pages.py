@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from .. import errors, jobs, validation
 from ..jobs import Attempt, Job
 from ..schedules import Schedule
-from ..service import Scheduler
-from . import activity
+from ..service import NodeView, Scheduler
+from . import actions, activity, formatting
 from .activity import Activity
 
 REFRESH_SECS = 5
@@ -43,6 +43,16 @@ NODE_JOBS_SHOWN = 5
 NODE_PENDING_SHOWN = 20
 """Pending jobs listed per node on the Nodes page; the rest are a link away."""
 
+NODE_PAGE_PENDING_SHOWN = 100
+"""Pending jobs listed on one node's own page; the rest are a link away."""
+
+SCHEDULE_JOBS_SECS = 86400
+"""How far back a schedule's page looks for the jobs it made (the jobs table has no index by
+schedule: the walk costs every job that ended since then, so it stays a day)."""
+
+SCHEDULE_JOBS_SHOWN = 20
+"""Jobs listed on a schedule's page, newest first."""
+
 ACTIVITY_BUDGET = 0.05
 """Share of one core the overview's chart may cost: after a computation that took t seconds,
 the next one waits t / budget seconds (a table of a million jobs takes ~0.5 s to walk)."""
@@ -56,9 +66,6 @@ GONE = "gone"
 UNKNOWN = "unknown"
 """Health shown for every node while the registry cannot be asked."""
 
-# What the job page says after a cancel (the URL carries only the key, never text).
-NOTICES = {"cancelled": "Job cancelled.", "conflict": "Only pending jobs can be cancelled."}
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Failure:
@@ -67,7 +74,8 @@ class Failure:
     job_id: str
     node_id: str
     exit_code: int | None
-    reason: str
+    reason: str  # why, in words: "exit 3", "timed out", "node lost"
+    last_line: str  # the last line of its stderr, for a first idea of what went wrong
     finished_at: int
     retried: bool
 
@@ -92,11 +100,13 @@ class RecentFailures:
         else:
             return
         lines = ended.stderr.strip().splitlines()
+        reason = job.reason.value if ended is job and job.reason else ""
         failure = Failure(
             job_id=job.job_id,
             node_id=ended.node_id,
             exit_code=ended.exit_code,
-            reason=lines[-1][:200] if lines else "",
+            reason=formatting.ending(reason, ended.exit_code, ended.stderr.strip()),
+            last_line=lines[-1][:200] if lines else "",
             finished_at=ended.finished_at or jobs.now_us(),
             retried=retried,
         )
@@ -290,6 +300,7 @@ class NodeDetail:
     held: list[Job]  # timed out, their process still running: each keeps a slot
     pending: list[Job]  # the oldest waiting ones
     pending_count: int
+    info: NodeView | None = None  # what GET /nodes says: source, drain, heartbeat, version
 
     @property
     def load(self) -> float:
@@ -310,27 +321,64 @@ class NodesView:
 
 
 def nodes(service: Scheduler) -> NodesView:
-    """Every node the registry lists or that has jobs: its health, slots and jobs."""
+    """Every node the registry lists, that has jobs, or whose agent heartbeats: its health,
+    slots, drain state, agent and jobs."""
     health, registry_error = _node_health(service)
-    node_ids = sorted(set(health) | service.busy_nodes())
+    # After the registry was asked: the listing reads its cached list, fresh now.
+    infos = {info.node_id: info for info in service.nodes()}
+    node_ids = sorted(set(health) | service.busy_nodes() | set(infos))
+    details = _node_details(service, node_ids, health, registry_error, infos)
+    return NodesView(now=jobs.now_us(), registry_error=registry_error, nodes=details)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodePage:
+    now: int
+    registry_error: str | None
+    node: NodeDetail
+    notice: str | None
+
+
+def node_detail(service: Scheduler, node_id: str, notice: str = "") -> NodePage:
+    """One node with every job it waits for or runs; NotFound for a node nobody knows."""
+    health, registry_error = _node_health(service)
+    info = service.node(node_id)
+    (detail,) = _node_details(
+        service, [node_id], health, registry_error, {node_id: info}, NODE_PAGE_PENDING_SHOWN
+    )
+    return NodePage(jobs.now_us(), registry_error, detail, actions.NOTICES.get(notice))
+
+
+def _node_details(
+    service: Scheduler,
+    node_ids: list[str],
+    health: Mapping[str, str],
+    registry_error: str | None,
+    infos: Mapping[str, NodeView],
+    pending_shown: int = NODE_PENDING_SHOWN,
+) -> list[NodeDetail]:
     details = []
     # The slots and loads placement itself uses (MAX_JOBS_PER_NODE=auto: each node's own).
     for load in service.node_loads(node_ids, service.cached_nodes()):
         on_node = service.jobs_on(load.node_id)
+        info = infos.get(load.node_id)
+        # The registry's word when it answered; else what the listing knows (heartbeats).
+        fallback = info.health if info is not None else GONE
         details.append(
             NodeDetail(
                 node_id=load.node_id,
-                health=health.get(load.node_id, UNKNOWN if registry_error else GONE),
+                health=health.get(load.node_id, UNKNOWN if registry_error else fallback),
                 slots=load.slots,
                 slots_used=load.used,
                 queued=load.queued,
                 running=on_node.running,
                 held=on_node.held,
-                pending=on_node.pending[:NODE_PENDING_SHOWN],
+                pending=on_node.pending[:pending_shown],
                 pending_count=len(on_node.pending),
+                info=info,
             )
         )
-    return NodesView(now=jobs.now_us(), registry_error=registry_error, nodes=details)
+    return details
 
 
 # --- the jobs list ----------------------------------------------------------------------------
@@ -425,11 +473,16 @@ class JobDetail:
     attempts: list[AttemptRow]  # every attempt, the current one last
     env: list[tuple[str, str | None]]  # (name, value); value None while values are hidden
     show_env: bool
-    cancellable: bool
+    cancellable: bool  # pending (Cancel) or running (Stop)
+    retryable: bool  # ended: its request may be submitted again as a new job
     notice: str | None
+    notice_key: str = ""
+    notice_from: str = ""  # the job a notice names (the one this job retried), when valid
 
 
-def job_detail(service: Scheduler, job_id: str, show_env: bool, notice: str) -> JobDetail:
+def job_detail(
+    service: Scheduler, job_id: str, show_env: bool, notice: str, notice_from: str = ""
+) -> JobDetail:
     """One job with every attempt; raises NotFound. Env values only when asked for."""
     job = service.get(job_id)
     attempts = [
@@ -445,7 +498,11 @@ def job_detail(service: Scheduler, job_id: str, show_env: bool, notice: str) -> 
         env=env,
         show_env=show_env,
         cancellable=jobs.can_cancel(job),
-        notice=NOTICES.get(notice),
+        retryable=actions.can_retry(job),
+        notice=actions.NOTICES.get(notice),
+        notice_key=notice if notice in actions.NOTICES else "",
+        # Only a job id is ever shown from the URL, so a link cannot put words on the page.
+        notice_from=notice_from if jobs.parse_job_id(notice_from) is not None else "",
     )
 
 
@@ -465,15 +522,6 @@ def _attempt_row(number: int, run: Job | Attempt, status: str, current: bool) ->
     )
 
 
-def cancel(service: Scheduler, job_id: str) -> str:
-    """Cancel a pending job; the notice key to show (raises NotFound for an unknown id)."""
-    try:
-        service.cancel(job_id)
-    except errors.Conflict:
-        return "conflict"
-    return "cancelled"
-
-
 # --- schedules --------------------------------------------------------------------------------
 
 
@@ -487,9 +535,11 @@ class ScheduleRow:
 class ScheduleList:
     now: int
     rows: list[ScheduleRow]
+    notice: str | None = None
+    notice_schedule: str = ""  # the schedule a notice names (the one just deleted)
 
 
-def schedule_list(service: Scheduler) -> ScheduleList:
+def schedule_list(service: Scheduler, notice: str = "", named: str = "") -> ScheduleList:
     """Every schedule with its next and last fire, and the status of the last job it made."""
     rows = []
     for schedule in service.list_schedules():
@@ -499,4 +549,49 @@ def schedule_list(service: Scheduler) -> ScheduleList:
             if schedule.last_job_id is not None:
                 last_job = service.get(schedule.last_job_id)
         rows.append(ScheduleRow(schedule, last_job))
-    return ScheduleList(now=jobs.now_us(), rows=rows)
+    named_ok = named.startswith("sched-") and named[6:].isascii() and named[6:].isdigit()
+    return ScheduleList(
+        now=jobs.now_us(),
+        rows=rows,
+        notice=actions.NOTICES.get(notice),
+        notice_schedule=named if named_ok else "",
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchedulePage:
+    now: int
+    schedule: Schedule
+    jobs: list[Job]  # the jobs it made in the last SCHEDULE_JOBS_SECS, newest first
+    last_job: Job | None
+    notice: str | None
+    notice_key: str
+    notice_job: str  # the job a run now made, when the notice names one
+    window_secs: int = SCHEDULE_JOBS_SECS
+
+
+def schedule_detail(
+    service: Scheduler, schedule_id: str, notice: str = "", notice_job: str = ""
+) -> SchedulePage:
+    """One schedule with the jobs it made lately; NotFound for an unknown id."""
+    schedule = service.get_schedule(schedule_id)
+    now = jobs.now_us()
+    made = [
+        job
+        for job in service.recent_jobs(now - SCHEDULE_JOBS_SECS * 1_000_000)
+        if job.schedule_id == schedule.schedule_id
+    ]
+    made.sort(key=lambda job: job.seq, reverse=True)
+    last_job = None
+    with contextlib.suppress(errors.NotFound):
+        if schedule.last_job_id is not None:
+            last_job = service.get(schedule.last_job_id)
+    return SchedulePage(
+        now=now,
+        schedule=schedule,
+        jobs=made[:SCHEDULE_JOBS_SHOWN],
+        last_job=last_job,
+        notice=actions.NOTICES.get(notice),
+        notice_key=notice if notice in actions.NOTICES else "",
+        notice_job=notice_job if jobs.parse_job_id(notice_job) is not None else "",
+    )
