@@ -132,3 +132,28 @@ def test_without_the_event_stream_the_page_reloads_on_the_timer(
         errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         # The refused stream is the one error the console may show.
         assert all("/ui/events" in e["message"] for e in errors), errors
+
+
+def test_a_broken_event_stream_falls_back_to_the_timer(
+    browser: Any, scheduler_factory: SchedulerFactory, node: str
+) -> None:
+    other = scheduler_factory()
+    view = Page(browser, other.url)
+    try:
+        view.open(f"/ui/jobs?node_id={node}")
+        wait_for(lambda: view.js("return window.tinyScheduler.mode") == "events", message="live")
+        other.stop()  # the stream breaks, as when the daemon restarts
+        wait_for(lambda: view.js("return window.tinyScheduler.mode") == "timer", message="timer")
+        other.start(timeout=30)
+        api = Api(other.url)
+        job = api.submit(command="./found-after-the-restart.sh")
+        api.close()
+        wait_for(
+            lambda: [row["job"] for row in view.rows()] == [job["job_id"]],
+            timeout=20,
+            message="the job, by a reload on the timer",
+        )
+        assert view.text("#refresh-state") == "auto-refresh every 5 s"
+    finally:
+        browser.get("about:blank")  # before its scheduler stops
+        browser.get_log("browser")  # the refused reloads while it was down
