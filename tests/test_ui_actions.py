@@ -151,10 +151,16 @@ def test_nodes_page_shows_what_the_agents_say(page: Page, api: Api, registry: Fa
         assert facts["Agent"] == "tiny-scheduler-agent 9.9 · 4 CPUs"
         assert facts["Labels"] == "rack=r7"
         assert facts["Heartbeat"] in ("just now", *(f"{n} s ago" for n in range(1, 60)))
-        assert facts["Running"] == "0" and facts["Pending"] == "0"
         page.click(f"{card} a.node-name")
         wait_for(lambda: page.driver.current_url.endswith(f"/ui/nodes/{node}"), message="its page")
         assert page.text("#node-drain") == "Undrain"
+        facts = page.js(
+            "return Object.fromEntries([...document.querySelectorAll('.node-facts dt')]"
+            ".map(dt => [dt.innerText, dt.nextElementSibling.innerText]))"
+        )
+        assert facts["Agent"] == "tiny-scheduler-agent 9.9 · 4 CPUs"
+        assert (facts["Running"], facts["Pending"], facts["Drain"]) == ("0", "0", "draining")
+        assert facts["Slots"] == "0 of 1 in use · load 0 %"
     finally:
         expect_json(api.patch(f"/nodes/{node}", {"drain": False}), 200)
 
