@@ -157,3 +157,28 @@ def test_a_broken_event_stream_falls_back_to_the_timer(
     finally:
         browser.get("about:blank")  # before its scheduler stops
         browser.get_log("browser")  # the refused reloads while it was down
+
+
+def test_the_live_feeds_work_with_the_dashboards_key(
+    browser: Any, scheduler_factory: SchedulerFactory, node: str
+) -> None:
+    # With a key, the browser logs in to /ui/ (HTTP Basic) and sends nothing to /events or
+    # /jobs/…/output: the feeds must come from under /ui/ for the page to get them.
+    key = "dashboard-key-0451"
+    other = scheduler_factory(env={"TINYAWS_API_KEY": key})
+    view = Page(browser, other.url.replace("http://", f"http://operator:{key}@"))
+    api = Api(other.url, key=key)
+    job, agent = running_job(api, command="./with-a-key.sh")
+    try:
+        view.open(f"/ui/jobs/{job['job_id']}")
+        wait_for(lambda: view.js("return window.tinyScheduler.mode") == "events", message="live")
+        send(api, job["job_id"], stdout="behind a key\n")
+        wait_for(lambda: view.text("#stdout") == "behind a key\n", message="the output")
+        assert agent.report(job["job_id"], 0, "behind a key\n", "").status_code == 200
+        wait_for(lambda: view.text("h1 .badge") == "done", message="the end, from an event")
+    finally:
+        agent.close()
+        api.close()
+        browser.get("about:blank")  # before its scheduler stops
+        errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors

@@ -60,6 +60,13 @@
     return "just now";
   }
 
+  // A path made absolute on this origin: fetch() refuses a relative URL when the page was
+  // opened with credentials in its address (http://user:key@host/ui/), and
+  // location.origin never carries them.
+  function here(path) {
+    return window.location.origin + path;
+  }
+
   function learnSkew(content) {
     var serverNow = Number(content.dataset.nowMs);
     if (serverNow) {
@@ -143,7 +150,7 @@
     }
     busy = true;
     again = false;
-    fetch(window.location.href, { cache: "no-store", credentials: "same-origin", signal: leaving.signal })
+    fetch(here(window.location.pathname + window.location.search), { cache: "no-store", credentials: "same-origin", signal: leaving.signal })
       .then(function (response) {
         if (!response.ok) {
           throw new Error("HTTP " + response.status);
@@ -239,7 +246,7 @@
   function follow(pre, url) {
     var offset = Number(pre.dataset.offset) || 0;
     var query = "?stream=" + pre.dataset.stream + "&offset=" + offset + "&wait=" + OUTPUT_WAIT_SECS;
-    fetch(url + query, { cache: "no-store", credentials: "same-origin", signal: leaving.signal })
+    fetch(here(url + query), { cache: "no-store", credentials: "same-origin", signal: leaving.signal })
       .then(function (response) {
         if (!response.ok) {
           throw new Error("HTTP " + response.status);
