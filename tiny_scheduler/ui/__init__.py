@@ -10,12 +10,12 @@ current from the job events (`live`), falling back to reloading it every few sec
 keeps relative times current. Without JavaScript every page still works (refresh by hand).
 The layout holds from a phone's 400 px up, without sideways scrolling.
 
-Views only pick the page's data from `pages` and render it, or do one `actions` change and
-redirect to the page that shows its outcome. The UI reads through the service like the API
-does and changes only what the API's matching calls change. Authentication is the API's
-(`api/auth.py`: HTTP Basic with the key as password when a key is set). Actions are form
-POSTs, refused when the browser says they come from another site, so a page elsewhere cannot
-use the operator's saved credentials to act on the cluster.
+Views only pick the page's data from `pages` (`node_pages`, `schedule_pages`) and render it,
+or do one `actions` change and redirect to the page that shows its outcome. The UI reads
+through the service like the API does and changes only what the API's matching calls change.
+Authentication is the API's (`api/auth.py`: HTTP Basic with the key as password when a key is
+set). Actions are form POSTs, refused when the browser says they come from another site, so a
+page elsewhere cannot use the operator's saved credentials to act on the cluster.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from flask import (
 from .. import errors, jobs
 from ..api.replies import scheduler
 from ..service import Scheduler
-from . import actions, formatting, live, pages
+from . import actions, formatting, live, node_pages, pages, schedule_pages
 
 bp = Blueprint(
     "ui",
@@ -113,7 +113,7 @@ def overview() -> Response:
 @bp.get("/nodes")
 def node_list() -> Response:
     """Each node's health, slots, load, running and waiting jobs."""
-    return _page("nodes.html", view=pages.nodes(scheduler()))
+    return _page("nodes.html", view=node_pages.nodes(scheduler()))
 
 
 @bp.get("/jobs")
@@ -138,7 +138,9 @@ def job(job_id: str) -> Response:
 def schedule_list() -> Response:
     """Every schedule: its next and last fire, and the status of the last job it made."""
     args = request.args
-    view = pages.schedule_list(scheduler(), args.get("notice", ""), args.get("schedule", ""))
+    view = schedule_pages.schedule_list(
+        scheduler(), args.get("notice", ""), args.get("schedule", "")
+    )
     return _page("schedules.html", view=view)
 
 
@@ -146,7 +148,7 @@ def schedule_list() -> Response:
 def node(node_id: str) -> Response:
     """One node: its agent, slots, drain state and every job it runs or waits for."""
     try:
-        view = pages.node_detail(scheduler(), node_id, request.args.get("notice", ""))
+        view = node_pages.node_detail(scheduler(), node_id, request.args.get("notice", ""))
     except errors.NotFound:
         return _page("error.html", 404, message=f"There is no node {node_id}.")
     return _page("node.html", view=view)
@@ -157,7 +159,7 @@ def schedule(schedule_id: str) -> Response:
     """One schedule: its settings, its job and the jobs it made lately."""
     args = request.args
     try:
-        view = pages.schedule_detail(
+        view = schedule_pages.schedule_detail(
             scheduler(), schedule_id, args.get("notice", ""), args.get("job", "")
         )
     except errors.NotFound:

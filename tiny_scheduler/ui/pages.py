@@ -15,7 +15,6 @@ of the last hour is computed from the jobs themselves (`activity`), so it surviv
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import threading
 import time
@@ -23,8 +22,7 @@ from collections.abc import Mapping
 
 from .. import errors, jobs, validation
 from ..jobs import Attempt, Job
-from ..schedules import Schedule
-from ..service import NodeView, Scheduler
+from ..service import Scheduler
 from . import actions, activity, formatting
 from .activity import Activity
 
@@ -39,19 +37,6 @@ MAX_PAGE_SIZE = 200
 
 NODE_JOBS_SHOWN = 5
 """Running and pending jobs listed per node on the overview; the rest are a link away."""
-
-NODE_PENDING_SHOWN = 20
-"""Pending jobs listed per node on the Nodes page; the rest are a link away."""
-
-NODE_PAGE_PENDING_SHOWN = 100
-"""Pending jobs listed on one node's own page; the rest are a link away."""
-
-SCHEDULE_JOBS_SECS = 86400
-"""How far back a schedule's page looks for the jobs it made (the jobs table has no index by
-schedule: the walk costs every job that ended since then, so it stays a day)."""
-
-SCHEDULE_JOBS_SHOWN = 20
-"""Jobs listed on a schedule's page, newest first."""
 
 ACTIVITY_BUDGET = 0.05
 """Share of one core the overview's chart may cost: after a computation that took t seconds,
@@ -148,7 +133,7 @@ def overview(service: Scheduler, failures: RecentFailures, charts: ActivityCache
     """Counts by status, the last hour's chart, every node with its health and jobs, and the
     recent failures."""
     counts = service.counts()
-    health, registry_error = _node_health(service)
+    health, registry_error = node_health(service)
     rows = []
     for node_id in sorted(set(health) | service.busy_nodes()):
         on_node = service.jobs_on(node_id)
@@ -178,7 +163,7 @@ def overview(service: Scheduler, failures: RecentFailures, charts: ActivityCache
     )
 
 
-def _node_health(service: Scheduler) -> tuple[dict[str, str], str | None]:
+def node_health(service: Scheduler) -> tuple[dict[str, str], str | None]:
     """Each node the registry lists with its status, or no nodes and the registry's error."""
     try:
         return dict(service.node_health().status), None
@@ -286,101 +271,6 @@ def _clock(us: int) -> str:
     return time.strftime("%H:%M", time.gmtime(us // 1_000_000))
 
 
-# --- the nodes page ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class NodeDetail:
-    node_id: str
-    health: str
-    slots: int  # run jobs the node may run at once
-    slots_used: int  # running run jobs, and timed-out ones still running (a service takes none)
-    queued: int  # due waiting run jobs: with slots_used, the load placement compares
-    running: list[Job]  # every running job, services too
-    held: list[Job]  # timed out, their process still running: each keeps a slot
-    pending: list[Job]  # the oldest waiting ones
-    pending_count: int
-    info: NodeView | None = None  # what GET /nodes says: source, drain, heartbeat, version
-
-    @property
-    def load(self) -> float:
-        """Placement's load: (due waiting run jobs + slots in use) per slot; 1.0 is a node
-        exactly full."""
-        return (self.queued + self.slots_used) / self.slots
-
-    @property
-    def pending_more(self) -> int:
-        return self.pending_count - len(self.pending)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class NodesView:
-    now: int
-    registry_error: str | None
-    nodes: list[NodeDetail]
-
-
-def nodes(service: Scheduler) -> NodesView:
-    """Every node the registry lists, that has jobs, or whose agent heartbeats: its health,
-    slots, drain state, agent and jobs."""
-    health, registry_error = _node_health(service)
-    # After the registry was asked: the listing reads its cached list, fresh now.
-    infos = {info.node_id: info for info in service.nodes()}
-    node_ids = sorted(set(health) | service.busy_nodes() | set(infos))
-    details = _node_details(service, node_ids, health, registry_error, infos)
-    return NodesView(now=jobs.now_us(), registry_error=registry_error, nodes=details)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class NodePage:
-    now: int
-    registry_error: str | None
-    node: NodeDetail
-    notice: str | None
-
-
-def node_detail(service: Scheduler, node_id: str, notice: str = "") -> NodePage:
-    """One node with every job it waits for or runs; NotFound for a node nobody knows."""
-    health, registry_error = _node_health(service)
-    info = service.node(node_id)
-    (detail,) = _node_details(
-        service, [node_id], health, registry_error, {node_id: info}, NODE_PAGE_PENDING_SHOWN
-    )
-    return NodePage(jobs.now_us(), registry_error, detail, actions.NOTICES.get(notice))
-
-
-def _node_details(
-    service: Scheduler,
-    node_ids: list[str],
-    health: Mapping[str, str],
-    registry_error: str | None,
-    infos: Mapping[str, NodeView],
-    pending_shown: int = NODE_PENDING_SHOWN,
-) -> list[NodeDetail]:
-    details = []
-    # The slots and loads placement itself uses (MAX_JOBS_PER_NODE=auto: each node's own).
-    for load in service.node_loads(node_ids, service.cached_nodes()):
-        on_node = service.jobs_on(load.node_id)
-        info = infos.get(load.node_id)
-        # The registry's word when it answered; else what the listing knows (heartbeats).
-        fallback = info.health if info is not None else GONE
-        details.append(
-            NodeDetail(
-                node_id=load.node_id,
-                health=health.get(load.node_id, UNKNOWN if registry_error else fallback),
-                slots=load.slots,
-                slots_used=load.used,
-                queued=load.queued,
-                running=on_node.running,
-                held=on_node.held,
-                pending=on_node.pending[:pending_shown],
-                pending_count=len(on_node.pending),
-                info=info,
-            )
-        )
-    return details
-
-
 # --- the jobs list ----------------------------------------------------------------------------
 
 
@@ -428,7 +318,7 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
         wanted["after"] = ""
         query = validation.parse_query({**wanted, "limit": str(limit)})
     page = service.list_jobs(query)
-    health, _ = _node_health(service)
+    health, _ = node_health(service)
     return JobList(
         now=jobs.now_us(),
         jobs=page.jobs,
@@ -519,79 +409,4 @@ def _attempt_row(number: int, run: Job | Attempt, status: str, current: bool) ->
         running_at=run.running_at,
         finished_at=run.finished_at,
         current=current,
-    )
-
-
-# --- schedules --------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ScheduleRow:
-    schedule: Schedule
-    last_job: Job | None  # None when it has not fired, or retention removed that job
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ScheduleList:
-    now: int
-    rows: list[ScheduleRow]
-    notice: str | None = None
-    notice_schedule: str = ""  # the schedule a notice names (the one just deleted)
-
-
-def schedule_list(service: Scheduler, notice: str = "", named: str = "") -> ScheduleList:
-    """Every schedule with its next and last fire, and the status of the last job it made."""
-    rows = []
-    for schedule in service.list_schedules():
-        last_job = None
-        # A job removed by retention is not found; the row says so.
-        with contextlib.suppress(errors.NotFound):
-            if schedule.last_job_id is not None:
-                last_job = service.get(schedule.last_job_id)
-        rows.append(ScheduleRow(schedule, last_job))
-    named_ok = named.startswith("sched-") and named[6:].isascii() and named[6:].isdigit()
-    return ScheduleList(
-        now=jobs.now_us(),
-        rows=rows,
-        notice=actions.NOTICES.get(notice),
-        notice_schedule=named if named_ok else "",
-    )
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SchedulePage:
-    now: int
-    schedule: Schedule
-    jobs: list[Job]  # the jobs it made in the last SCHEDULE_JOBS_SECS, newest first
-    last_job: Job | None
-    notice: str | None
-    notice_key: str
-    notice_job: str  # the job a run now made, when the notice names one
-    window_secs: int = SCHEDULE_JOBS_SECS
-
-
-def schedule_detail(
-    service: Scheduler, schedule_id: str, notice: str = "", notice_job: str = ""
-) -> SchedulePage:
-    """One schedule with the jobs it made lately; NotFound for an unknown id."""
-    schedule = service.get_schedule(schedule_id)
-    now = jobs.now_us()
-    made = [
-        job
-        for job in service.recent_jobs(now - SCHEDULE_JOBS_SECS * 1_000_000)
-        if job.schedule_id == schedule.schedule_id
-    ]
-    made.sort(key=lambda job: job.seq, reverse=True)
-    last_job = None
-    with contextlib.suppress(errors.NotFound):
-        if schedule.last_job_id is not None:
-            last_job = service.get(schedule.last_job_id)
-    return SchedulePage(
-        now=now,
-        schedule=schedule,
-        jobs=made[:SCHEDULE_JOBS_SHOWN],
-        last_job=last_job,
-        notice=actions.NOTICES.get(notice),
-        notice_key=notice if notice in actions.NOTICES else "",
-        notice_job=notice_job if jobs.parse_job_id(notice_job) is not None else "",
     )
