@@ -100,6 +100,19 @@ def test_the_jobs_list_follows_the_job_events(page: Page, api: Api, node: str) -
     assert page.js("return window.tinyScheduler.mode") == "events"
 
 
+def test_a_jobs_page_leaves_other_jobs_events_alone(page: Page, api: Api, node: str) -> None:
+    job = api.submit(command="./mine.sh")
+    page.open(f"/ui/jobs/{job['job_id']}")
+    wait_for(lambda: page.js("return window.tinyScheduler.mode") == "events", message="live")
+    api.submit(command="./someone-elses.sh")
+    # Read and let go: a busy cluster's events must not reload every open job page.
+    wait_for(lambda: page.js("return window.tinyScheduler.ignored") == 1, message="ignored")
+    agent = Agent(api.base_url, node)
+    assert agent.claim(job["job_id"]).status_code == 200
+    agent.close()
+    wait_for(lambda: page.text("h1 .badge") == "running", message="its own event")
+
+
 def test_the_overview_follows_the_job_events(page: Page, api: Api, node: str) -> None:
     page.open("/ui/")
     wait_for(lambda: page.js("return window.tinyScheduler.mode") == "events", message="live")

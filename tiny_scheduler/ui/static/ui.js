@@ -27,7 +27,7 @@
   var skewMs = 0; // server clock minus browser clock, so relative times match the server's
 
   // What the browser tests read: how the page is kept current, and how often it was.
-  var status = (window.tinyScheduler = { mode: mode, refreshes: 0, events: 0 });
+  var status = (window.tinyScheduler = { mode: mode, refreshes: 0, events: 0, ignored: 0 });
 
   function readPaused() {
     try {
@@ -203,6 +203,14 @@
     refresh(); // whatever happened while the stream was down
   }
 
+  function jobOf(event) {
+    try {
+      return JSON.parse(event.data).job_id;
+    } catch (e) {
+      return null; // not what the API sends: refresh rather than miss a change
+    }
+  }
+
   function listen() {
     var url = body.dataset.eventsUrl;
     if (!url || !window.EventSource) {
@@ -212,8 +220,14 @@
     source.addEventListener("open", function () {
       setMode("events");
     });
-    source.addEventListener("job", function () {
+    source.addEventListener("job", function (event) {
       status.events += 1;
+      // A job's page changes only with that job; every other page may show any job.
+      var only = document.querySelector("[data-job-page]");
+      if (only && jobOf(event) !== only.dataset.jobPage) {
+        status.ignored += 1;
+        return;
+      }
       refresh();
     });
     // The server lost track of what this stream has seen: read the page afresh, then carry on.
