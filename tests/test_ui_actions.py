@@ -219,3 +219,35 @@ def test_a_job_links_to_its_schedule_and_node(
     page.open(f"/ui/jobs/{job['job_id']}")
     page.click("#job-node")
     wait_for(lambda: page.driver.current_url.endswith(f"/ui/nodes/{node}"), message="the node")
+
+
+def test_actions_sent_from_another_site_are_refused(
+    api: Api, node: str, schedule: dict[str, Any]
+) -> None:
+    # No browser: a form on another site posting to each button's address, as a browser
+    # would send it (with the operator's saved credentials, were a key set).
+    done = claimed(api, command="./finished.sh")
+    agent = Agent(api.base_url, node)
+    assert agent.report(done["job_id"], 0, "", "").status_code == 200
+    agent.close()
+    schedule_id = schedule["schedule_id"]
+    posts = {
+        f"/ui/jobs/{done['job_id']}/retry": {},
+        f"/ui/nodes/{node}/drain": {"drain": "1"},
+        f"/ui/schedules/{schedule_id}/pause": {},
+        f"/ui/schedules/{schedule_id}/run": {},
+        f"/ui/schedules/{schedule_id}/delete": {},
+    }
+    before = len(api.jobs())
+    for path, form in posts.items():
+        refused = api.request(
+            "POST",
+            path,
+            data=form,
+            headers={"Sec-Fetch-Site": "cross-site"},
+            allow_redirects=False,
+        )
+        assert refused.status_code == 403, path
+    assert len(api.jobs()) == before  # no retry, no run now
+    assert expect_json(api.get(f"/nodes/{node}"), 200)["drain"] is False
+    assert expect_json(api.get(f"/schedules/{schedule_id}"), 200)["paused"] is False
