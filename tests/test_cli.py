@@ -34,7 +34,6 @@ from helpers import Api, wait_for
 from tiny_scheduler.cli import main
 from tiny_scheduler.client import Client, wait_for_job
 from tiny_scheduler.dev.cluster import ClusterConfig, DevCluster
-from tiny_scheduler.dev.daemon import free_port
 from tiny_scheduler.display import describe
 from tiny_scheduler.jobs import FINAL_STATUSES
 from tiny_scheduler.validation import MAX_PAGE
@@ -544,8 +543,8 @@ def test_a_registry_failure_names_the_scheduler_and_where_to_look(cluster: DevCl
     )
 
 
-def test_scheduler_down() -> None:
-    url = f"http://127.0.0.1:{free_port()}"
+def test_scheduler_down(unused_port: int) -> None:
+    url = f"http://127.0.0.1:{unused_port}"
     for args in (("status", "job-1"), ("submit", "--wait", "true"), ("list",)):
         result = cli(url, *args)
         assert result.exit_code == 1
@@ -641,9 +640,9 @@ def test_list_watch_redraws_until_ctrl_c(cluster: DevCluster) -> None:
 
 
 def test_dev_registry_serves_a_real_daemon(
-    tmp_path: Path, scheduler_factory: Callable[..., Any]
+    tmp_path: Path, scheduler_factory: Callable[..., Any], unused_port: int
 ) -> None:
-    port = free_port()
+    port = unused_port
     env = {"TINYAWS_API_KEY": ""}
     args = ("dev", "registry", "--port", str(port), "--node", "node-a", "--node", "node-b:4")
     with spawned(*args, env=env) as registry:

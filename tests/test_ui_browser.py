@@ -358,6 +358,10 @@ def test_overview_shows_counts_nodes_and_failures(page: Page, cluster: Jobs, api
     for job in cluster.pending:
         assert job["job_id"] in page.text(f"tr[data-node='{job['node_id']}'] td.node-pending")
 
+    # The daemon you are on: with SQLite the only one, leading.
+    daemons = page.text("#daemons")
+    assert f"You are on {api.base_url}, the leader." in daemons, daemons
+
     failures = page.text("table.failures")
     assert cluster.migrated["job_id"] in failures
     assert 'relation "users" does not exist' in failures  # the last line of its stderr
@@ -574,7 +578,7 @@ HEADER_CONTROLS = "header.bar a, #refresh-toggle"
 """What a person must be able to reach on every page: the header's links and Pause."""
 
 
-PAGES = ("overview", "nodes", "node", "jobs", "job", "schedules", "schedule")
+PAGES = ("overview", "nodes", "node", "jobs", "job", "schedules", "schedule", "queues")
 """Every kind of page the dashboard has."""
 
 
@@ -603,6 +607,7 @@ def page_path(name: str, cluster: Jobs, schedule: dict[str, Any]) -> str:
         "job": f"/ui/jobs/{cluster.tested['job_id']}",
         "schedules": "/ui/schedules",
         "schedule": f"/ui/schedules/{schedule['schedule_id']}",
+        "queues": "/ui/queues",
     }
     return paths[name]
 

@@ -59,3 +59,14 @@ def one_line(text: str, width: int) -> str:
     """`text` with its whitespace runs as single spaces, cut to `width` characters with `…`."""
     flat = " ".join(text.split())
     return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def ago(seconds: float) -> str:
+    """A short age: `0.4s ago`, `12s ago`, `5m ago`, `3h ago`, `2d ago`."""
+    seconds = max(0.0, seconds)
+    if seconds < 10:
+        return f"{seconds:.1f}s ago"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"

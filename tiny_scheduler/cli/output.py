@@ -49,6 +49,10 @@ def print_status(job: dict[str, Any]) -> None:
         ("timeout", f"{job['timeout_secs']}s" if job.get("timeout_secs") else ""),
         ("not before", job.get("not_before", "")),
         ("schedule", job.get("schedule_id", "")),
+        ("after", _dependencies(job)),
+        ("priority", str(job["priority"]) if "priority" in job else ""),
+        ("queue", job.get("queue", "")),
+        ("waiting for", job.get("waiting_for", "")),
         ("retries", str(job["retry_count"])),
         ("created", job["created_at"]),
         ("running", job.get("running_at", "")),
@@ -59,6 +63,13 @@ def print_status(job: dict[str, Any]) -> None:
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         click.echo(f"{name.ljust(width)}  {value}")
+
+
+def _dependencies(job: dict[str, Any]) -> str:
+    found = job.get("depends_on")
+    if not found:
+        return ""
+    return ", ".join(found) + (" (any end)" if job.get("dependency") == "any" else "")
 
 
 def print_streams(attempt: dict[str, Any]) -> bool:

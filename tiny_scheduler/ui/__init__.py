@@ -1,21 +1,23 @@
 """The web dashboard under /ui/: server-rendered pages for the people who run the cluster.
 
-Pages: the overview (counts, a chart of the last hour, nodes, recent failures), the nodes
-(health, agent, drain state, slots, load, jobs) and one node (Drain / Undrain), the jobs list
-(filters, paging), one job (outputs, live while it runs; attempts; Cancel or Stop; Retry as a
-new job), the schedules and one schedule (its jobs; Pause / Resume, Run now, Delete). Jinja
-templates, one stylesheet and one small script, no build step and nothing fetched from
+Pages: the overview (the daemons, counts, a chart of the last hour, nodes, recent failures),
+the nodes (health, agent, drain state, slots, load, jobs) and one node (Drain / Undrain), the
+jobs list (filters, paging), one job (outputs, live while it runs; attempts; what a waiting job
+waits for; Cancel or Stop; Retry as a new job), the schedules and one schedule (its jobs;
+Pause / Resume, Run now, Delete) and the queues (pending, running, limit, pause and resume).
+Jinja templates, one stylesheet and one small script, no build step and nothing fetched from
 elsewhere (the chart is inline SVG drawn on the server). The script keeps the open page
 current from the job events (`live`), falling back to reloading it every few seconds, and
 keeps relative times current. Without JavaScript every page still works (refresh by hand).
 The layout holds from a phone's 400 px up, without sideways scrolling.
 
 Views only pick the page's data from `pages` (`node_pages`, `schedule_pages`) and render it,
-or do one `actions` change and redirect to the page that shows its outcome. The UI reads
-through the service like the API does and changes only what the API's matching calls change.
-Authentication is the API's (`api/auth.py`: HTTP Basic with the key as password when a key is
-set). Actions are form POSTs, refused when the browser says they come from another site, so a
-page elsewhere cannot use the operator's saved credentials to act on the cluster.
+or do one `actions` change (or a queue's pause) and redirect to the page that shows its
+outcome. The UI reads through the service like the API does and changes only what the API's
+matching calls change. Authentication is the API's (`api/auth.py`: HTTP Basic with the key as
+password when a key is set). Actions are form POSTs, refused when the browser says they come
+from another site, so a page elsewhere cannot use the operator's saved credentials to act on
+the cluster.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from flask import (
 )
 
 from .. import errors, jobs
+from ..api.forward import MARKER
 from ..api.replies import scheduler
 from ..service import Scheduler
-from . import actions, formatting, live, node_pages, pages, schedule_pages
+from . import actions, daemons, formatting, live, node_pages, pages, schedule_pages
 
 bp = Blueprint(
     "ui",
@@ -107,7 +110,9 @@ def overview() -> Response:
     """Counts by status, the last hour's chart, each node with its jobs, recent failures."""
     extensions = current_app.extensions
     view = pages.overview(scheduler(), extensions[_EXTENSION], extensions[_CHARTS])
-    return _page("overview.html", view=view)
+    forwarded_by = request.headers.get(MARKER)
+    cluster = daemons.daemons(scheduler(), forwarded_by, request.host_url.rstrip("/"))
+    return _page("overview.html", view=view, cluster=cluster)
 
 
 @bp.get("/nodes")
@@ -167,6 +172,23 @@ def schedule(schedule_id: str) -> Response:
     return _page("schedule.html", view=view)
 
 
+@bp.get("/queues")
+def queue_list() -> Response:
+    """Every queue: its pending and running jobs, its limit, and pause or resume."""
+    return _page("queues.html", queues=pages.queue_list(scheduler()))
+
+
+@bp.post("/queues/<name>")
+def queue_pause(name: str) -> Response:
+    """Pause (form field paused=1) or resume (paused=0) a queue, then show the queues."""
+    try:
+        pages.set_paused(scheduler(), name, request.form.get("paused") == "1")
+    except errors.BadRequest as exc:
+        return _page("error.html", 400, message=exc.message)
+    # 303: the browser follows with a GET, so reloading the page sends nothing again.
+    return redirect(url_for("ui.queue_list", _anchor=f"queue-{name}"), 303)
+
+
 # --- what the buttons do: form POSTs, each answered 303 to the page that shows the outcome,
 # so that a reload shows the page again rather than doing the action twice.
 
@@ -203,9 +225,11 @@ def drain(node_id: str) -> Response:
     return redirect(url_for("ui.node", node_id=node_id, notice=notice), 303)
 
 
-@bp.post("/schedules/<schedule_id>/<any(pause, resume, run, delete):action>")
+@bp.post("/schedules/<schedule_id>/<action>")
 def schedule_action(schedule_id: str, action: str) -> Response:
     """Pause, resume, run now or delete a schedule, then show the outcome."""
+    if action not in actions.SCHEDULE_ACTIONS:
+        return _page("error.html", 404, message=f"A schedule has no action {action}.")
     try:
         notice, job_id = actions.schedule_action(scheduler(), schedule_id, action)
     except errors.NotFound:

@@ -20,9 +20,9 @@ import threading
 import time
 from collections.abc import Mapping
 
-from .. import errors, jobs, validation
+from .. import errors, jobs, queues, validation
 from ..jobs import Attempt, Job
-from ..service import Scheduler
+from ..service import QueueView, Scheduler
 from . import actions, activity, formatting
 from .activity import Activity
 
@@ -287,6 +287,7 @@ class JobList:
     error: str | None
     nodes: list[str]  # known node ids, offered in the node filter
     reason: str = ""
+    queue: str = ""  # a queue filter, from the queues page's links
     statuses: tuple[str, ...] = jobs.STATUSES
     job_types: tuple[str, ...] = jobs.JOB_TYPES
     reasons: tuple[str, ...] = jobs.REASONS
@@ -299,6 +300,7 @@ class JobList:
             "reason": self.reason,
             "node_id": self.node_id,
             "job_type": self.job_type,
+            "queue": self.queue,
         }
         if self.limit != PAGE_SIZE:
             args["limit"] = str(self.limit)
@@ -309,7 +311,7 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
     """One page of jobs matching the filters in `args`, oldest first (as GET /jobs)."""
     error = None
     limit = _page_size(args.get("limit", ""))
-    names = ("node_id", "status", "reason", "job_type", "after")
+    names = ("node_id", "status", "reason", "job_type", "queue", "after")
     wanted = {name: args.get(name, "") for name in names}
     try:
         query = validation.parse_query({**wanted, "limit": str(limit)})
@@ -326,6 +328,7 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
         status=wanted["status"],
         job_type=wanted["job_type"],
         reason=wanted["reason"],
+        queue=wanted["queue"],
         limit=limit,
         after=wanted["after"],
         next_after=jobs.job_id_of(page.next_after) if page.next_after else None,
@@ -366,6 +369,7 @@ class JobDetail:
     cancellable: bool  # pending (Cancel) or running (Stop)
     retryable: bool  # ended: its request may be submitted again as a new job
     notice: str | None
+    waiting_for: str | None  # while pending: what it waits for
     notice_key: str = ""
     notice_from: str = ""  # the job a notice names (the one this job retried), when valid
 
@@ -390,6 +394,7 @@ def job_detail(
         cancellable=jobs.can_cancel(job),
         retryable=actions.can_retry(job),
         notice=actions.NOTICES.get(notice),
+        waiting_for=service.waiting_for(job),
         notice_key=notice if notice in actions.NOTICES else "",
         # Only a job id is ever shown from the URL, so a link cannot put words on the page.
         notice_from=notice_from if jobs.parse_job_id(notice_from) is not None else "",
@@ -410,3 +415,20 @@ def _attempt_row(number: int, run: Job | Attempt, status: str, current: bool) ->
         finished_at=run.finished_at,
         current=current,
     )
+
+
+# --- queues -----------------------------------------------------------------------------------
+
+
+def queue_list(service: Scheduler) -> list[QueueView]:
+    """Every queue that has jobs or settings, by name."""
+    return service.list_queues()
+
+
+def set_paused(service: Scheduler, name: str, paused: bool) -> None:
+    """Pause or resume a queue, keeping its limit (raises BadRequest for a bad name)."""
+    if not queues.is_valid_name(name):
+        raise errors.BadRequest(validation.QUEUE_MESSAGE)
+    current = next((view for view in service.list_queues() if view.queue == name), None)
+    limit = current.max_running if current is not None else None
+    service.set_queue(queues.QueueSettings(name, limit, paused))
