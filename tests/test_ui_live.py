@@ -106,7 +106,7 @@ def test_a_jobs_page_leaves_other_jobs_events_alone(page: Page, api: Api, node: 
     wait_for(lambda: page.js("return window.tinyScheduler.mode") == "events", message="live")
     api.submit(command="./someone-elses.sh")
     # Read and let go: a busy cluster's events must not reload every open job page.
-    wait_for(lambda: page.js("return window.tinyScheduler.ignored") == 1, message="ignored")
+    wait_for(lambda: page.js("return window.tinyScheduler.ignored") >= 1, message="ignored")
     agent = Agent(api.base_url, node)
     assert agent.claim(job["job_id"]).status_code == 200
     agent.close()
