@@ -43,6 +43,12 @@ def update_schedule(schedule_id: str) -> Response:
     return json_reply(scheduler().update_schedule(schedule_id, change).to_wire())
 
 
+@bp.post("/schedules/<schedule_id>/run")
+def run_schedule(schedule_id: str) -> Response:
+    """Submit the schedule's job once now, as a fire would (201 with the new Job)."""
+    return json_reply(scheduler().run_schedule(schedule_id).to_wire(), 201)
+
+
 @bp.delete("/schedules/<schedule_id>")
 def delete_schedule(schedule_id: str) -> Response:
     """Remove it (204); the jobs it made stay."""

@@ -107,6 +107,7 @@ class Scheduler:
         self.delete_schedule = schedule_ops.delete_schedule
         self.due_schedules = schedule_ops.due_schedules
         self.fire_schedule = schedule_ops.fire_schedule
+        self.run_schedule = schedule_ops.run_schedule
 
         node_ops = NodeOps(core, lifecycle, dispatch, book, settings.builtin_registry)
         node_ops.load(nodes or [])

@@ -4,11 +4,16 @@ A fire is decided by `schedules.plan` (pure: which fire times to skip, which one
 carried out here: the job is made exactly as `POST /jobs` would make it (`Lifecycle.new_job`),
 and it is committed together with the schedule's new state, under a dedupe key that names the
 schedule and the fire time, so a fire time never gets two jobs, whatever crashed when.
+
+A run now (`run_schedule`, an operator's "do it once more, now") is a fire outside the cron
+times: the same job, committed the same way, but under a fresh dedupe key, since it has no
+fire time to be unique for; it leaves the next fire time alone.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 
 from .. import errors, jobs, schedules
 from ..jobs import Job
@@ -135,6 +140,29 @@ class ScheduleOps:
         if created:
             self._core.created(job, "schedule")
         return Fired(schedule, plan, job, created)
+
+    def run_schedule(self, schedule_id: str) -> Job:
+        """Submit the schedule's job once, now, as a fire would (paused or not: someone asked
+        for it); the schedule records it as its last job, so `overlap: skip` waits for it.
+        NotFound for an unknown id; PlacementError when no node can take it."""
+        with self._core.schedules.changing():
+            schedule = self.get_schedule(schedule_id)
+            now = self._core.now()
+            # Fresh each time: two runs now are two jobs, unlike two looks at one fire time.
+            key = f"sched:{schedule.schedule_id}:now:{uuid.uuid4().hex}"
+            with self._core.table.deduplicating(key):
+                node_id = self._core.placement.place(schedule.job.instance_id)
+                with self._core.table.creating() as seq:
+                    job = self._lifecycle.new_job(
+                        schedule.job, key, seq, node_id, schedule.schedule_id
+                    )
+                    ran = schedule.evolve(last_run_at=now, last_job_seq=seq)
+                    self._core.store.save_schedule(ran, job)
+                    self._core.table.put(job)
+                self._core.schedules.put(ran)
+        self._core.created(job, "schedule")
+        log.info("schedule %s (%s) run now: %s", schedule.schedule_id, schedule.name, job.job_id)
+        return job
 
     def _fire(self, schedule: Schedule, fire_at: int, cursor: int | None) -> tuple[Job, bool]:
         key = schedules.fire_key(schedule.seq, fire_at)

@@ -1,20 +1,23 @@
 """The web dashboard under /ui/: server-rendered pages for the people who run the cluster.
 
-Pages: the overview (the daemons, counts, a chart of the last hour, nodes, recent failures), the
-nodes (slots, load, running and waiting jobs), the jobs list (filters, paging), one job
-(outputs, attempts, cancel, what a waiting job waits for), the schedules (next and last fire,
-the last job) and the queues (pending, running, limit, pause and resume). Jinja templates, one
-stylesheet and one small script, no build step and nothing fetched from elsewhere (the chart
-is inline SVG drawn on the server); the script refreshes the open page every few seconds and
+Pages: the overview (the daemons, counts, a chart of the last hour, nodes, recent failures),
+the nodes (health, agent, drain state, slots, load, jobs) and one node (Drain / Undrain), the
+jobs list (filters, paging), one job (outputs, live while it runs; attempts; what a waiting job
+waits for; Cancel or Stop; Retry as a new job), the schedules and one schedule (its jobs;
+Pause / Resume, Run now, Delete) and the queues (pending, running, limit, pause and resume).
+Jinja templates, one stylesheet and one small script, no build step and nothing fetched from
+elsewhere (the chart is inline SVG drawn on the server). The script keeps the open page
+current from the job events (`live`), falling back to reloading it every few seconds, and
 keeps relative times current. Without JavaScript every page still works (refresh by hand).
-The layout holds from a phone's 400 px up.
+The layout holds from a phone's 400 px up, without sideways scrolling.
 
-Views only pick the page's data from `pages` and render it. The UI reads through the service
-like the API does and changes nothing but through `service.cancel` and a queue's pause.
-Authentication is the API's (`api/auth.py`: HTTP Basic with the key as password when a key is
-set). A cancel (or a queue's pause) is a form POST, refused when the browser says it comes
-from another site, so a page elsewhere cannot use the operator's saved credentials to cancel
-jobs.
+Views only pick the page's data from `pages` (`node_pages`, `schedule_pages`) and render it,
+or do one `actions` change (or a queue's pause) and redirect to the page that shows its
+outcome. The UI reads through the service like the API does and changes only what the API's
+matching calls change. Authentication is the API's (`api/auth.py`: HTTP Basic with the key as
+password when a key is set). Actions are form POSTs, refused when the browser says they come
+from another site, so a page elsewhere cannot use the operator's saved credentials to act on
+the cluster.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from .. import errors, jobs
 from ..api.forward import MARKER
 from ..api.replies import scheduler
 from ..service import Scheduler
-from . import daemons, formatting, pages
+from . import actions, daemons, formatting, live, node_pages, pages, schedule_pages
 
 bp = Blueprint(
     "ui",
@@ -76,6 +79,8 @@ bp.add_app_template_filter(jobs.format_time, "rfc3339")
 bp.add_app_template_global(formatting.duration, "duration")
 bp.add_app_template_global(pages.REFRESH_SECS, "refresh_secs")
 bp.add_app_template_global(jobs.can_cancel, "can_cancel")
+bp.add_app_template_global(formatting.job_ending, "job_ending")
+live.init_blueprint(bp)
 
 
 @bp.before_request
@@ -113,7 +118,7 @@ def overview() -> Response:
 @bp.get("/nodes")
 def node_list() -> Response:
     """Each node's health, slots, load, running and waiting jobs."""
-    return _page("nodes.html", view=pages.nodes(scheduler()))
+    return _page("nodes.html", view=node_pages.nodes(scheduler()))
 
 
 @bp.get("/jobs")
@@ -128,7 +133,7 @@ def job(job_id: str) -> Response:
     show_env = request.args.get("show_env") == "1"
     notice = request.args.get("notice", "")
     try:
-        view = pages.job_detail(scheduler(), job_id, show_env, notice)
+        view = pages.job_detail(scheduler(), job_id, show_env, notice, request.args.get("from", ""))
     except errors.NotFound:
         return _page("error.html", 404, message=f"There is no job {job_id}.")
     return _page("job.html", view=view)
@@ -137,7 +142,34 @@ def job(job_id: str) -> Response:
 @bp.get("/schedules")
 def schedule_list() -> Response:
     """Every schedule: its next and last fire, and the status of the last job it made."""
-    return _page("schedules.html", view=pages.schedule_list(scheduler()))
+    args = request.args
+    view = schedule_pages.schedule_list(
+        scheduler(), args.get("notice", ""), args.get("schedule", "")
+    )
+    return _page("schedules.html", view=view)
+
+
+@bp.get("/nodes/<node_id>")
+def node(node_id: str) -> Response:
+    """One node: its agent, slots, drain state and every job it runs or waits for."""
+    try:
+        view = node_pages.node_detail(scheduler(), node_id, request.args.get("notice", ""))
+    except errors.NotFound:
+        return _page("error.html", 404, message=f"There is no node {node_id}.")
+    return _page("node.html", view=view)
+
+
+@bp.get("/schedules/<schedule_id>")
+def schedule(schedule_id: str) -> Response:
+    """One schedule: its settings, its job and the jobs it made lately."""
+    args = request.args
+    try:
+        view = schedule_pages.schedule_detail(
+            scheduler(), schedule_id, args.get("notice", ""), args.get("job", "")
+        )
+    except errors.NotFound:
+        return _page("error.html", 404, message=f"There is no schedule {schedule_id}.")
+    return _page("schedule.html", view=view)
 
 
 @bp.get("/queues")
@@ -157,15 +189,55 @@ def queue_pause(name: str) -> Response:
     return redirect(url_for("ui.queue_list", _anchor=f"queue-{name}"), 303)
 
 
+# --- what the buttons do: form POSTs, each answered 303 to the page that shows the outcome,
+# so that a reload shows the page again rather than doing the action twice.
+
+
 @bp.post("/jobs/<job_id>/cancel")
 def cancel(job_id: str) -> Response:
-    """Cancel a pending job, then show it again with the outcome."""
+    """Cancel a pending job, or stop a running one, then show it again with the outcome."""
     try:
-        notice = pages.cancel(scheduler(), job_id)
+        notice = actions.cancel(scheduler(), job_id)
     except errors.NotFound:
         return _page("error.html", 404, message=f"There is no job {job_id}.")
-    # 303: the browser follows with a GET, so reloading the page does not cancel twice.
     return redirect(url_for("ui.job", job_id=job_id, notice=notice), 303)
+
+
+@bp.post("/jobs/<job_id>/retry")
+def retry(job_id: str) -> Response:
+    """Submit a finished job's request again as a new job, then show the new job."""
+    try:
+        new_id = actions.retry(scheduler(), job_id)
+    except errors.NotFound:
+        return _page("error.html", 404, message=f"There is no job {job_id}.")
+    except errors.PlacementError as exc:
+        return _page("error.html", 503, message=f"Not submitted: {exc.message}.")
+    return redirect(url_for("ui.job", job_id=new_id, notice="retry", **{"from": job_id}), 303)
+
+
+@bp.post("/nodes/<node_id>/drain")
+def drain(node_id: str) -> Response:
+    """Drain the node (form field `drain=1`) or undrain it (`drain=0`)."""
+    try:
+        notice = actions.drain(scheduler(), node_id, request.form.get("drain") == "1")
+    except errors.NotFound:
+        return _page("error.html", 404, message=f"There is no node {node_id}.")
+    return redirect(url_for("ui.node", node_id=node_id, notice=notice), 303)
+
+
+@bp.post("/schedules/<schedule_id>/<action>")
+def schedule_action(schedule_id: str, action: str) -> Response:
+    """Pause, resume, run now or delete a schedule, then show the outcome."""
+    if action not in actions.SCHEDULE_ACTIONS:
+        return _page("error.html", 404, message=f"A schedule has no action {action}.")
+    try:
+        notice, job_id = actions.schedule_action(scheduler(), schedule_id, action)
+    except errors.NotFound:
+        return _page("error.html", 404, message=f"There is no schedule {schedule_id}.")
+    if action == "delete":
+        return redirect(url_for("ui.schedule_list", notice=notice, schedule=schedule_id), 303)
+    target = url_for("ui.schedule", schedule_id=schedule_id, notice=notice, job=job_id or None)
+    return redirect(target, 303)
 
 
 def _page(template: str, status: int = 200, **context: object) -> Response:

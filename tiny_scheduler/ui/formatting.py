@@ -1,4 +1,5 @@
-"""How the dashboard writes times and durations for people: "3 min ago", "2.4 s".
+"""How the dashboard writes times, durations and endings for people: "3 min ago", "2.4 s",
+"exit 3".
 
 Pure functions over the job model's integer microseconds; registered as Jinja filters by the
 ui blueprint. The browser script (`static/ui.js`) writes relative times the same way when it
@@ -9,7 +10,18 @@ from __future__ import annotations
 
 import datetime
 
+from .. import jobs
+from ..service.moves import LOST_BY_AGENT
+
 _UNITS = ((86400, "d"), (3600, "h"), (60, "min"), (1, "s"))
+
+# How a final reason reads in a sentence; `exit` is written with its code instead.
+_REASONS = {
+    "timeout": "timed out",
+    "node_lost": "node lost",
+    "cancelled": "cancelled",
+    "dependency_failed": "dependency failed",
+}
 
 
 def exact_time(us: int) -> str:
@@ -48,3 +60,25 @@ def _largest_unit(seconds: float) -> str:
         if seconds >= size:
             return f"{int(seconds // size)} {name}"
     return "0 s"
+
+
+def ending(reason: str, exit_code: int | None, stderr: str = "") -> str:
+    """Why an attempt failed, in words: `exit 3`, `timed out`, `node lost`, `cancelled`.
+
+    A job failed for good carries its `reason`; an earlier attempt that was retried has none,
+    and the scheduler's own endings are then known by the stderr it wrote (exit -1)."""
+    if not reason and exit_code == -1:
+        if stderr == jobs.NODE_LOST_STDERR:
+            return "node lost"
+        if stderr == LOST_BY_AGENT:
+            return "lost by its agent"
+        if stderr == jobs.TIMED_OUT_STDERR:
+            return "timed out"
+    if reason in _REASONS:
+        return _REASONS[reason]
+    return f"exit {exit_code}" if exit_code is not None else "agent error"
+
+
+def job_ending(job: jobs.Job) -> str:
+    """`ending` of a failed job as a whole (its reason is set once it failed for good)."""
+    return ending(job.reason.value if job.reason else "", job.exit_code, job.stderr.strip())

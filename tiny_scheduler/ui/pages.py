@@ -15,7 +15,6 @@ of the last hour is computed from the jobs themselves (`activity`), so it surviv
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import threading
 import time
@@ -23,9 +22,8 @@ from collections.abc import Mapping
 
 from .. import errors, jobs, queues, validation
 from ..jobs import Attempt, Job
-from ..schedules import Schedule
 from ..service import QueueView, Scheduler
-from . import activity
+from . import actions, activity, formatting
 from .activity import Activity
 
 REFRESH_SECS = 5
@@ -40,9 +38,6 @@ MAX_PAGE_SIZE = 200
 NODE_JOBS_SHOWN = 5
 """Running and pending jobs listed per node on the overview; the rest are a link away."""
 
-NODE_PENDING_SHOWN = 20
-"""Pending jobs listed per node on the Nodes page; the rest are a link away."""
-
 ACTIVITY_BUDGET = 0.05
 """Share of one core the overview's chart may cost: after a computation that took t seconds,
 the next one waits t / budget seconds (a table of a million jobs takes ~0.5 s to walk)."""
@@ -56,9 +51,6 @@ GONE = "gone"
 UNKNOWN = "unknown"
 """Health shown for every node while the registry cannot be asked."""
 
-# What the job page says after a cancel (the URL carries only the key, never text).
-NOTICES = {"cancelled": "Job cancelled.", "conflict": "Only pending jobs can be cancelled."}
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Failure:
@@ -67,7 +59,8 @@ class Failure:
     job_id: str
     node_id: str
     exit_code: int | None
-    reason: str
+    reason: str  # why, in words: "exit 3", "timed out", "node lost"
+    last_line: str  # the last line of its stderr, for a first idea of what went wrong
     finished_at: int
     retried: bool
 
@@ -92,11 +85,13 @@ class RecentFailures:
         else:
             return
         lines = ended.stderr.strip().splitlines()
+        reason = job.reason.value if ended is job and job.reason else ""
         failure = Failure(
             job_id=job.job_id,
             node_id=ended.node_id,
             exit_code=ended.exit_code,
-            reason=lines[-1][:200] if lines else "",
+            reason=formatting.ending(reason, ended.exit_code, ended.stderr.strip()),
+            last_line=lines[-1][:200] if lines else "",
             finished_at=ended.finished_at or jobs.now_us(),
             retried=retried,
         )
@@ -138,7 +133,7 @@ def overview(service: Scheduler, failures: RecentFailures, charts: ActivityCache
     """Counts by status, the last hour's chart, every node with its health and jobs, and the
     recent failures."""
     counts = service.counts()
-    health, registry_error = _node_health(service)
+    health, registry_error = node_health(service)
     rows = []
     for node_id in sorted(set(health) | service.busy_nodes()):
         on_node = service.jobs_on(node_id)
@@ -168,7 +163,7 @@ def overview(service: Scheduler, failures: RecentFailures, charts: ActivityCache
     )
 
 
-def _node_health(service: Scheduler) -> tuple[dict[str, str], str | None]:
+def node_health(service: Scheduler) -> tuple[dict[str, str], str | None]:
     """Each node the registry lists with its status, or no nodes and the registry's error."""
     try:
         return dict(service.node_health().status), None
@@ -276,63 +271,6 @@ def _clock(us: int) -> str:
     return time.strftime("%H:%M", time.gmtime(us // 1_000_000))
 
 
-# --- the nodes page ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class NodeDetail:
-    node_id: str
-    health: str
-    slots: int  # run jobs the node may run at once
-    slots_used: int  # running run jobs, and timed-out ones still running (a service takes none)
-    queued: int  # due waiting run jobs: with slots_used, the load placement compares
-    running: list[Job]  # every running job, services too
-    held: list[Job]  # timed out, their process still running: each keeps a slot
-    pending: list[Job]  # the oldest waiting ones
-    pending_count: int
-
-    @property
-    def load(self) -> float:
-        """Placement's load: (due waiting run jobs + slots in use) per slot; 1.0 is a node
-        exactly full."""
-        return (self.queued + self.slots_used) / self.slots
-
-    @property
-    def pending_more(self) -> int:
-        return self.pending_count - len(self.pending)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class NodesView:
-    now: int
-    registry_error: str | None
-    nodes: list[NodeDetail]
-
-
-def nodes(service: Scheduler) -> NodesView:
-    """Every node the registry lists or that has jobs: its health, slots and jobs."""
-    health, registry_error = _node_health(service)
-    node_ids = sorted(set(health) | service.busy_nodes())
-    details = []
-    # The slots and loads placement itself uses (MAX_JOBS_PER_NODE=auto: each node's own).
-    for load in service.node_loads(node_ids, service.cached_nodes()):
-        on_node = service.jobs_on(load.node_id)
-        details.append(
-            NodeDetail(
-                node_id=load.node_id,
-                health=health.get(load.node_id, UNKNOWN if registry_error else GONE),
-                slots=load.slots,
-                slots_used=load.used,
-                queued=load.queued,
-                running=on_node.running,
-                held=on_node.held,
-                pending=on_node.pending[:NODE_PENDING_SHOWN],
-                pending_count=len(on_node.pending),
-            )
-        )
-    return NodesView(now=jobs.now_us(), registry_error=registry_error, nodes=details)
-
-
 # --- the jobs list ----------------------------------------------------------------------------
 
 
@@ -382,7 +320,7 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
         wanted["after"] = ""
         query = validation.parse_query({**wanted, "limit": str(limit)})
     page = service.list_jobs(query)
-    health, _ = _node_health(service)
+    health, _ = node_health(service)
     return JobList(
         now=jobs.now_us(),
         jobs=page.jobs,
@@ -428,12 +366,17 @@ class JobDetail:
     attempts: list[AttemptRow]  # every attempt, the current one last
     env: list[tuple[str, str | None]]  # (name, value); value None while values are hidden
     show_env: bool
-    cancellable: bool
+    cancellable: bool  # pending (Cancel) or running (Stop)
+    retryable: bool  # ended: its request may be submitted again as a new job
     notice: str | None
     waiting_for: str | None  # while pending: what it waits for
+    notice_key: str = ""
+    notice_from: str = ""  # the job a notice names (the one this job retried), when valid
 
 
-def job_detail(service: Scheduler, job_id: str, show_env: bool, notice: str) -> JobDetail:
+def job_detail(
+    service: Scheduler, job_id: str, show_env: bool, notice: str, notice_from: str = ""
+) -> JobDetail:
     """One job with every attempt; raises NotFound. Env values only when asked for."""
     job = service.get(job_id)
     attempts = [
@@ -449,8 +392,12 @@ def job_detail(service: Scheduler, job_id: str, show_env: bool, notice: str) -> 
         env=env,
         show_env=show_env,
         cancellable=jobs.can_cancel(job),
-        notice=NOTICES.get(notice),
+        retryable=actions.can_retry(job),
+        notice=actions.NOTICES.get(notice),
         waiting_for=service.waiting_for(job),
+        notice_key=notice if notice in actions.NOTICES else "",
+        # Only a job id is ever shown from the URL, so a link cannot put words on the page.
+        notice_from=notice_from if jobs.parse_job_id(notice_from) is not None else "",
     )
 
 
@@ -468,43 +415,6 @@ def _attempt_row(number: int, run: Job | Attempt, status: str, current: bool) ->
         finished_at=run.finished_at,
         current=current,
     )
-
-
-def cancel(service: Scheduler, job_id: str) -> str:
-    """Cancel a pending job; the notice key to show (raises NotFound for an unknown id)."""
-    try:
-        service.cancel(job_id)
-    except errors.Conflict:
-        return "conflict"
-    return "cancelled"
-
-
-# --- schedules --------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ScheduleRow:
-    schedule: Schedule
-    last_job: Job | None  # None when it has not fired, or retention removed that job
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ScheduleList:
-    now: int
-    rows: list[ScheduleRow]
-
-
-def schedule_list(service: Scheduler) -> ScheduleList:
-    """Every schedule with its next and last fire, and the status of the last job it made."""
-    rows = []
-    for schedule in service.list_schedules():
-        last_job = None
-        # A job removed by retention is not found; the row says so.
-        with contextlib.suppress(errors.NotFound):
-            if schedule.last_job_id is not None:
-                last_job = service.get(schedule.last_job_id)
-        rows.append(ScheduleRow(schedule, last_job))
-    return ScheduleList(now=jobs.now_us(), rows=rows)
 
 
 # --- queues -----------------------------------------------------------------------------------

@@ -1,16 +1,33 @@
-// The dashboard's one script: refresh the open page every few seconds, keep relative times
-// ("3 min ago") current in between, and ask before a cancel. Every page works without it.
+// The dashboard's one script. It keeps the open page current: from the scheduler's job events
+// (an EventSource on /ui/events) where the page says so, else, or when the stream fails, by
+// reloading its content every few seconds. It keeps relative times ("3 min ago") current in
+// between, follows a running job's output as it grows, shows a chart minute's numbers where
+// it is pointed at or tapped, and asks before an action. Every page works without it.
 (function () {
   "use strict";
 
   var PAUSED_KEY = "tiny-scheduler.refresh-paused";
   var UNITS = [[86400, "d"], [3600, "h"], [60, "min"], [1, "s"]];
-  var every = (Number(document.body.dataset.refreshSecs) || 5) * 1000;
+  // Seconds an output read may wait on the server for more (the API allows up to 30).
+  var OUTPUT_WAIT_SECS = 25;
+  // While events drive the page, it is still reloaded this rarely: a node's health and
+  // heartbeat change without a job event.
+  var EVENTS_FALLBACK_FACTOR = 12;
+  var body = document.body;
+  var every = (Number(body.dataset.refreshSecs) || 5) * 1000;
   var state = document.getElementById("refresh-state");
   var toggle = document.getElementById("refresh-toggle");
   var paused = readPaused();
   var busy = false;
+  var again = false; // an event came while a refresh was under way: one more after it
+  var stale = false; // an event came while paused: refresh on resume
+  var mode = "timer"; // "events" while the event stream is open
+  var source = null;
+  var ticks = 0;
   var skewMs = 0; // server clock minus browser clock, so relative times match the server's
+
+  // What the browser tests read: how the page is kept current, and how often it was.
+  var status = (window.tinyScheduler = { mode: mode, refreshes: 0, events: 0, ignored: 0 });
 
   function readPaused() {
     try {
@@ -43,6 +60,13 @@
     return "just now";
   }
 
+  // A path made absolute on this origin: fetch() refuses a relative URL when the page was
+  // opened with credentials in its address (http://user:key@host/ui/), and
+  // location.origin never carries them.
+  function here(path) {
+    return window.location.origin + path;
+  }
+
   function learnSkew(content) {
     var serverNow = Number(content.dataset.nowMs);
     if (serverNow) {
@@ -57,14 +81,20 @@
     });
   }
 
-  function show(text, stale) {
+  function show(text, isStale) {
     state.textContent = text;
-    state.classList.toggle("stale", Boolean(stale));
+    state.classList.toggle("stale", Boolean(isStale));
   }
 
   function showMode() {
     toggle.textContent = paused ? "Resume" : "Pause";
-    show(paused ? "auto-refresh paused" : "auto-refresh every " + every / 1000 + " s");
+    if (paused) {
+      show("auto-refresh paused");
+    } else if (mode === "events") {
+      show("live");
+    } else {
+      show("auto-refresh every " + every / 1000 + " s");
+    }
   }
 
   // Don't pull the page from under someone reading a selection or typing in a field.
@@ -82,6 +112,12 @@
     content.querySelectorAll("details[open][id]").forEach(function (el) {
       open.push(el.id);
     });
+    // A followed output keeps its element (and what it has read so far) while the job runs:
+    // the server renders it empty until the job ends.
+    var followed = {};
+    content.querySelectorAll("pre[data-stream][id]").forEach(function (el) {
+      followed[el.id] = el;
+    });
     content.innerHTML = fresh.innerHTML;
     content.dataset.nowMs = fresh.dataset.nowMs || "";
     open.forEach(function (id) {
@@ -90,15 +126,31 @@
         el.open = true;
       }
     });
+    Object.keys(followed).forEach(function (id) {
+      var el = document.getElementById(id);
+      if (el && el.dataset.stream) {
+        el.replaceWith(followed[id]);
+      }
+    });
+    startFollowing(); // a job that started since the last look
   }
 
   function refresh() {
     var content = document.getElementById("content");
-    if (paused || busy || document.hidden || !content || userIsBusy(content)) {
+    if (!content || document.hidden || userIsBusy(content)) {
+      return;
+    }
+    if (paused) {
+      stale = true;
+      return;
+    }
+    if (busy) {
+      again = true;
       return;
     }
     busy = true;
-    fetch(window.location.href, { cache: "no-store", credentials: "same-origin" })
+    again = false;
+    fetch(here(window.location.pathname + window.location.search), { cache: "no-store", credentials: "same-origin", signal: leaving.signal })
       .then(function (response) {
         if (!response.ok) {
           throw new Error("HTTP " + response.status);
@@ -114,6 +166,7 @@
         swap(content, fresh);
         learnSkew(content);
         updateTimes();
+        status.refreshes += 1;
         showMode();
       })
       .catch(function () {
@@ -121,8 +174,153 @@
       })
       .then(function () {
         busy = false;
+        if (again) {
+          refresh();
+        }
       });
   }
+
+  function tick() {
+    ticks += 1;
+    if (mode === "timer" || ticks % EVENTS_FALLBACK_FACTOR === 0) {
+      refresh();
+    }
+  }
+
+  // --- job events ------------------------------------------------------------------------
+
+  function setMode(next) {
+    mode = status.mode = next;
+    showMode();
+  }
+
+  function fallBack() {
+    if (source) {
+      source.close(); // no reconnecting: the timer keeps the page current from now on
+      source = null;
+    }
+    setMode("timer");
+    refresh(); // whatever happened while the stream was down
+  }
+
+  function jobOf(event) {
+    try {
+      return JSON.parse(event.data).job_id;
+    } catch (e) {
+      return null; // not what the API sends: refresh rather than miss a change
+    }
+  }
+
+  function listen() {
+    var url = body.dataset.eventsUrl;
+    if (!url || !window.EventSource) {
+      return;
+    }
+    source = new EventSource(url);
+    source.addEventListener("open", function () {
+      setMode("events");
+    });
+    source.addEventListener("job", function (event) {
+      status.events += 1;
+      // A job's page changes only with that job; every other page may show any job.
+      var only = document.querySelector("[data-job-page]");
+      if (only && jobOf(event) !== only.dataset.jobPage) {
+        status.ignored += 1;
+        return;
+      }
+      refresh();
+    });
+    // The server lost track of what this stream has seen: read the page afresh, then carry on.
+    source.addEventListener("reset", function () {
+      refresh();
+    });
+    source.addEventListener("error", fallBack);
+  }
+
+  // --- a running job's output --------------------------------------------------------------
+
+  var decoders = {};
+
+  function append(pre, text, className) {
+    if (!text) {
+      return;
+    }
+    var atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    var piece = className ? document.createElement("span") : document.createTextNode(text);
+    if (className) {
+      piece.className = className;
+      piece.textContent = text;
+    }
+    pre.appendChild(piece);
+    if (atBottom) {
+      pre.scrollTop = pre.scrollHeight; // keep following the end, unless scrolled up
+    }
+  }
+
+  function follow(pre, url) {
+    var offset = Number(pre.dataset.offset) || 0;
+    var query = "?stream=" + pre.dataset.stream + "&offset=" + offset + "&wait=" + OUTPUT_WAIT_SECS;
+    fetch(here(url + query), { cache: "no-store", credentials: "same-origin", signal: leaving.signal })
+      .then(function (response) {
+        if (!response.ok) {
+          throw new Error("HTTP " + response.status);
+        }
+        return response.arrayBuffer().then(function (bytes) {
+          return {
+            bytes: bytes,
+            next: Number(response.headers.get("X-Output-Offset")),
+            status: response.headers.get("X-Job-Status"),
+          };
+        });
+      })
+      .then(function (read) {
+        // The read starts at `next - length`; past our offset means the cap dropped bytes.
+        var start = read.next - read.bytes.byteLength;
+        if (start > offset) {
+          append(pre, "[… " + (start - offset) + " bytes skipped …]\n", "skipped");
+        }
+        var decoder = decoders[pre.id] || (decoders[pre.id] = new TextDecoder("utf-8"));
+        append(pre, decoder.decode(read.bytes, { stream: true }));
+        pre.dataset.offset = String(read.next);
+        if (read.status === "running") {
+          follow(pre, url);
+        } else {
+          pre.removeAttribute("data-stream"); // the page shows the final report from now on
+          pre.dataset.ended = read.status;
+          refresh();
+        }
+      })
+      .catch(function () {
+        pre.dataset.following = "";
+        // Try again on the next refresh (startFollowing), not in a tight loop.
+      });
+  }
+
+  function startFollowing() {
+    var section = document.querySelector("[data-live-output]");
+    if (!section) {
+      return;
+    }
+    section.querySelectorAll("pre[data-stream]").forEach(function (pre) {
+      if (pre.dataset.following !== "yes") {
+        pre.dataset.following = "yes";
+        follow(pre, section.dataset.liveOutput);
+      }
+    });
+  }
+
+  // --- a chart minute's numbers, for touch screens too --------------------------------------
+
+  function readout(event) {
+    var minute = event.target.closest && event.target.closest("rect.minute");
+    var out = document.getElementById("chart-readout");
+    if (minute && out) {
+      out.textContent = minute.textContent;
+    }
+  }
+
+  document.addEventListener("click", readout);
+  document.addEventListener("mouseover", readout);
 
   document.addEventListener("submit", function (event) {
     var question = event.target.dataset.confirm;
@@ -136,8 +334,25 @@
     paused = !paused;
     savePaused();
     showMode();
-    if (!paused) {
+    if (!paused && (stale || mode === "timer")) {
+      stale = false;
       refresh();
+    }
+  });
+
+  // A browser holds only a few connections per server: a page left behind (or kept in the
+  // back/forward cache) must not keep its event stream or output reads open.
+  var leaving = new AbortController();
+  window.addEventListener("pagehide", function () {
+    if (source) {
+      source.close();
+      source = null;
+    }
+    leaving.abort();
+  });
+  window.addEventListener("pageshow", function (event) {
+    if (event.persisted) {
+      window.location.reload(); // back from the cache: the page is stale and its feeds closed
     }
   });
 
@@ -147,6 +362,8 @@
   }
   showMode();
   updateTimes();
+  listen();
+  startFollowing();
   window.setInterval(updateTimes, 1000);
-  window.setInterval(refresh, every);
+  window.setInterval(tick, every);
 })();
