@@ -1,14 +1,14 @@
 """`make demo`: the scheduler at work, end to end, in well under a minute.
 
-Starts a dev cluster (a registry, 3 agents and the scheduler under gunicorn; short
-intervals), submits a handful of jobs that show what the
+Starts a dev cluster (3 agents and the scheduler under gunicorn, its own node registry:
+`REGISTRY_URL=builtin`; short intervals), submits a handful of jobs that show what the
 scheduler does — a success, environment variables, a failure retried on another node, a
 failure that stays failed, a long-running service, a drained node that gets no new job, a
-running job cancelled and stopped by its agent, a run timeout, a delayed job — follows them live,
-creates an every-minute schedule and shows when it fires next (a real fire would take up to a
-minute of waiting: `tiny-scheduler schedule list` in a dev cluster shows it), prints a summary
-table, and stops everything. Exits 0 only when every job ended as it should, so it doubles as
-a smoke test.
+running job cancelled and stopped by its agent, a run timeout, a delayed job — follows them
+live, creates an every-minute schedule and shows when it fires next (a real fire would take
+up to a minute of waiting: `tiny-scheduler schedule list` in a dev cluster shows it), prints a
+summary table, and stops everything. Exits 0 only when every job ended as it should, so it
+doubles as a smoke test.
 
 It is a client of the public API only (plus a look at /proc, to show that a stopped job's
 process is gone): it shows behaviour, it does not define any.
@@ -351,7 +351,7 @@ def _probe_service(port: int, timeout: float = 10.0) -> str:
 
 
 def main() -> int:
-    print("tiny-scheduler demo: a registry, 3 agents and the scheduler, all on loopback")
+    print("tiny-scheduler demo: 3 agents and the scheduler, its own node registry, all on loopback")
     config = ClusterConfig.quick(
         agents=3,
         # Whatever the shell holds, the demo runs the documented defaults with its peers off.
