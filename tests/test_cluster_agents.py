@@ -2,8 +2,8 @@
 (`REGISTRY_URL=builtin`) and real `tiny-scheduler agent` processes, through the dev cluster.
 
 What is checked here is what only the whole has: placement over the agents' heartbeats and
-slots, a node dying or its agent restarting under a running job, drains, and the scheduler's
-stop orders carried out on real process groups (cancel, timeout).
+slots, a node dying or its agent restarting under a running job, a leader dying while jobs end,
+drains, and the scheduler's stop orders carried out on real process groups (cancel, timeout).
 A report spooled through a scheduler outage (with and without an agent restart) is covered in
 test_agent_process.py and not repeated.
 
@@ -19,9 +19,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import requests
 from helpers import Api, expect_json, wait_for
 
+from tiny_scheduler.client import Client
 from tiny_scheduler.dev.cluster import AGENT_KILL_GRACE_SECS, ClusterConfig, DevCluster
+from tiny_scheduler.dev.daemon import SchedulerProcess
 
 BASE_ENV = {
     # Whatever the developer's shell holds: one retry, history kept, peers off.
@@ -211,6 +214,99 @@ def test_a_restarted_agent_that_lost_its_job_gets_it_failed_and_retried(
         assert done["stdout"] == f"rerun on {done['node_id']}\n"
         assert api.jobs(status="running") == []
         api.close()
+
+
+# --- a leader dies while jobs end ---------------------------------------------------------------
+
+HA_ROUNDS = 20
+
+
+def leader_of(daemons: list[SchedulerProcess]) -> SchedulerProcess | None:
+    """The one daemon that answers /leader with 200, if exactly one does."""
+    found = []
+    for daemon in daemons:
+        try:
+            if requests.get(daemon.url + "/leader", timeout=2).status_code == 200:
+                found.append(daemon)
+        except requests.RequestException:
+            continue
+    return found[0] if len(found) == 1 else None
+
+
+def standby_of(daemon: SchedulerProcess, leader: SchedulerProcess) -> bool:
+    try:
+        reply = requests.get(daemon.url + "/leader", timeout=2)
+    except requests.RequestException:
+        return False
+    return reply.status_code == 503 and reply.json().get("leader") == leader.url
+
+
+# Twenty takeovers take about a second each on a quiet machine; the bound leaves room for a
+# busy one.
+@pytest.mark.timeout(300)
+def test_jobs_that_end_while_the_leader_dies_end_done_once(
+    tmp_path: pathlib.Path, work: pathlib.Path, postgres_url: str
+) -> None:
+    config = ClusterConfig.quick(
+        agents=2,
+        standbys=1,
+        postgres_url=postgres_url,
+        work_dir=str(work),
+        scheduler_env=ONE_SLOT,
+    )
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with DevCluster(config) as cluster:
+        client = Client(cluster.scheduler_urls)
+        seen: list[str] = []
+        for number in range(HA_ROUNDS):
+            leader = wait_for(lambda: leader_of(cluster.daemons), message="one leader")
+            go = tmp_path / f"go-{number}"
+            ids = []
+            for index in range(2):
+                tag = f"{number}-{index}"
+                # Each run leaves a line: a job run twice would leave two.
+                command = f"echo x >> {runs}/{tag}; " + waits_for(go, f"echo {tag}")
+                ids.append(client.submit({"command": command})["job_id"])
+            wait_for(
+                lambda ids=ids: all(client.job(i)["status"] == "running" for i in ids),
+                timeout=30,
+                message=f"round {number}: both jobs to run",
+            )
+            leader.kill()
+            go.touch()  # the jobs end, and report, while the standby takes over
+            for index, job_id in enumerate(ids):
+                job = wait_for(
+                    lambda j=job_id: (
+                        (found := client.job(j))["status"] in ("done", "failed") and found
+                    ),
+                    timeout=30,
+                    message=f"round {number}: {job_id} to end",
+                )
+                tag = f"{number}-{index}"
+                assert (job["status"], job["stdout"], job["retry_count"]) == (
+                    "done",
+                    f"{tag}\n",
+                    0,
+                ), job
+                assert (runs / tag).read_text() == "x\n", f"{job_id} ran more than once"
+                seen.append(job_id)
+            new_leader = wait_for(lambda: leader_of(cluster.daemons), message="the new leader")
+            assert new_leader is not leader
+            # The dev cluster's supervision brings the dead daemon back (its port, database and
+            # log), as the standby of the new leader, for the next round.
+            wait_for(
+                lambda old=leader: old.url in cluster.supervise(),
+                message=f"round {number}: the dead daemon to be started again",
+            )
+            wait_for(
+                lambda old=leader, new=new_leader: standby_of(old, new),
+                timeout=30,
+                message=f"round {number}: the restarted daemon to stand by",
+            )
+        assert len(set(seen)) == 2 * HA_ROUNDS
+        everything = client.json("GET", "/jobs")
+        assert [job["status"] for job in everything] == ["done"] * 2 * HA_ROUNDS
 
 
 # --- drain --------------------------------------------------------------------------------------
