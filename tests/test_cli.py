@@ -59,6 +59,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
         api_key=KEY,
         work_dir=str(work),
         scheduler_env=SCHEDULER_ENV,
+        # Instances, registered services and registry faults are the tiny-aws registry's.
+        dev_registry=True,
         # Tests add a node and use it at once.
         registry_cache_secs=0,
     )

@@ -1,4 +1,5 @@
-"""End to end through the dev cluster: real agent processes, the registry, the scheduler.
+"""End to end through the dev cluster: real agent processes and the scheduler, its own node
+registry (`REGISTRY_URL=builtin`: the nodes are the agents that heartbeat).
 
 The agents are the production agent (`tiny-scheduler agent`), so these tests run jobs as
 production does: poll, claim, `sh -c`, report. One agent is SIGKILLed to show a node failure
@@ -239,9 +240,12 @@ def recorded_jobs(work: pathlib.Path) -> set[str]:
 
 def test_a_start_that_fails_halfway_leaves_nothing_running(tmp_path: pathlib.Path) -> None:
     work = tmp_path / "broken"
-    # The registry and the scheduler start; the scheduler then refuses its configuration.
+    # The (dev) registry and the scheduler start; the scheduler then refuses its configuration.
     config = ClusterConfig.quick(
-        agents=2, work_dir=str(work), scheduler_env={"MAX_JOBS_PER_NODE": "abc"}
+        agents=2,
+        work_dir=str(work),
+        scheduler_env={"MAX_JOBS_PER_NODE": "abc"},
+        dev_registry=True,
     )
     cluster = DevCluster(config)
     with pytest.raises(ClusterError, match="scheduler did not start"):

@@ -1,16 +1,21 @@
-"""The local dev cluster: a registry, N agents and the scheduler, started and stopped as one.
+"""The local dev cluster: N agents and the scheduler (and, when asked, a dev registry), started
+and stopped as one.
 
-`DevCluster` owns the lifecycle of those parts on loopback: the `FakeRegistry` in this process,
-the scheduler under real gunicorn (`SchedulerProcess`; with `standbys`, several daemons on a
-PostgreSQL database made for the cluster, the first one leading at start), and each agent as
-its own process (the production agent, `tiny-scheduler agent`, with `--registry` so that the
-dev registry lists its node), so that SIGKILLing one is a real node failure. It leaves no
+`DevCluster` owns the lifecycle of those parts on loopback: the scheduler under real gunicorn
+(`SchedulerProcess`; with `standbys`, several daemons on a PostgreSQL database made for the
+cluster, the first one leading at start), and each agent as its own process (the production
+agent, `tiny-scheduler agent`), so that SIGKILLing one is a real node failure. By default the
+scheduler is its own node registry (`REGISTRY_URL=builtin`): the nodes are the agents that
+heartbeat, as in a cluster of this project's own. With `dev_registry` it runs the
+`FakeRegistry` in this process instead and the agents register with it (`--registry`), for
+what only the tiny-aws registry has: instances, registered services, registry faults. It leaves no
 orphans: every child runs in its own process group, `stop()` ends them all and is registered
 with `atexit`, a start-up that fails halfway stops what it had started, and a watchdog process
 kills every part should this process die without stopping them (SIGKILL, a crash).
 `tiny-scheduler dev`, `make demo` and the end-to-end tests all run it.
 
-It does not schedule anything or talk to the scheduler's API beyond waiting for it to be up.
+It does not schedule anything or talk to the scheduler's API beyond waiting for it, and its
+nodes, to be up.
 """
 
 from __future__ import annotations
@@ -30,12 +35,18 @@ import time
 from collections.abc import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
+import requests
+
 from ..agent.config import DEFAULT_POLL_SECS, DEFAULT_REGISTRY_HEARTBEAT_SECS
 from ..agent.groups import kill_groups, kill_recorded_children
+from ..client import session
 from .daemon import SchedulerProcess
 from .registry import FakeRegistry
 
 log = logging.getLogger(__name__)
+
+BUILTIN = "builtin"
+"""REGISTRY_URL when the scheduler is its own node registry."""
 
 AGENT_STOP_SECS = 5.0
 """Seconds an agent gets to stop its jobs, report them and exit after SIGTERM before it is
@@ -68,10 +79,16 @@ class ClusterConfig:
 
     agents: int = 3
     scheduler_port: int | None = None  # None: any free port
-    registry_port: int = 0  # 0: any free port
+    # False: REGISTRY_URL=builtin, the agents' heartbeats are the node list. True: a dev
+    # registry (the tiny-aws registry's behaviour) lists the nodes, on this port (0: any).
+    dev_registry: bool = False
+    registry_port: int = 0
     poll_secs: float = DEFAULT_POLL_SECS
-    heartbeat_secs: float = DEFAULT_REGISTRY_HEARTBEAT_SECS  # agents to the registry
-    unhealthy_after: float = 30.0  # registry: no heartbeat this long -> node unhealthy
+    # builtin: NODE_HEARTBEAT_SECS (the agents follow the period their heartbeats are
+    # answered with); dev registry: the agents' heartbeats to it (None: 10 s).
+    heartbeat_secs: float | None = None
+    unhealthy_after: float = 30.0  # dev registry: no heartbeat this long -> node unhealthy
+    agent_slots: tuple[int, ...] = ()  # each agent's --slots in turn; missing: its CPU count
     scan_interval_secs: float | None = None  # TIMEOUT_SCAN_INTERVAL_SECS
     node_lost_secs: float | None = None  # NODE_LOST_SECS
     registry_cache_secs: float | None = None  # REGISTRY_CACHE_SECS
@@ -90,7 +107,9 @@ class ClusterConfig:
         timeout should show within seconds."""
         fast = {
             "poll_secs": 0.2,
-            "heartbeat_secs": 0.2,
+            # builtin: a node is unhealthy after 3 silent periods, 0.9 s, about the dev
+            # registry's 1 s; shorter would flap on a busy machine and move work for nothing.
+            "heartbeat_secs": 0.3,
             "unhealthy_after": 1.0,
             "scan_interval_secs": 0.2,
             "node_lost_secs": 1.0,
@@ -132,6 +151,9 @@ class DevCluster:
 
     @property
     def registry_url(self) -> str:
+        """The scheduler's REGISTRY_URL: the dev registry's URL, or `builtin`."""
+        if not self.config.dev_registry:
+            return BUILTIN
         assert self.registry is not None, "cluster not started"
         return self.registry.url
 
@@ -157,7 +179,8 @@ class DevCluster:
         atexit.register(self.stop)
         try:
             self._start_watchdog()
-            self._start_registry()
+            if self.config.dev_registry:
+                self._start_registry()
             self._start_scheduler()
             for node_id in self.node_ids:
                 self.start_agent(node_id)
@@ -228,17 +251,18 @@ class DevCluster:
         self.registry = registry
 
     def _start_scheduler(self) -> None:
-        assert self.registry is not None
         port = self.config.scheduler_port
         if port is not None and not _port_free(port):
             # Checked first: another scheduler already on the port would answer /health and
             # pass for ours.
             raise ClusterError(f"port {port} is already in use; choose another scheduler port")
         env = {
-            "REGISTRY_URL": self.registry.url,
+            "REGISTRY_URL": self.registry_url,
             # An empty value counts as unset: no key unless the cluster was given one.
             "TINYAWS_API_KEY": self.config.api_key or "",
         }
+        if not self.config.dev_registry and self.config.heartbeat_secs is not None:
+            env["NODE_HEARTBEAT_SECS"] = str(self.config.heartbeat_secs)
         optional = {
             "TIMEOUT_SCAN_INTERVAL_SECS": self.config.scan_interval_secs,
             "NODE_LOST_SECS": self.config.node_lost_secs,
@@ -296,7 +320,7 @@ class DevCluster:
 
     def start_agent(self, node_id: str) -> None:
         """Start (or restart) the agent process of one node."""
-        assert self.scheduler is not None and self.registry is not None
+        assert self.scheduler is not None
         work_dir = os.path.join(self.work_dir, node_id)
         os.makedirs(work_dir, exist_ok=True)
         log_path = os.path.join(self.work_dir, f"agent-{node_id}.log")
@@ -308,8 +332,7 @@ class DevCluster:
             str(self.config.poll_secs),
             *("--drain-secs", str(AGENT_DRAIN_SECS)),
             *("--kill-grace-secs", str(AGENT_KILL_GRACE_SECS)),
-            *("--registry", self.registry.url),
-            *("--registry-heartbeat-secs", str(self.config.heartbeat_secs)),
+            *self._agent_options(node_id),
             "--exit-with-parent",
         ]
         with open(log_path, "ab") as log_file:
@@ -324,6 +347,18 @@ class DevCluster:
         self.agents[node_id] = _AgentProcess(node_id, proc, work_dir, log_path)
         self._tell_watchdog(f"group {proc.pid}")
         self._tell_watchdog(f"dir {work_dir}")
+
+    def _agent_options(self, node_id: str) -> list[str]:
+        options = []
+        number = self.node_ids.index(node_id) if node_id in self.node_ids else -1
+        if 0 <= number < len(self.config.agent_slots):
+            options += ["--slots", str(self.config.agent_slots[number])]
+        if self.registry is not None:
+            every = self.config.heartbeat_secs or DEFAULT_REGISTRY_HEARTBEAT_SECS
+            options += ["--registry", self.registry.url, "--registry-heartbeat-secs", str(every)]
+        # With the built-in node list no period is given: the first heartbeat's answer sets
+        # it, as in production.
+        return options
 
     def kill_agent(self, node_id: str) -> None:
         """SIGKILL a node: its agent and every job it was running, with no chance to report.
@@ -356,13 +391,29 @@ class DevCluster:
             self._watchdog.stdin.write(line.encode() + b"\n")
             self._watchdog.stdin.flush()
 
+    def node_health(self) -> dict[str, str]:
+        """Each node's health as the node source says: the scheduler's `GET /nodes` (from
+        the first daemon that answers), or the dev registry's listing. Empty while neither
+        answers."""
+        if self.registry is not None:
+            listing = self.registry.nodes_listing()
+            return {node_id: node.get("status", "") for node_id, node in listing.items()}
+        for daemon in self.daemons:
+            try:
+                with session(daemon.url, self.config.api_key) as http:
+                    reply = http.get(daemon.url + "/nodes", timeout=5)
+            except requests.RequestException:
+                continue  # not up yet, or a daemon that died: ask the next
+            if reply.status_code == 200:
+                return {node["node_id"]: node["health"] for node in reply.json()}
+        return {}
+
     def wait_nodes_healthy(self, node_ids: list[str], timeout: float = START_TIMEOUT_SECS) -> None:
-        """Wait until the registry lists every given node as healthy."""
-        assert self.registry is not None
+        """Wait until the node source lists every given node as healthy."""
         deadline = time.monotonic() + timeout
         while True:
-            listing = self.registry.nodes_listing()
-            missing = [n for n in node_ids if listing.get(n, {}).get("status") != "healthy"]
+            health = self.node_health()
+            missing = [n for n in node_ids if health.get(n) != "healthy"]
             if not missing:
                 return
             for node_id in missing:

@@ -1,16 +1,17 @@
 """`make demo`: the scheduler at work, end to end, in well under a minute.
 
-Starts a dev cluster (registry, 3 agents, the scheduler under gunicorn, short intervals),
-submits a handful of jobs that show what the scheduler does — a success, environment
-variables, a failure retried on another node, a failure that stays failed, a long-running
-service, a job cancelled while it waits, a run timeout, a delayed job — follows them live,
-creates an every-minute schedule and shows when it fires next (a real fire would take up to a
-minute of waiting: `tiny-scheduler schedule list` in a dev cluster shows it), prints a summary
-table, and stops everything. Exits 0 only when every job ended as it should, so it doubles as
-a smoke test.
+Starts a dev cluster (3 agents and the scheduler under gunicorn, its own node registry:
+`REGISTRY_URL=builtin`; short intervals), submits a handful of jobs that show what the
+scheduler does — a success, environment variables, a failure retried on another node, a
+failure that stays failed, a long-running service, a drained node that gets no new job, a
+running job cancelled and stopped by its agent, a run timeout, a delayed job — follows them
+live, creates an every-minute schedule and shows when it fires next (a real fire would take
+up to a minute of waiting: `tiny-scheduler schedule list` in a dev cluster shows it), prints a
+summary table, and stops everything. Exits 0 only when every job ended as it should, so it
+doubles as a smoke test.
 
-It is a client of the public API only (plus the dev registry's instance table, to pin jobs):
-it shows behaviour, it does not define any.
+It is a client of the public API only (plus a look at /proc, to show that a stopped job's
+process is gone): it shows behaviour, it does not define any.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class Demo:
         return all(shown.ok for shown in self.shown)
 
     def phase_one(self) -> None:
-        self.say("\n1) five jobs at once, spread round-robin over the nodes")
+        self.say("\n1) five jobs at once, spread over the nodes (least-loaded first)")
         mark = os.path.join(self.cluster.work_dir, "flaky.mark")
         self.submit(
             Shown("success", "done, exit 0", lambda j: _done_with(j, "hello from node-")),
@@ -149,26 +150,21 @@ class Demo:
         self.say(f"  service {service.job_id} on port {port}: {service.note}")
 
     def phase_two(self) -> None:
-        self.say("\n2) a cancel and a timeout")
-        # Pin two jobs to one instance: the first keeps its node busy (one slot per node),
-        # so the second waits as pending and can be cancelled before any agent takes it.
-        busy_node = self.cluster.node_ids[-1]
-        assert self.cluster.registry is not None
-        self.cluster.registry.set_instance("i-demo", busy_node)
-        blocker = self.submit(
-            Shown("keeps its node busy", "done, exit 0", lambda j: j["status"] == "done"),
-            command="sleep 2; echo slept",
-            instance_id="i-demo",
+        self.say("\n2) a drain, a cancel and a timeout")
+        # A drained node gets no new job; with the other two busy (one slot each), the third
+        # job below waits for one of them rather than going there.
+        drained = self.cluster.node_ids[-1]
+        self.client.json("PATCH", f"/nodes/{drained}", json={"drain": True})
+        self.say(f"  drained {drained}: it takes no new job (its running ones would finish)")
+        pid_file = os.path.join(self.cluster.work_dir, "cancelled.pid")
+        cancelled = self.submit(
+            Shown(
+                "cancel while running",
+                "cancelled, its process stopped by its agent",
+                lambda j: j.get("reason") == "cancelled" and j["retry_count"] == 0,
+            ),
+            command=f"echo $$ > {shlex.quote(pid_file)}; sleep 30",
         )
-        self.follow(lambda: blocker.job["status"] != "pending")
-        waiting = self.submit(
-            Shown("cancel", "cancelled while pending", lambda j: j.get("reason") == "cancelled"),
-            command="echo this never runs",
-            instance_id="i-demo",
-        )
-        waiting.job = self.client.cancel(waiting.job_id)
-        self._last_seen[waiting.job_id] = job_state(waiting.job)
-        self.say(f"  cancelled {waiting.job_id} while it waited for {busy_node}")
         self.submit(
             Shown(
                 "timeout",
@@ -182,7 +178,29 @@ class Demo:
             command="sleep 30",
             timeout_secs=TIMEOUT_JOB_SECS,
         )
-        self.follow(lambda: all(settled(s.job) for s in self.shown))
+        self.submit(
+            Shown(
+                "avoids drained node",
+                f"done, on a node other than {drained}",
+                lambda j: j["status"] == "done" and j["node_id"] != drained,
+            ),
+            command='echo "ran on $TINY_NODE_ID"',
+        )
+        self.follow(
+            lambda: cancelled.job["status"] == "running" and _read_pid(pid_file) is not None
+        )
+        pid = _read_pid(pid_file)
+        cancelled.job = self.client.cancel(cancelled.job_id)
+        self._last_seen[cancelled.job_id] = job_state(cancelled.job)
+        self.say(
+            f"  cancelled {cancelled.job_id} while it ran (pid {pid}): its agent stops it"
+            " when its next heartbeat is answered"
+        )
+        self.follow(lambda: all(settled(s.job) for s in self.shown) and not _alive(pid))
+        cancelled.note_ok = pid is not None and not _alive(pid)
+        cancelled.note = f"pid {pid} {'stopped' if cancelled.note_ok else 'STILL RUNNING'}"
+        self.client.json("PATCH", f"/nodes/{drained}", json={"drain": False})
+        self.say(f"  undrained {drained}")
 
     def phase_three(self) -> None:
         self.say("\n3) later and periodically: a delayed job and a schedule")
@@ -291,6 +309,25 @@ def _retried_elsewhere(job: dict[str, Any]) -> bool:
     )
 
 
+def _read_pid(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int | None) -> bool:
+    """Whether process `pid` still runs (a zombie, dead but not yet reaped, does not)."""
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().split(b")")[-1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
 def _first_line(job: dict[str, Any]) -> str:
     for stream in ("stdout", "stderr"):
         text = job.get(stream, "").strip()
@@ -314,7 +351,7 @@ def _probe_service(port: int, timeout: float = 10.0) -> str:
 
 
 def main() -> int:
-    print("tiny-scheduler demo: a registry, 3 agents and the scheduler, all on loopback")
+    print("tiny-scheduler demo: 3 agents and the scheduler, its own node registry, all on loopback")
     config = ClusterConfig.quick(
         agents=3,
         # Whatever the shell holds, the demo runs the documented defaults with its peers off.
