@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urljoin, urlsplit
-
-import requests
 
 from .display import describe
 from .errors import JOB_NOT_FOUND
 from .jobs import FINAL_STATUSES, JOB_ID_PREFIX, RUNNING, SERVICE
 from .validation import MAX_PAGE
+
+if TYPE_CHECKING:
+    # requests (and urllib3 under it) is most of the command line's start-up: it is imported
+    # when the first call goes out, so `--version` and `--help` never pay for it.
+    import requests
 
 DEFAULT_URL = "http://127.0.0.1:9001"
 """Where the scheduler listens unless SCHEDULER_URL says otherwise."""
@@ -72,6 +75,8 @@ def _is_no_leader(response: requests.Response) -> bool:
 def session(url: str, key: str | None = None) -> requests.Session:
     """A `requests` session for one tiny-aws service at `url`, sending `key` as the bearer
     token when there is one."""
+    import requests
+
     made = requests.Session()
     # A proxy from the environment has no business relaying calls to this machine.
     made.trust_env = urlsplit(url).hostname not in _LOOPBACK
@@ -150,6 +155,8 @@ class Client:
         self, method: str, path: str, kwargs: dict[str, Any], deadline: float
     ) -> requests.Response | None:
         """Ask each daemon in turn; the first real answer, or None to go round again."""
+        import requests
+
         others = [url for url in self.base_urls if url != self.base_url]
         for number, base in enumerate([self.base_url, *others]):
             last = number == len(others) and time.monotonic() >= deadline
