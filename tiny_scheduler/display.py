@@ -59,3 +59,24 @@ def one_line(text: str, width: int) -> str:
     """`text` with its whitespace runs as single spaces, cut to `width` characters with `…`."""
     flat = " ".join(text.split())
     return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def waiting_for(job: dict[str, Any], now: str | None = None) -> str:
+    """What a pending job waits for beyond a free slot: `not before <time>` (a delayed job),
+    or the scheduler's own `waiting_for` (dependencies, a queue) when the job carries it;
+    '' for any other job. `now` (RFC 3339, as the API writes times) leaves out a time that
+    has passed."""
+    if job.get("status") != PENDING:
+        return ""
+    if job.get("waiting_for"):
+        return str(job["waiting_for"])
+    not_before = job.get("not_before")
+    if not_before and (now is None or not_before > now):
+        return f"not before {not_before}"
+    return ""
+
+
+def waiting_text(job: dict[str, Any], now: str | None = None) -> str:
+    """`waiting_for` as a clause to put after `describe`: `, not before …`, or ''."""
+    what = waiting_for(job, now)
+    return f", {what}" if what else ""
