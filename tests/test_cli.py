@@ -188,7 +188,10 @@ def test_submit_wait_runs_the_job_and_exits_0(cluster: DevCluster) -> None:
     fields, output = fields_and_output(result.stdout)
     job_id = fields["job"]
     assert fields["status"] == "done (exit 0)"
-    assert fields["env"] == "WHO=cli N=a=b"
+    # Env values are often secrets: hidden unless asked for.
+    assert fields["env"] == "WHO=*** N=***"
+    shown = cli(cluster, "status", "--show-env", job_id)
+    assert fields_and_output(shown.stdout)[0]["env"] == "WHO=cli N=a=b"
     # The job's output follows, as `logs` would show it: no second command needed.
     assert output == "--- stdout ---\nhi cli a=b\n"
     # Progress went to stderr, each change with the seconds since the wait began.
@@ -299,7 +302,17 @@ def final(server: Api, job_id: str) -> dict[str, Any]:
 
 
 def test_wait_for_a_service_returns_once_it_runs(cluster: DevCluster) -> None:
-    result = cli(cluster, "submit", "--service", "--wait", "--interval", "0.1", "exec sleep 600")
+    result = cli(
+        cluster,
+        "submit",
+        "--service",
+        "--port",
+        "8090",
+        "--wait",
+        "--interval",
+        "0.1",
+        "exec sleep 600",
+    )
     assert result.exit_code == 0, result.stdout + result.stderr
     fields, output = fields_and_output(result.stdout)
     assert fields["status"] == "running on node-1"
@@ -322,7 +335,7 @@ def test_services_are_registered_and_reported_when_they_exit(
         s for s in cluster.registry.services if s.get("job_id") == job["job_id"]
     ).items()
 
-    failing_id = submitted_id(cluster, "--service", "exit 4")
+    failing_id = submitted_id(cluster, "--service", "--port", "8082", "exit 4")
     final(server, failing_id)
     failing = cli(cluster, "status", "--wait", failing_id)
     assert failing.exit_code == 4
@@ -385,7 +398,7 @@ def test_list_prints_an_aligned_table(cluster: DevCluster) -> None:
     assert table.exit_code == 0, table.stderr
     header, *rows = table.stdout.splitlines()
     # The API's times are UTC, and the header says so.
-    columns = "JOB STATUS EXIT NODE TYPE RETRIES CREATED (UTC) COMMAND"
+    columns = "JOB STATUS EXIT NODE TYPE ATTEMPTS CREATED (UTC) WAITING FOR COMMAND"
     assert header.split() == columns.split()
     for column in ("STATUS", "EXIT", "NODE", "COMMAND"):
         start = header.index(column)
@@ -621,8 +634,8 @@ def test_list_watch_redraws_until_ctrl_c(cluster: DevCluster) -> None:
             """The first row of the next frame drawn."""
             watch.line(lambda line: line.startswith("tiny-scheduler list"))
             assert watch.line(lambda line: line.startswith("JOB")).split() == [
-                *("JOB", "STATUS", "EXIT", "NODE", "TYPE", "RETRIES", "CREATED", "(UTC)"),
-                "COMMAND",
+                *("JOB", "STATUS", "EXIT", "NODE", "TYPE", "ATTEMPTS", "CREATED", "(UTC)"),
+                *("WAITING", "FOR", "COMMAND"),
             ]
             return watch.line(lambda line: True)
 

@@ -3,9 +3,10 @@
 This module owns the command group `main` (the console script `tiny_scheduler.cli:main`): the
 options every command shares, `--version`, help when no command is given, and one rule for
 failures: a `client.ClientError` becomes one line on stderr and exit 1. The commands live in
-`job_commands` (submit, status, list, logs, cancel: clients of the HTTP API at SCHEDULER_URL,
-sending TINYAWS_API_KEY as the bearer token), `schedule_commands` (the `schedule` group, a
-client of /schedules), `dev_commands` (the local dev cluster and dev registry) and
+`job_commands` (submit, status, list, logs, cancel, stop: clients of the HTTP API at
+SCHEDULER_URL, sending TINYAWS_API_KEY as the bearer token), `schedule_commands` (the
+`schedule` group, a client of /schedules), `node_commands` (nodes, node drain|undrain,
+version), `dev_commands` (the local dev cluster and dev registry) and
 `agent_command` (a node's compute agent); what they print is in `output`. Tables for people,
 `--json` for scripts.
 
@@ -24,6 +25,7 @@ from ..daemon_command import SERVE_ARGV
 from .agent_command import agent
 from .dev_commands import dev
 from .job_commands import COMMANDS
+from .node_commands import COMMANDS as NODE_COMMANDS
 from .output import CliError
 from .schedule_commands import schedule
 
@@ -74,5 +76,5 @@ def serve() -> None:
     os.execv(SERVE_ARGV[0], SERVE_ARGV)
 
 
-for _command in (*COMMANDS, schedule, dev, agent):
+for _command in (*COMMANDS, schedule, *NODE_COMMANDS, dev, agent):
     main.add_command(_command)

@@ -126,8 +126,9 @@ def _check_cron(cron: str) -> None:
 @_json_option
 @click.pass_context
 def list_schedules(ctx: click.Context, as_json: bool) -> None:
-    """List schedules, oldest first."""
-    found = client_from(ctx).json("GET", "/schedules")
+    """List schedules, newest first (as `list` lists jobs)."""
+    # The API lists oldest first; every list of this command line shows the newest on top.
+    found = client_from(ctx).json("GET", "/schedules")[::-1]
     if as_json:
         echo_json(found)
         return
