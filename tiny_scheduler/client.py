@@ -369,7 +369,8 @@ def wait_for_job(
     if events:
         from .job_events import JobEvents
 
-        watch = JobEvents(client, job_id)
+        # A client of its own for the stream's thread.
+        watch = JobEvents(Client(",".join(client.base_urls), client.key).request, job_id)
 
     def say(text: str) -> None:
         nonlocal last_said

@@ -14,12 +14,11 @@ import contextlib
 import json
 import socket
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import requests
-
-    from .client import Client
 
 OPEN_SECS = 3.0
 """Seconds the stream may take to open before the wait starts without it."""
@@ -32,11 +31,11 @@ at least every 15 s."""
 class JobEvents:
     """Follows GET /events for one job, on a daemon thread of its own."""
 
-    def __init__(self, client: Client, job_id: str) -> None:
-        # A client of its own: a requests session is not meant to be shared between threads.
-        from .client import Client
-
-        self._client = Client(",".join(client.base_urls), client.key)
+    def __init__(self, request: Callable[..., requests.Response], job_id: str) -> None:
+        """`request` is `Client.request` of a client used by this thread alone (a requests
+        session is not meant to be shared between threads); taken as a function so that
+        this module and `client` do not import each other."""
+        self._request = request
         self._job_id = job_id
         self._opened = threading.Event()
         self._changed = threading.Event()
@@ -66,7 +65,7 @@ class JobEvents:
 
     def _run(self) -> None:
         try:
-            self._response = self._client.request(
+            self._response = self._request(
                 "GET", "/events", stream=True, timeout=(OPEN_SECS, READ_SECS)
             )
             self.live = True
