@@ -210,6 +210,11 @@ def test_wait_exits_with_the_jobs_exit_code(cluster: DevCluster) -> None:
     assert result.exit_code == 7, result.stderr
     job = json.loads(result.stdout)
     assert (job["status"], job["exit_code"], len(job["attempts"])) == ("failed", 7, 1)
+    # The retry shows as the job's second attempt: one word, attempts, everywhere.
+    assert re.search(rf"{job['job_id']} \S+ .*\(attempt 2\)$", result.stderr, re.M), result.stderr
+    assert fields_and_output(cli(cluster, "status", job["job_id"]).stdout)[0][
+        "attempts"
+    ].startswith("2 ")
 
     # Already final: status --wait answers at once, with the same exit code, and shows the
     # failure's output without a second command.

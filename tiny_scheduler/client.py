@@ -403,8 +403,9 @@ def wait_for_job(
             state = job_state(job)
             if state != seen:
                 seen = state
-                retry = f" (retry {job['retry_count']})" if job["retry_count"] else ""
-                say(f"{job_id} {describe(job)}{retry}{waiting_text(job)}")
+                # Attempts, counted from 1, as every command of the CLI counts them.
+                again = f" (attempt {job['retry_count'] + 1})" if job["retry_count"] else ""
+                say(f"{job_id} {describe(job)}{again}{waiting_text(job)}")
             elif time.monotonic() - last_said >= remind_secs:
                 say(f"{job_id} still {describe(job)}{_still_until(job)}")
             if settled(job):
