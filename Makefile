@@ -28,7 +28,7 @@ test: install ## run the tests (browser and PostgreSQL tests are skipped, with a
 	$(VENV)/bin/pytest
 
 soak: install ## run the long crash-and-restart tests, which make test leaves out (minutes)
-	$(VENV)/bin/pytest -m slow
+	$(VENV)/bin/pytest -m slow -n 0  # one at a time: each needs the machine's disk and memory
 
 bench: install ## measure throughput and latency against the Go original (<10 min; BENCH_ARGS=--quick)
 	$(PY) -m benchmarks $(BENCH_ARGS)

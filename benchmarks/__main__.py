@@ -22,13 +22,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import ha, placement, profile, report, scenarios
+from . import agents, ha, placement, priorities, profile, report, scenarios, waiters
 from .history import node_names
 from .procs import RegistryProcess
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-SCENARIOS = ("submit", "report", "history", "cycle", "floor", "postgres", "placement")
+SCENARIOS = (
+    "submit",
+    "report",
+    "history",
+    "cycle",
+    "floor",
+    "postgres",
+    "placement",
+    "waiters",
+    "priorities",
+    "agents1000",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -149,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             "postgres": ha.postgres,
             # Its own registries (4 nodes each), not the 50-node one.
             "placement": lambda _: placement.run(workdir, env, args.placement_scale),
+            "waiters": waiters.waiters,
+            "priorities": priorities.priorities,
+            "agents1000": agents.agents,
         }
         for name in SCENARIOS:
             if name in args.only:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tiny_scheduler import jobs as jobs_module
-from tiny_scheduler.jobs import DONE, FAILED, Attempt, Job, job_id_of
+from tiny_scheduler.jobs import DONE, FAILED, RUNNING, Attempt, Job, job_id_of
 from tiny_scheduler.storage import Writer
 from tiny_scheduler.storage.sqlite import SqliteStore
 
@@ -102,6 +102,54 @@ def build_pending(path: Path, total: int, nodes: list[str]) -> list[str]:
         ),
     )
     return [job_id_of(seq) for seq in range(1, total + 1)]
+
+
+def build_prioritised(
+    path: Path, total: int, nodes: list[str], priorities: int, queues: int
+) -> list[str]:
+    """Like `build_pending`, but each job also names one of `priorities` priority levels
+    (spread over 0-100) and one of `queues` queues (`q0`, `q1`, ...). Levels and queues change
+    every len(nodes) and every 10 x len(nodes) jobs, so that each node holds every mix."""
+    step = len(nodes)
+    levels = [round(i * 100 / max(priorities - 1, 1)) for i in range(priorities)]
+
+    def make(seq: int, now: int) -> Job:
+        return Job(
+            seq=seq,
+            node_id=nodes[seq % step],
+            command="true",
+            created_at=now,
+            priority=levels[(seq // step) % priorities],
+            queue=f"q{(seq // (step * priorities)) % queues}",
+        )
+
+    _write(path, total, make)
+    return [job_id_of(seq) for seq in range(1, total + 1)]
+
+
+def build_pending_and_running(
+    path: Path, pending: int, pending_nodes: list[str], running: int, running_nodes: list[str]
+) -> list[str]:
+    """`pending` pending jobs over `pending_nodes`, then `running` jobs claimed on
+    `running_nodes` with no output yet; returns the running jobs' ids. Keep the two node lists
+    apart: a poll from a node that should be running a job fails that job (lost by its agent)."""
+
+    def make(seq: int, now: int) -> Job:
+        if seq <= pending:
+            node = pending_nodes[seq % len(pending_nodes)]
+            return Job(seq=seq, node_id=node, command="true", created_at=now)
+        node = running_nodes[seq % len(running_nodes)]
+        return Job(
+            seq=seq,
+            node_id=node,
+            command="sleep 600",
+            created_at=now,
+            status=RUNNING,
+            running_at=now,
+        )
+
+    _write(path, pending + running, make)
+    return [job_id_of(seq) for seq in range(pending + 1, pending + running + 1)]
 
 
 def _write(path: Path, total: int, make: Callable[[int, int], Job]) -> None:

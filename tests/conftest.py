@@ -10,6 +10,8 @@
   their own), each stopped when the test ends.
 - `api`: a client of the module's scheduler.
 - `node`: a fresh node id, made the registry's only healthy node for the test.
+- `unused_port`: a TCP port held for the test alone (a daemon that is down, or one the test
+  starts on a port of its choosing).
 - `postgres_url`: a PostgreSQL server's URL (`TEST_POSTGRES_URL`, else the local default);
   `postgres_database`: makes fresh databases on it (`.create()`), dropped when the test ends.
 
@@ -43,7 +45,7 @@ pytest.register_assert_rewrite("helpers")
 from helpers import DEFAULT_NODES, Api, set_nodes, unique_node  # noqa: E402
 
 from tiny_scheduler import Settings, create_app, stop_background  # noqa: E402
-from tiny_scheduler.dev.daemon import SchedulerProcess  # noqa: E402
+from tiny_scheduler.dev.daemon import PortReservation, SchedulerProcess  # noqa: E402
 from tiny_scheduler.dev.registry import FakeRegistry  # noqa: E402
 
 START_TIMEOUT = 30.0
@@ -193,6 +195,15 @@ def node(registry: FakeRegistry) -> str:
     node_id = unique_node()
     set_nodes(registry, [node_id])
     return node_id
+
+
+@pytest.fixture
+def unused_port() -> Iterator[int]:
+    """A TCP port no other test gets while this one runs, in this process or any other (tests
+    run in parallel): a connection to it is refused, and a server the test starts that binds
+    it with SO_REUSEADDR (gunicorn, http.server) may listen on it, on any interface."""
+    with PortReservation("0.0.0.0") as port:
+        yield port
 
 
 @pytest.fixture(scope="module")

@@ -63,7 +63,7 @@ class Harness:
         self.settings = Settings(registry_url=registry_url, **settings)
         writer = Writer(self.store)
         loaded = writer.load()
-        table = JobTable(loaded.jobs, loaded.last_seq)
+        table = JobTable(loaded.jobs, loaded.last_seq, loaded.queues)
         schedule_table = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
         book = NodeBook(self.clock, self.settings.node_heartbeat_secs, self.settings.node_lost_secs)
         source: NodeSource = BuiltinNodes(book) if builtin else self.nodes

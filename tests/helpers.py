@@ -219,3 +219,9 @@ class Agent:
 
     def close(self) -> None:
         self.api.close()
+
+
+def without_waiting_for(job: dict[str, Any]) -> dict[str, Any]:
+    """A job as GET /jobs/{id} shows it, without the `waiting_for` it adds while the job is
+    pending (issue 25): what the other replies for the job show."""
+    return {key: value for key, value in job.items() if key != "waiting_for"}

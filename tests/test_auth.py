@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import SchedulerFactory
-from helpers import Agent, Api, expect_error, expect_json
+from helpers import Agent, Api, expect_error, expect_json, without_waiting_for
 
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
@@ -75,7 +75,7 @@ def test_calls_without_the_right_key_are_unauthorized(
 def test_with_the_key_every_call_works(authed: Api, node: str) -> None:
     job = authed.submit(command="echo authorized")
     assert job["node_id"] == node  # the registry (which wants the key too) was reached
-    assert authed.job(job["job_id"]) == job
+    assert without_waiting_for(authed.job(job["job_id"])) == job
     assert [listed["job_id"] for listed in authed.jobs(node_id=node)] == [job["job_id"]]
     assert expect_json(authed.get("/schedule"), 200) == {"node_id": node}
     assert expect_json(authed.post(f"/jobs/{job['job_id']}/cancel"), 200)["reason"] == "cancelled"
@@ -85,7 +85,8 @@ def test_with_the_key_every_call_works(authed: Api, node: str) -> None:
 def test_the_scheme_name_is_case_insensitive(api: Api, node: str, scheme: str) -> None:
     headers = {"Authorization": f"{scheme} {KEY}"}
     job = expect_json(api.post("/jobs", {"command": "x"}, headers=headers), 201)
-    assert expect_json(api.get(f"/jobs/{job['job_id']}", headers=headers), 200) == job
+    read = expect_json(api.get(f"/jobs/{job['job_id']}", headers=headers), 200)
+    assert without_waiting_for(read) == job
     # Only the scheme's case is free: the key itself is compared exactly.
     wrong = {"Authorization": f"{scheme} {KEY.upper()}"}
     expect_error(api.get(f"/jobs/{job['job_id']}", headers=wrong), 401, "unauthorized")

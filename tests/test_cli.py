@@ -34,7 +34,6 @@ from helpers import Api, wait_for
 from tiny_scheduler.cli import main
 from tiny_scheduler.client import Client, wait_for_job
 from tiny_scheduler.dev.cluster import ClusterConfig, DevCluster
-from tiny_scheduler.dev.daemon import free_port
 from tiny_scheduler.display import describe
 from tiny_scheduler.jobs import FINAL_STATUSES
 from tiny_scheduler.validation import MAX_PAGE
@@ -196,7 +195,9 @@ def test_submit_wait_runs_the_job_and_exits_0(cluster: DevCluster) -> None:
     assert output == "--- stdout ---\nhi cli a=b\n"
     # Progress went to stderr, each change with the seconds since the wait began.
     progress = result.stderr.splitlines()
-    assert re.fullmatch(rf"\[ *\d+\.\ds\] {job_id} pending on node-1", progress[0]), progress
+    # A pending job says what it waits for, as the scheduler tells it.
+    first = rf"\[ *\d+\.\ds\] {job_id} pending on node-1, waiting for .+ node-1.*"
+    assert re.fullmatch(first, progress[0]), progress
     assert re.fullmatch(rf"\[ *\d+\.\ds\] {job_id} done \(exit 0\)", progress[-1]), progress
 
     logs = cli(cluster, "logs", job_id)
@@ -245,8 +246,10 @@ def test_wait_says_now_and_then_that_the_job_still_waits(
     job = wait_for_job(client, job_id, interval=0.05, progress=progress, remind_secs=0.2)
     assert is_cancelled(job)
     stamp = r"\[ *\d+\.\ds\]"
-    assert re.fullmatch(rf"{stamp} {job_id} pending on {IDLE_NODE}", lines[0]), lines
-    assert re.fullmatch(rf"{stamp} {job_id} still pending on {IDLE_NODE}", lines[1]), lines
+    # Both say what the job waits for, in the scheduler's words.
+    why = f", waiting for the agent on {IDLE_NODE} to take it"
+    assert re.fullmatch(rf"{stamp} {job_id} pending on {IDLE_NODE}{why}", lines[0]), lines
+    assert re.fullmatch(rf"{stamp} {job_id} still pending on {IDLE_NODE}{why}", lines[1]), lines
     assert re.fullmatch(rf"{stamp} {job_id} {re.escape(describe(job))}", lines[-1]), lines
 
 
@@ -562,8 +565,8 @@ def test_a_registry_failure_names_the_scheduler_and_where_to_look(cluster: DevCl
     )
 
 
-def test_scheduler_down() -> None:
-    url = f"http://127.0.0.1:{free_port()}"
+def test_scheduler_down(unused_port: int) -> None:
+    url = f"http://127.0.0.1:{unused_port}"
     for args in (("status", "job-1"), ("submit", "--wait", "true"), ("list",)):
         result = cli(url, *args)
         assert result.exit_code == 1
@@ -659,9 +662,9 @@ def test_list_watch_redraws_until_ctrl_c(cluster: DevCluster) -> None:
 
 
 def test_dev_registry_serves_a_real_daemon(
-    tmp_path: Path, scheduler_factory: Callable[..., Any]
+    tmp_path: Path, scheduler_factory: Callable[..., Any], unused_port: int
 ) -> None:
-    port = free_port()
+    port = unused_port
     env = {"TINYAWS_API_KEY": ""}
     args = ("dev", "registry", "--port", str(port), "--node", "node-a", "--node", "node-b:4")
     with spawned(*args, env=env) as registry:

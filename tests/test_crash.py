@@ -293,6 +293,11 @@ class Load:
             self.ledger.problem(f"finish of {job_id} answered {reply.status_code}: {reply.text!r}")
             return
         job = reply.json()
+        if job.get("reason") == "cancelled":
+            # Cancelled while it ran (the canceller saw it pending): this report is the late
+            # end of that attempt, 200 with the job unchanged.
+            self.ledger.changed(job)
+            return
         if (job["status"], job.get("exit_code"), job.get("stdout")) != (
             body["status"],
             exit_code,

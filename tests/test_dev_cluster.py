@@ -20,9 +20,9 @@ import pytest
 import requests
 from helpers import Api, wait_for
 
+from tiny_scheduler.agent.groups import CHILDREN_FILE
 from tiny_scheduler.dev import demo
 from tiny_scheduler.dev.cluster import ClusterConfig, ClusterError, DevCluster
-from tiny_scheduler.dev.daemon import free_port
 from tiny_scheduler.jobs import FINAL_STATUSES
 
 CLI = os.path.join(os.path.dirname(sys.executable), "tiny-scheduler")
@@ -70,7 +70,11 @@ def final_jobs(api: Api, job_ids: list[str]) -> list[dict[str, Any]] | None:
 
 def test_cluster_runs_50_jobs_and_survives_a_killed_node(tmp_path: pathlib.Path) -> None:
     work = tmp_path / "cluster"
-    config = ClusterConfig.quick(agents=3, work_dir=str(work), scheduler_env=SCHEDULER_ENV)
+    # Round robin: below, jobs must queue on the node that dies. Least-loaded placement puts
+    # them there only while the other nodes' agents are slower to run jobs than the test is
+    # to submit them, which a busy machine can turn around.
+    env = {**SCHEDULER_ENV, "PLACEMENT": "round-robin"}
+    config = ClusterConfig.quick(agents=3, work_dir=str(work), scheduler_env=env)
     with DevCluster(config) as cluster:
         api = Api(cluster.scheduler_url)
 
@@ -173,10 +177,12 @@ def test_cluster_runs_50_jobs_and_survives_a_killed_node(tmp_path: pathlib.Path)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-def test_dev_command_leaves_no_process_behind(tmp_path: pathlib.Path, sig: int) -> None:
+def test_dev_command_leaves_no_process_behind(
+    tmp_path: pathlib.Path, sig: int, unused_port: int
+) -> None:
     """SIGTERM: a clean stop. SIGKILL: no chance to clean up, so the watchdog must."""
     work = tmp_path / "dev"
-    port = free_port()
+    port = unused_port
     url = f"http://127.0.0.1:{port}"
     dev = subprocess.Popen(
         [CLI, "dev", "--quick", "--agents", "2", "--port", str(port), "--work-dir", str(work)],
@@ -186,22 +192,31 @@ def test_dev_command_leaves_no_process_behind(tmp_path: pathlib.Path, sig: int) 
         start_new_session=True,
     )
     try:
+        # The banner comes once the whole cluster has started (the scheduler takes jobs before
+        # its agents run): what is tested is the stop of a started cluster. Should the banner
+        # never come, pytest-timeout ends the test.
+        assert dev.stdout is not None
+        banner = dev.stdout.readline()
+        assert banner.startswith(f"scheduler  {url}".encode()), banner
         api = Api(url)
-        wait_for(lambda: _submitted(api), timeout=30, message="the dev cluster to take jobs")
         # A running service and a running job each have processes of their own.
-        api.submit(command="sleep 60", job_type="service")
-        api.submit(command="sleep 60")
-        wait_for(lambda: len(api.jobs(status="running")) == 2, message="the service and job to run")
+        service = api.submit(command="sleep 60", job_type="service")["job_id"]
+        job = api.submit(command="sleep 60")["job_id"]
+        # Claimed ("running") comes before the agent starts the command and records its
+        # process group: wait for the records, or a busy machine may stop the cluster first.
+        wait_for(
+            lambda: recorded_jobs(work) == {service, job},
+            message=lambda: f"the agents to record their jobs' processes ({recorded_jobs(work)})",
+        )
         api.close()
         dev.send_signal(sig)
-        out, err = dev.communicate(timeout=30)
+        _, err = dev.communicate(timeout=30)
     finally:
         if dev.poll() is None:
             os.killpg(dev.pid, signal.SIGKILL)
             dev.wait()
     if sig == signal.SIGTERM:
         assert dev.returncode == 0, err
-        assert url.encode() in out
         assert b"stopped." in err
         assert processes_using(work) == [], "tiny-scheduler dev left processes behind"
     else:
@@ -211,12 +226,15 @@ def test_dev_command_leaves_no_process_behind(tmp_path: pathlib.Path, sig: int) 
         )
 
 
-def _submitted(api: Api) -> bool:
-    try:
-        api.submit(command="echo hi")
-    except (requests.RequestException, AssertionError):
-        return False
-    return True
+def recorded_jobs(work: pathlib.Path) -> set[str]:
+    """The jobs whose processes the agents of the dev cluster in `work` have recorded: what its
+    watchdog kills should the cluster die."""
+    return {
+        line.split()[1]
+        for path in work.glob(f"*/{CHILDREN_FILE}")
+        for line in path.read_text().splitlines()
+        if line.strip()
+    }
 
 
 def test_a_start_that_fails_halfway_leaves_nothing_running(tmp_path: pathlib.Path) -> None:

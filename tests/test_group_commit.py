@@ -13,7 +13,7 @@ from helpers import wait_for
 from tiny_scheduler import errors, storage
 from tiny_scheduler.jobs import Job
 from tiny_scheduler.storage import sqlite
-from tiny_scheduler.storage.base import Batch
+from tiny_scheduler.storage.base import Batch, OutcomeUnknown
 
 THREADS = 16
 SAVES = 40
@@ -198,3 +198,32 @@ def test_a_lone_caller_never_waits_for_company(tmp_path: Path) -> None:
         assert db.gathered > 0, "concurrent callers: commits waited for the next changes"
     finally:
         db.close()
+
+
+class LostAnswer(sqlite.SqliteStore):
+    """The real store, whose commits go through but whose caller cannot tell (as when a
+    connection dies after COMMIT was sent, or a flush fails)."""
+
+    def write(self, batch: Batch) -> None:
+        super().write(batch)
+        raise OutcomeUnknown("the answer to COMMIT was lost")
+
+
+def test_a_change_whose_commit_may_have_happened_is_never_answered_nothing_was_changed(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "scheduler.db")
+    store = storage.Writer(LostAnswer(path))
+    try:
+        store.save(job(1))
+    except errors.StoreError as exc:
+        assert exc.message == errors.STORE_OUTCOME_UNKNOWN
+    else:
+        raise AssertionError("the save must not be acknowledged: its outcome is unknown")
+    finally:
+        store.close()
+    reopened = sqlite.SqliteStore(path)
+    try:
+        assert [found.seq for found in reopened.load().jobs] == [1]  # it was stored after all
+    finally:
+        reopened.close()

@@ -16,8 +16,6 @@ from pathlib import Path
 import pytest
 from conftest import PostgresDatabases
 
-from tiny_scheduler.dev.daemon import free_port
-
 ROOT = Path(__file__).resolve().parent.parent
 
 BROWSER_TESTS = (
@@ -28,11 +26,12 @@ POSTGRES_TEST = "tests/test_harness.py::test_a_fresh_database_per_test"
 
 
 def run_pytest(tests: tuple[str, ...], **env: str) -> subprocess.CompletedProcess[str]:
-    """pytest, as `make test` runs it (the project's options), on `tests` with `env` added."""
+    """pytest, as `make test` runs it (the project's options), on `tests` with `env` added; in
+    one process (`-n 0`): a few tests need no workers of their own."""
     unset = ("TEST_REQUIRE_BROWSER", "TEST_REQUIRE_POSTGRES", "TEST_POSTGRES_URL")
     base = {name: value for name, value in os.environ.items() if name not in unset}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *tests],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", *tests],
         cwd=ROOT,
         env={**base, **env},
         capture_output=True,
@@ -50,9 +49,9 @@ def without_browser() -> dict[str, str]:
     return {"PATH": str(Path(sys.executable).parent)}
 
 
-def without_postgres() -> dict[str, str]:
-    """A server URL on a loopback port nobody listens on."""
-    return {"TEST_POSTGRES_URL": f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"}
+def without_postgres(port: int) -> dict[str, str]:
+    """A server URL on a loopback port nobody listens on (`unused_port`)."""
+    return {"TEST_POSTGRES_URL": f"postgresql://postgres@127.0.0.1:{port}/postgres"}
 
 
 def test_browser_tests_skip_with_one_line_saying_how_to_run_them() -> None:
@@ -73,8 +72,8 @@ def test_browser_tests_fail_when_required() -> None:
     assert re.search(r"\b2 errors?\b", run.stdout.splitlines()[-1])
 
 
-def test_postgres_tests_skip_with_one_line_saying_how_to_run_them() -> None:
-    env = without_postgres()
+def test_postgres_tests_skip_with_one_line_saying_how_to_run_them(unused_port: int) -> None:
+    env = without_postgres(unused_port)
     run = run_pytest((POSTGRES_TEST,), **env)
     assert run.returncode == 0, run.stdout + run.stderr
     [line] = skip_lines(run.stdout)
@@ -87,8 +86,8 @@ def test_postgres_tests_skip_with_one_line_saying_how_to_run_them() -> None:
     assert "TEST_REQUIRE_POSTGRES=1" in line
 
 
-def test_postgres_tests_fail_when_required() -> None:
-    run = run_pytest((POSTGRES_TEST,), TEST_REQUIRE_POSTGRES="1", **without_postgres())
+def test_postgres_tests_fail_when_required(unused_port: int) -> None:
+    run = run_pytest((POSTGRES_TEST,), TEST_REQUIRE_POSTGRES="1", **without_postgres(unused_port))
     assert run.returncode == 1, run.stdout + run.stderr
     assert not skip_lines(run.stdout)
     assert "no PostgreSQL answers at 127.0.0.1:" in run.stdout

@@ -32,7 +32,16 @@ from urllib.parse import quote, quote_from_bytes
 import pytest
 import requests
 from conftest import BASE_ENV, SchedulerFactory, log_tail
-from helpers import JSON_TYPE, TEXT_TYPE, Api, assert_no_nulls, compact, expect_json, wait_for
+from helpers import (
+    JSON_TYPE,
+    TEXT_TYPE,
+    Api,
+    assert_no_nulls,
+    compact,
+    expect_json,
+    wait_for,
+    without_waiting_for,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -191,7 +200,8 @@ def check_submit(live: Fixture, raw: bytes, decoded: Any, response: Any) -> None
         return
     job = expect_json(response, 201)
     check_created(decoded, job)
-    assert live.api.job(job["job_id"]) == job, "the stored job differs from the reply"
+    stored = without_waiting_for(live.api.job(job["job_id"]))
+    assert stored == job, "the stored job differs from the reply"
 
 
 # --- strategies ------------------------------------------------------------------------------

@@ -74,6 +74,29 @@ def test_drain_and_undrain(nodes_api: Api) -> None:
     assert expect_json(nodes_api.patch("/nodes/n1", {"drain": False}), 200)["drain"] is False
 
 
+def test_nodes_and_drains_survive_a_restart(scheduler_factory: SchedulerFactory) -> None:
+    env = {"REGISTRY_URL": "builtin", "NODE_HEARTBEAT_SECS": "5"}
+    first = scheduler_factory(env)
+    api = Api(first.url)
+    beat(api, "n1", labels={"zone": "a"})
+    beat(api, "n2")
+    expect_json(api.patch("/nodes/n1", {"drain": True}), 200)
+    api.close()
+    first.stop()
+    again = Api(scheduler_factory(env).url)
+    try:
+        # Seen at start-up: healthy until their heartbeats are missed again.
+        listed = expect_json(again.get("/nodes"), 200)
+        assert [(n["node_id"], n["health"], n["drain"]) for n in listed] == [
+            ("n1", "healthy", True),
+            ("n2", "healthy", False),
+        ]
+        assert listed[0]["labels"] == {"zone": "a"}
+        assert again.submit()["node_id"] == "n2"
+    finally:
+        again.close()
+
+
 def test_bad_heartbeats_and_changes_are_refused_by_name(nodes_api: Api) -> None:
     put = lambda body: nodes_api.request("PUT", "/nodes/n1", data=body)  # noqa: E731
     expect_error(put(b"not json"), 400, "failed to decode heartbeat")

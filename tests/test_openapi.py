@@ -148,6 +148,7 @@ WHERE = {
         ("404", "patch", "/schedules/{schedule_id}"),
         ("404", "delete", "/schedules/{schedule_id}"),
     ],
+    errors.DECODE_QUEUE: [("400", "put", "/queues/{name}")],
     errors.DECODE_UPDATE: [("400", "patch", "/jobs/{job_id}")],
     errors.INVALID_STATUS: [("400", "patch", "/jobs/{job_id}")],
     errors.JOB_NOT_FOUND: [
@@ -173,6 +174,11 @@ WHERE = {
     errors.STORE_UNAVAILABLE: [
         ("503", "get", "/jobs"),  # the output a listing or a job shows is read from disk
         ("503", "get", "/jobs/{job_id}"),
+        ("503", "post", "/jobs"),
+        ("503", "patch", "/jobs/{job_id}"),
+        ("503", "post", "/jobs/{job_id}/cancel"),
+    ],
+    errors.STORE_OUTCOME_UNKNOWN: [  # only a change: a read has no outcome to doubt
         ("503", "post", "/jobs"),
         ("503", "patch", "/jobs/{job_id}"),
         ("503", "post", "/jobs/{job_id}/cancel"),

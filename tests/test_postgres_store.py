@@ -249,6 +249,8 @@ def test_a_version_1_database_is_migrated_cancelled_rows_become_failures_with_re
     for column in ("reason", "holds_slot", "moved_from"):
         sql.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
     sql.execute("DROP TABLE outputs")
+    sql.execute("DROP TABLE nodes")
+    sql.execute("DROP TABLE queues")
     sql.execute(
         "ALTER TABLE jobs ADD COLUMN stdout TEXT NOT NULL DEFAULT '', "
         "ADD COLUMN stderr TEXT NOT NULL DEFAULT ''"

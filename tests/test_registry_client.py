@@ -14,7 +14,6 @@ from helpers import set_nodes
 
 from tiny_scheduler.clock import ManualClock
 from tiny_scheduler.config import Settings
-from tiny_scheduler.dev.daemon import free_port
 from tiny_scheduler.dev.http import PeerServer, Reply, Request
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.errors import PlacementError
@@ -121,8 +120,8 @@ def test_registry_errors(registry: FakeRegistry, placement: Placement) -> None:
     assert placement.place() in ("node-a", "node-b", "node-c")
 
 
-def test_registry_down() -> None:
-    down = placement_for(f"http://127.0.0.1:{free_port()}")
+def test_registry_down(unused_port: int) -> None:
+    down = placement_for(f"http://127.0.0.1:{unused_port}")
     assert placement_error(down) == "failed to reach registry"
     assert placement_error(down, "i-1") == "failed to reach registry"
 

@@ -7,7 +7,6 @@ import pytest
 from conftest import SchedulerFactory, log_tail
 from helpers import Agent, Api, expect_error, expect_json, set_nodes, wait_for
 
-from tiny_scheduler.dev.daemon import free_port
 from tiny_scheduler.dev.registry import FakeRegistry
 
 REACH = "failed to reach registry"
@@ -70,7 +69,9 @@ def test_a_final_report_with_retries_left_is_kept_when_the_registry_fails(
     assert api.job(job["job_id"])["attempts"][0]["stderr"] == "boom"
 
 
-def test_a_registry_that_is_down(scheduler_factory: SchedulerFactory, node: str) -> None:
+def test_a_registry_that_is_down(
+    scheduler_factory: SchedulerFactory, node: str, unused_port: int
+) -> None:
     # Jobs are made with a registry up; then the scheduler starts again on the same database
     # with a registry address where nothing listens (stopping the stand-in would not do: it
     # keeps serving connections that are already open).
@@ -85,7 +86,7 @@ def test_a_registry_that_is_down(scheduler_factory: SchedulerFactory, node: str)
     agent.close()
     first.stop()
 
-    down = scheduler_factory(registry_url=f"http://127.0.0.1:{free_port()}")
+    down = scheduler_factory(registry_url=f"http://127.0.0.1:{unused_port}")
     api = Api(down.url)
     agent = Agent(down.url, node)
     try:
@@ -130,7 +131,7 @@ def test_node_ids_cannot_forge_log_lines_and_empty_ones_are_ignored(
 
 
 def test_credentials_in_peer_urls_stay_out_of_the_log(
-    scheduler_factory: SchedulerFactory, node: str
+    scheduler_factory: SchedulerFactory, node: str, unused_port: int
 ) -> None:
     """A daemon whose registry, SQS and SNS URLs carry a user and password, with none of
     them listening: its banner and each peer's "unreachable" warning show the URL with the
@@ -143,7 +144,7 @@ def test_credentials_in_peer_urls_stay_out_of_the_log(
         api.close()
     first.stop()
 
-    nothing = f"127.0.0.1:{free_port()}"  # where nothing listens
+    nothing = f"127.0.0.1:{unused_port}"  # where nothing listens
     down = scheduler_factory(
         registry_url=f"http://registry-user:secret-r@{nothing}",
         env={

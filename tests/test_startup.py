@@ -25,7 +25,7 @@ from helpers import wait_for
 from tiny_scheduler import banner
 from tiny_scheduler.config import ConfigError, Settings
 from tiny_scheduler.daemon_command import SERVE_ARGV
-from tiny_scheduler.dev.daemon import SchedulerProcess, free_port
+from tiny_scheduler.dev.daemon import PortReservation, SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.preflight import ListenAddress, parse_bind
 
@@ -46,21 +46,22 @@ def refused_start(
 ) -> tuple[int, str]:
     """Run the daemon, which must exit by itself; its exit code and everything it printed."""
     command = [*wrapper, *SERVE_ARGV]
-    proc = subprocess.Popen(
-        command,
-        env={**os.environ, **BASE_ENV, "SCHEDULER_BIND": f"127.0.0.1:{free_port()}", **env},
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=EXIT_SECS)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        proc.communicate()
-        pytest.fail(f"the daemon did not refuse to start: {' '.join(command)}")
+    with PortReservation() as port:  # in case it gets as far as binding
+        proc = subprocess.Popen(
+            command,
+            env={**os.environ, **BASE_ENV, "SCHEDULER_BIND": f"127.0.0.1:{port}", **env},
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            output, _ = proc.communicate(timeout=EXIT_SECS)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.communicate()
+            pytest.fail(f"the daemon did not refuse to start: {' '.join(command)}")
     return proc.returncode, output
 
 
@@ -246,9 +247,9 @@ def test_the_banner_says_how_the_daemon_is_set_up(
 
 
 def test_listening_beyond_loopback_with_auth_off_warns(
-    registry: FakeRegistry, tmp_path: Path
+    registry: FakeRegistry, tmp_path: Path, unused_port: int
 ) -> None:
-    port = free_port("0.0.0.0")
+    port = unused_port
     proc = SchedulerProcess(
         str(tmp_path / "scheduler.db"),
         env={**BASE_ENV, "REGISTRY_URL": registry.url, "SCHEDULER_BIND": f"0.0.0.0:{port}"},

@@ -17,6 +17,8 @@ import pytest
 from tiny_scheduler import jobs
 from tiny_scheduler.errors import StoreError
 from tiny_scheduler.jobs import Attempt, Job, Output
+from tiny_scheduler.node_book import NodeRecord
+from tiny_scheduler.queues import QueueSettings
 from tiny_scheduler.schedules import Overlap, Schedule
 from tiny_scheduler.storage import JobStore, OutboxEvent, Writer
 from tiny_scheduler.storage.memory import MemoryDatabase, MemoryStore
@@ -110,6 +112,10 @@ def full_job(seq: int = 1) -> Job:
         dedupe_key="http:key-1",
         holds_slot=True,
         moved_from="node-z",
+        depends_on=(7, 3),
+        dependency=jobs.Dependency.ANY,
+        priority=0,
+        queue="nightly.eu-1",
     )
 
 
@@ -125,6 +131,13 @@ def test_every_field_survives_a_round_trip(open_store: OpenStore) -> None:
     # Equal is not enough: "timeout" == Reason.TIMEOUT and 1 == True.
     assert type(loaded[0].reason) is jobs.Reason and type(loaded[0].holds_slot) is bool
     assert (loaded[1].reason, loaded[1].holds_slot, loaded[1].moved_from) == (None, False, "")
+    assert type(loaded[0].dependency) is jobs.Dependency and loaded[0].depends_on == (7, 3)
+    assert (loaded[1].depends_on, loaded[1].dependency, loaded[1].priority, loaded[1].queue) == (
+        (),
+        "ok",
+        50,
+        "default",
+    )
     store = open_store()
     assert [job.with_output(store.read_outputs(job.seq) or {}) for job in loaded] == saved
 
@@ -250,6 +263,20 @@ def test_schedules_survive_a_restart_and_their_ids_are_never_reused(open_store: 
     assert loaded.schedules == [nightly]
     assert loaded.last_schedule_seq == 2
     assert loaded.jobs == [fired]
+
+
+def test_nodes_survive_a_restart_and_a_later_record_replaces_an_earlier(
+    open_store: OpenStore,
+) -> None:
+    store = open_store()
+    labelled = NodeRecord("node-b", 8, (("rack", "r1"), ("zone", "ü")), "1.2", False, T0)
+    store.save_nodes(NodeRecord("node-a", 2, (), "", False, T0), labelled)
+    store.save_nodes(NodeRecord("node-a", 4, (), "1.3", True, T0 + 5))
+    store.close()
+    assert open_store().load().nodes == [
+        NodeRecord("node-a", 4, (), "1.3", True, T0 + 5),
+        labelled,
+    ]
 
 
 def test_timestamps_keep_every_microsecond(open_store: OpenStore) -> None:
@@ -419,3 +446,19 @@ def test_a_bad_change_does_not_take_its_neighbours_events_with_it(open_store: Op
     assert outcomes == {seq: seq != 5 for seq in range(2, 9)}
     assert sorted(e.seq for e in store.outbox(100)) == [2, 3, 4, 6, 7, 8]
     assert store.events_waiting == 6
+
+
+def test_queue_settings_survive_a_restart_and_a_second_save_replaces_the_first(
+    open_store: OpenStore,
+) -> None:
+    store = open_store()
+    store.save_queue(QueueSettings("nightly", max_running=4))
+    store.save_queue(QueueSettings("batch.eu-1", max_running=None, paused=True))
+    store.save_queue(QueueSettings("nightly", max_running=2, paused=True))
+    store.close()
+    loaded = open_store().load()
+    assert loaded.queues == [
+        QueueSettings("batch.eu-1", None, True),
+        QueueSettings("nightly", 2, True),
+    ]
+    assert type(loaded.queues[0].paused) is bool

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 from conftest import refused_scheduler, start_scheduler, stop_scheduler
-from helpers import Agent, Api, expect_error, expect_json, wait_for
+from helpers import Agent, Api, expect_error, expect_json, wait_for, without_waiting_for
 
 from tiny_scheduler import Settings, create_app, errors, stop_background, storage
 from tiny_scheduler.config import STORE_STALL_SECS
@@ -166,7 +166,7 @@ class Client:
         expect_error(self.agent.claim(pending), 503, errors.STORE_UNAVAILABLE)
         expect_error(self.agent.report(running, 0), 503, errors.STORE_UNAVAILABLE)
         expect_error(self.api.post(f"/jobs/{pending}/cancel"), 503, errors.STORE_UNAVAILABLE)
-        assert self.api.job(pending) == self.acknowledged[pending]
+        assert without_waiting_for(self.api.job(pending)) == self.acknowledged[pending]
         assert self.api.job(running) == self.acknowledged[running]
 
     def check_reads(self, pending: str) -> None:
@@ -174,7 +174,7 @@ class Client:
         listed = {job["job_id"]: job for job in self.api.jobs(limit=10000)}
         for job_id, job in self.acknowledged.items():
             assert listed[job_id] == job
-            assert self.api.job(job_id) == job
+            assert without_waiting_for(self.api.job(job_id)) == job
         assert pending in [job.job_id for job in self.agent.poll()]
 
     def check_unhealthy(self) -> None:
@@ -295,7 +295,7 @@ def health(api: Api) -> tuple[int, dict[str, Any]]:
 
 
 def wait_unhealthy(api: Api, fault: str, timeout: float = PROBE_WITHIN) -> dict[str, Any]:
-    """Wait for /health to say 503 after `fault`; prints how long it took (`pytest -s`)."""
+    """Wait for /health to say 503 after `fault`; prints how long it took (`pytest -s -n 0`)."""
     started = time.monotonic()
     wait_for(lambda: health(api)[0] == 503, timeout=timeout, message="/health to say 503")
     print(f"/health said unhealthy {time.monotonic() - started:.1f}s after {fault}")

@@ -17,8 +17,10 @@ import shutil
 import signal
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from conftest import refused_scheduler, start_scheduler, stop_scheduler
 from helpers import Agent, Api, expect_error, expect_json, wait_for
 
@@ -86,6 +88,34 @@ def test_a_second_scheduler_on_the_same_file_refuses_to_start(
     finally:
         api.close()
         stop_scheduler(again)
+
+
+@pytest.mark.parametrize("link", [os.symlink, os.link], ids=["symlink", "hard link"])
+def test_a_second_scheduler_on_another_name_of_the_same_file_refuses_to_start(
+    tmp_path: Path, registry: FakeRegistry, link: Callable[[Path, Path], None]
+) -> None:
+    """Ownership follows the file, not its name: a second daemon given a symbolic or a hard
+    link to the first's database is refused too (the lock was `<name>.lock`, so each took
+    its own, both handed out the same ids, and acknowledged jobs were lost)."""
+    db_path = tmp_path / "scheduler.db"
+    first = start_scheduler(db_path, tmp_path / "first.log", registry.url)
+    api = Api(first.url)
+    try:
+        jobs = [api.submit(command=f"echo {n}") for n in range(3)]
+        other_name = tmp_path / "elsewhere" / "other.db"
+        other_name.parent.mkdir()
+        link(db_path, other_name)
+        output = refused_scheduler(other_name, tmp_path, registry.url)
+        owner = worker_pid(first)
+        assert owner is not None
+        line = f"tiny-scheduler: database {other_name} is in use by another scheduler (pid {owner})"
+        assert line in output, output
+        jobs.append(api.submit(command="after the refusal"))
+        assert jobs[-1]["job_id"] == "job-4"
+        assert api.jobs() == jobs
+    finally:
+        api.close()
+        stop_scheduler(first)
 
 
 def test_a_worker_started_again_by_gunicorn_takes_the_file_back(
@@ -233,6 +263,57 @@ def test_a_database_file_replaced_while_in_use_stops_acknowledging_and_ids_go_on
     try:
         assert [job["job_id"] for job in api.jobs()] == [job["job_id"] for job in served.jobs]
         assert api.submit(command="after the restore")["job_id"] == "job-6"
+    finally:
+        api.close()
+        stop_scheduler(again)
+
+
+def replace_with_empty_file(path: Path) -> None:
+    empty = path.with_name(path.name + ".new")
+    empty.write_bytes(b"")
+    os.replace(empty, path)
+
+
+@pytest.mark.parametrize(
+    ("lose", "how"),
+    [(Path.unlink, "deleted"), (replace_with_empty_file, "replaced by another file")],
+    ids=["deleted", "replaced"],
+)
+def test_a_write_ahead_log_lost_while_in_use_stops_acknowledging_and_loses_nothing(
+    tmp_path: Path, registry: FakeRegistry, lose: Callable[[Path], None], how: str
+) -> None:
+    """`rm scheduler.db-wal` under a running daemon (or a file put in its place): the commits
+    since the last checkpoint live only in the unlinked file. The daemon went on acknowledging
+    into it, and a crash lost every one of them, some acknowledged before the deletion. It
+    must notice at its next write, refuse from then on, and keep everything it acknowledged
+    through a SIGKILL."""
+    only_node_a(registry)
+    db_path = tmp_path / "scheduler.db"
+    wal = Path(f"{db_path}-wal")
+    proc = start_scheduler(db_path, tmp_path / "scheduler.log", registry.url, ENV)
+    served = Served(proc)
+    try:
+        for n in range(20):
+            job = served.api.submit(command=f"before the deletion {n}")
+            served.seen[job["job_id"]] = job
+        lose(wal)
+        # Each write from now on is refused, or acknowledged only once it is stored for good.
+        for n in range(10):
+            reply = served.api.post("/jobs", {"command": f"after the deletion {n}"})
+            if reply.status_code != 503:
+                job = expect_json(reply, 201)
+                served.seen[job["job_id"]] = job
+        served.check_refusing(f"the write-ahead log {wal} was {how} while in use")
+        proc.kill()  # a crash: nothing gets to clean up
+    finally:
+        served.close()
+        stop_scheduler(proc)
+
+    again = start_scheduler(db_path, tmp_path / "again.log", registry.url, ENV)
+    api = Api(again.url)
+    try:
+        stored = {job["job_id"]: job for job in api.jobs()}
+        assert stored == served.seen
     finally:
         api.close()
         stop_scheduler(again)

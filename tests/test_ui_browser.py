@@ -327,6 +327,10 @@ def test_overview_shows_counts_nodes_and_failures(page: Page, cluster: Jobs, api
     for job in cluster.pending:
         assert job["job_id"] in page.text(f"tr[data-node='{job['node_id']}'] td.node-pending")
 
+    # The daemon you are on: with SQLite the only one, leading.
+    daemons = page.text("#daemons")
+    assert f"You are on {api.base_url}, the leader." in daemons, daemons
+
     failures = page.text("table.failures")
     assert cluster.migrated["job_id"] in failures
     assert 'relation "users" does not exist' in failures

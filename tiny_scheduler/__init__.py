@@ -60,7 +60,7 @@ def create_app(
         except BaseException:
             store.close()  # lets go of the file
             raise
-        table = JobTable(loaded.jobs, loaded.last_seq)
+        table = JobTable(loaded.jobs, loaded.last_seq, loaded.queues)
         schedule_table = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
         node_records: list[NodeRecord] = loaded.nodes
         last_seq = loaded.last_seq

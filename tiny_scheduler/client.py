@@ -417,10 +417,9 @@ def wait_for_job(
 
 
 def _still_until(job: dict[str, Any]) -> str:
-    """A reminder's clause: `still pending on node-1 until <time>` for a delayed job."""
+    """A reminder's clause: `still pending on node-1 until <time>` for a delayed job, and
+    what the scheduler says it waits for otherwise."""
     what = waiting_for(job)
-    return (
-        f" until {what.removeprefix('not before ')}"
-        if what.startswith("not before ")
-        else (f", {what}" if what else "")
-    )
+    if what.startswith("not before "):
+        return f" until {what.removeprefix('not before ')}"
+    return waiting_text(job)

@@ -77,6 +77,20 @@ def waiting_for(job: dict[str, Any], now: str | None = None) -> str:
 
 
 def waiting_text(job: dict[str, Any], now: str | None = None) -> str:
-    """`waiting_for` as a clause to put after `describe`: `, not before …`, or ''."""
+    """`waiting_for` as a clause to put after `describe`: `, not before <time>`,
+    `, waiting for <what the scheduler says>`, or ''."""
     what = waiting_for(job, now)
-    return f", {what}" if what else ""
+    if not what or what.startswith("not before "):
+        return f", {what}" if what else ""
+    return f", waiting for {what}"
+
+
+def ago(seconds: float) -> str:
+    """A short age: `0.4s ago`, `12s ago`, `5m ago`, `3h ago`, `2d ago`."""
+    seconds = max(0.0, seconds)
+    if seconds < 10:
+        return f"{seconds:.1f}s ago"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"

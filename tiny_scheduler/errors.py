@@ -14,9 +14,15 @@ INVALID_STATUS = "invalid status"
 JOB_NOT_FOUND = "job not found"
 DECODE_SCHEDULE = "failed to decode schedule"
 SCHEDULE_NOT_FOUND = "schedule not found"
+DECODE_QUEUE = "failed to decode queue settings"
 UNAUTHORIZED = "unauthorized"
 REQUEST_TOO_LARGE = "request body too large"
 STORE_UNAVAILABLE = "job store unavailable, nothing was changed; try again"
+# For a change whose commit was sent but never answered (the connection died, the disk failed
+# its flush): it may be stored, so the advice to try again would create a duplicate.
+STORE_OUTCOME_UNKNOWN = (
+    "job store unavailable, the change may or may not have been stored; check before retrying"
+)
 
 
 class ServiceError(Exception):
@@ -50,7 +56,8 @@ class TooLarge(ServiceError):
 
 
 class Unavailable(ServiceError):
-    """A dependency (registry, store) cannot do its part right now; nothing was changed."""
+    """A dependency (registry, store) cannot do its part right now; nothing was changed, but
+    where the message says otherwise (`STORE_OUTCOME_UNKNOWN`)."""
 
     status = 503
 
@@ -64,7 +71,8 @@ class PlacementError(Unavailable):
 
 
 class StoreError(Unavailable):
-    """The store could not commit a change."""
+    """The store did not commit a change, or cannot tell whether it did (the message says
+    which)."""
 
     def __init__(self, message: str = STORE_UNAVAILABLE) -> None:
         super().__init__(message)

@@ -26,15 +26,18 @@ from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any, NamedTuple
 
+from .queues import DEFAULT_QUEUE
 
-class _WireEnum(str, Enum):
-    """A string enum whose members print and format as their plain value (the wire form)."""
+
+class WireEnum(str, Enum):
+    """A string enum whose members print and format as their plain value (the wire form): the
+    base of every enum that goes on the wire, the schedules' ones too."""
 
     __str__ = str.__str__
     __format__ = str.__format__
 
 
-class Status(_WireEnum):
+class Status(WireEnum):
     """A job's status. A typo in a member name is an AttributeError, not a silent miss."""
 
     PENDING = "pending"
@@ -43,16 +46,24 @@ class Status(_WireEnum):
     FAILED = "failed"
 
 
-class Reason(_WireEnum):
+class Reason(WireEnum):
     """Why a job is `failed` for good (set only on a failure that will not be retried)."""
 
     EXIT = "exit"  # a non-zero exit, or an error the agent reported before the command ran
     TIMEOUT = "timeout"
     NODE_LOST = "node_lost"
     CANCELLED = "cancelled"
+    DEPENDENCY_FAILED = "dependency_failed"  # a job it depends on (`ok`) failed for good
 
 
-class JobType(_WireEnum):
+class Dependency(WireEnum):
+    """How a job's dependencies must end before it is due (Slurm's afterok / afterany)."""
+
+    OK = "ok"  # every one of them `done`
+    ANY = "any"  # every one of them ended, whatever the status
+
+
+class JobType(WireEnum):
     RUN = "run"
     SERVICE = "service"
 
@@ -71,6 +82,9 @@ JOB_TYPES = tuple(job_type.value for job_type in JobType)
 # The statuses an update (PATCH) may ask for, and from which status each is allowed.
 UPDATE_STATUSES = (RUNNING, DONE, FAILED)
 _ALLOWED_FROM = {RUNNING: PENDING, DONE: RUNNING, FAILED: RUNNING}
+
+DEFAULT_PRIORITY = 50
+MIN_PRIORITY, MAX_PRIORITY = 0, 100
 
 JOB_ID_PREFIX = "job-"
 TIMED_OUT_STDERR = "job timed out"
@@ -169,6 +183,13 @@ class Job:
     timeout_secs: int = _field(OPTIONAL, 0)
     not_before: int | None = _field(OPTIONAL, None, time=True)  # a delayed job's due time
     schedule_id: str = _field(OPTIONAL, "")  # the schedule whose fire created the job
+    # Workflows (issue 25): the jobs (by seq) that must end first and how, the priority among
+    # due jobs (higher first) and the queue. Left out of the wire at their defaults, so a job
+    # that uses none of them looks exactly as it did before.
+    depends_on: tuple[int, ...] = _field(OPTIONAL, ())
+    dependency: Dependency = _field(OPTIONAL, Dependency.OK)
+    priority: int = _field(OPTIONAL, DEFAULT_PRIORITY)
+    queue: str = _field(OPTIONAL, DEFAULT_QUEUE)
     status: Status = _field(ALWAYS, PENDING)
     reason: Reason | None = _field(OPTIONAL, None)  # only on a failure that is final
     retry_count: int = _field(ALWAYS, 0)
@@ -510,6 +531,8 @@ def _compile_to_wire() -> Callable[..., dict[str, Any]]:
             test = f"{value} is not None"
         elif isinstance(field.default, int) and field.default is not None:
             test = f"{value} != {field.default!r}"
+        elif isinstance(field.default, str) and field.default:
+            test = f"{value} != {str.__str__(field.default)!r}"  # a text with a default
         else:
             test = value
         if wire == DETAIL:
@@ -527,7 +550,7 @@ def _compile_to_wire() -> Callable[..., dict[str, Any]]:
 def _empty(value: Any, default: Any) -> bool:
     """None, empty text or containers, and a number equal to its default are left out (an
     exit code of 0 is shown: its default is None)."""
-    if isinstance(value, int):
+    if isinstance(value, int) or (isinstance(default, str) and default):
         return value == default
     return not value
 
@@ -539,6 +562,8 @@ def _wire_encoder(field: dataclasses.Field) -> Callable[[Any], Any] | None:
         return format_time
     if field.name == "attempts":
         return lambda attempts: [attempt.to_wire() for attempt in attempts]
+    if field.name == "depends_on":
+        return lambda seqs: [job_id_of(seq) for seq in seqs]
     return None
 
 

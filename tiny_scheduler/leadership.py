@@ -15,6 +15,11 @@ database's clock. This module runs the protocol on that row, on a connection of 
   only while the row still holds this leader's epoch, so whatever this process believes, a
   deposed leader never commits. The local checks only make it stop sooner.
 
+Each daemon also keeps its own row in a small `daemons` table (id, advertised URL, role,
+version, started, last seen), written on the lease connection after a lease round, at most
+once every `RECORD_SECS`, in the same statement that reads the other daemons' rows: that is
+what `GET /cluster` lists, from memory, so it can be answered while the database is away.
+
 Terms begin and end on a thread of their own (`on_elected` loads the jobs and starts the loops,
 which may take seconds while the lease must go on being renewed; `on_deposed` stops them), one
 after the other. No HTTP here, and no job logic: the service asks `view()` and `is_serving()`.
@@ -27,13 +32,15 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import psycopg.errors
 
-from . import lease
+from . import banner, lease
 from .clock import SYSTEM, Clock
 from .storage.base import StoreOpenError
 from .storage.postgres import PostgresStore, application_name, connect, interrupt
@@ -55,6 +62,50 @@ WATCH_SECS = 0.05
 LOCK_WAIT_SECS = 0.5
 """Seconds a takeover (or a renewal) waits for the lease row's lock. A commit holds it for
 milliseconds; longer means a writer that cannot finish (its process paused, its network cut)."""
+
+RECORD_SECS = 1.0
+"""Seconds between two writes of this daemon's row in `daemons` (a standby looks at the lease
+five times a second; its "last seen" needs no such precision)."""
+
+FORGET_SECS = 3600.0
+"""A daemon whose row was not written for this long is taken out of the table (it was killed,
+or moved): the list shows what runs, and what stopped lately."""
+
+_DAEMONS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS daemons (
+    id text PRIMARY KEY,
+    url text NOT NULL,
+    role text NOT NULL,
+    version text NOT NULL,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    last_seen_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+# One statement a round: this daemon's row written, rows of daemons gone for long (or of an
+# earlier run at this same URL) removed, and every row read back. The final SELECT sees the
+# table as it was before the statement, so this daemon's row comes from `mine`.
+_US = "(extract(epoch FROM {0}) * 1000000)::bigint"
+_RECORD = f"""
+WITH gone AS (
+    DELETE FROM daemons
+    WHERE id <> %(id)s
+      AND (url = %(url)s OR last_seen_at < now() - make_interval(secs => %(forget)s))
+), mine AS (
+    INSERT INTO daemons (id, url, role, version) VALUES (%(id)s, %(url)s, %(role)s, %(version)s)
+    ON CONFLICT (id) DO UPDATE SET role = excluded.role, last_seen_at = now()
+    RETURNING id, url, role, version, started_at, last_seen_at
+)
+SELECT id, url, role, version, {_US.format("started_at")}, {_US.format("last_seen_at")},
+       {_US.format("now()")}
+FROM daemons
+WHERE id <> %(id)s AND url <> %(url)s
+  AND last_seen_at >= now() - make_interval(secs => %(forget)s)
+UNION ALL
+SELECT id, url, role, version, {_US.format("started_at")}, {_US.format("last_seen_at")},
+       {_US.format("now()")}
+FROM mine
+"""
+_FORGET_ME = "DELETE FROM daemons WHERE id = %(id)s"
 
 _READ = """
 SELECT epoch, leader_url, expires_at < now(), {gone}
@@ -100,6 +151,27 @@ class LeaderView:
     epoch: int  # the epoch of the lease row as last seen
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class DaemonRow:
+    """One daemon as its row in `daemons` says, times in microseconds since the epoch by the
+    database's clock."""
+
+    id: str
+    url: str
+    role: str  # "leader" or "standby"
+    version: str
+    started_at: int
+    last_seen_at: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Roster:
+    """The daemons' rows as last read, and the database's time when they were."""
+
+    daemons: tuple[DaemonRow, ...]
+    read_at: int  # by the database's clock, microseconds since the epoch
+
+
 Callback = Callable[[int], None]
 """Told the epoch of the term that begins or ends."""
 
@@ -141,6 +213,17 @@ class Leadership:
         self._last_error: str | None = "not connected yet"
         self._failures = 0  # lease-connection failures in a row
         self._failure_logged = 0.0  # monotonic, when one was last logged
+        self.daemon_id = uuid.uuid4().hex[:12]
+        """This run's id in the `daemons` table (a restarted daemon is a new run)."""
+        self.leader_changes = 0
+        """How often this daemon saw the lease change hands (the epoch rise) since it started."""
+        self.roster = Roster((), 0)
+        self.roster_read_monotonic = 0.0  # time.monotonic() when the roster was read
+        self._version = banner.version()
+        self._recorded_at = -RECORD_SECS  # monotonic
+        self._recorded_role = ""
+        self._record_failing = False
+        self._epoch_seen: int | None = None
         self._terms: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -157,7 +240,16 @@ class Leadership:
             if self._epoch is not None:
                 serving = self.is_serving()
                 return LeaderView(serving, self.advertise_url if serving else None, self._epoch)
-            return self._seen
+            seen = self._seen
+        if seen.leader_url is not None and not self.health()[0]:
+            # The lease row has not been read for a lease: whoever led then may have lost it
+            # since. Naming nobody makes this standby answer 503 itself, not send clients on.
+            return LeaderView(False, None, seen.epoch)
+        return seen
+
+    def role(self) -> str:
+        """`leader` from the takeover on (also while the term loads), else `standby`."""
+        return "standby" if self._epoch is None else "leader"
 
     def health(self) -> tuple[bool, str | None]:
         """Whether the lease connection answered within the lease, and the error if not."""
@@ -196,6 +288,10 @@ class Leadership:
                 log.info("leadership: resigned epoch %d", epoch)
             except psycopg.Error as exc:
                 log.warning("leadership: could not resign epoch %d: %s", epoch, exc)
+        if self._conn is not None and not self._conn.broken:
+            # A daemon stopped on purpose leaves the list at once; a killed one after a while.
+            with contextlib.suppress(psycopg.Error):
+                self._conn.execute(_FORGET_ME, {"id": self.daemon_id})
         if self._conn is not None:
             self._conn.close()
 
@@ -216,15 +312,22 @@ class Leadership:
     # --- the lease thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
+        renew_due = 0.0  # monotonic
         while not self._stop.is_set():
             leading = self._epoch is not None
             try:
-                if leading:
-                    self._renew()
-                else:
+                if not leading:
                     self._look()
-                wait = self.renew_secs if leading else self.poll_secs
+                    wait = self.poll_secs
+                else:
+                    now = self._clock.monotonic()
+                    if now >= renew_due:
+                        self._renew()
+                        renew_due = now + self.renew_secs
+                    # A long lease renews rarely; this daemon's row is written more often.
+                    wait = max(0.0, min(renew_due - now, RECORD_SECS))
                 self._recovered()
+                self._record()
             except (psycopg.Error, StoreOpenError) as exc:
                 self._last_error = str(exc).strip()
                 self._failed()
@@ -249,6 +352,7 @@ class Leadership:
     def _look(self) -> None:
         """A standby's round: note who leads; take over when the lease is free."""
         epoch, url, expired, gone = self._call(_READ.format(gone=_SESSION_GONE)).fetchone()
+        self._saw_epoch(epoch)
         known = not (expired or gone) and url != self.advertise_url
         self._seen = LeaderView(False, url if known else None, epoch)
         if not (expired or gone):
@@ -268,6 +372,7 @@ class Leadership:
         with self._lock:
             self._epoch = won[0]
             self._valid_until = lease.valid_until(sent, self.lease_secs)
+        self._saw_epoch(won[0])
         self._store.fence_with(won[0])
         why = "its session is gone" if gone else "its lease expired"
         log.warning("leadership: took over as leader, epoch %d (%s)", won[0], why)
@@ -285,6 +390,42 @@ class Leadership:
         with self._lock:
             if self._epoch == epoch:
                 self._valid_until = lease.valid_until(sent, self.lease_secs)
+
+    def _saw_epoch(self, epoch: int) -> None:
+        """Count a rise of the epoch as a change of leader (the first look only sets it)."""
+        if self._epoch_seen is not None and epoch > self._epoch_seen:
+            self.leader_changes += 1
+        if self._epoch_seen is None or epoch > self._epoch_seen:
+            self._epoch_seen = epoch
+
+    def _record(self) -> None:
+        """Write this daemon's row and read every row, when due: after RECORD_SECS, or at once
+        when the role changed. A failure here is logged and left: the list may go stale, the
+        lease must not suffer for it."""
+        role = self.role()
+        now = self._clock.monotonic()
+        if role == self._recorded_role and now - self._recorded_at < RECORD_SECS:
+            return
+        params = {
+            "id": self.daemon_id,
+            "url": self.advertise_url,
+            "role": role,
+            "version": self._version,
+            "forget": FORGET_SECS,
+        }
+        try:
+            rows = self._call(_RECORD, params).fetchall()
+        except (psycopg.Error, StoreOpenError) as exc:
+            if not self._record_failing:  # once per outage: the lease's own failures log on
+                log.warning("leadership: could not record this daemon in `daemons`: %s", exc)
+            self._record_failing = True
+            return
+        self._record_failing = False
+        self._recorded_at, self._recorded_role = now, role
+        read_at = rows[-1][6] if rows else 0
+        daemons = tuple(DaemonRow(*row[:6]) for row in rows)
+        self.roster = Roster(daemons, read_at)
+        self.roster_read_monotonic = time.monotonic()
 
     def _call(self, query: str, params: dict[str, object] | None = None) -> psycopg.Cursor[Any]:
         """One statement on the lease connection, broken by the watchdog if it hangs."""
@@ -306,6 +447,9 @@ class Leadership:
         # within the lease rather than keeping this thread from its next renewal.
         conn.execute(f"SET statement_timeout = {int(self.lease_secs * 1000 / 2)}")
         conn.execute(f"SET lock_timeout = {int(LOCK_WAIT_SECS * 1000)}")
+        # Two daemons making it at the same moment: IF NOT EXISTS does not lock, one fails.
+        with contextlib.suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+            conn.execute(_DAEMONS_SCHEMA)
         self._conn = conn
         return conn
 

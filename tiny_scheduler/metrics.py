@@ -10,9 +10,10 @@ depth) are read at scrape time by a custom collector, so nothing has to keep the
 Labels stay bounded: statuses, reasons, sources, Flask endpoint names, HTTP status codes, peer
 call results; never a job id. Node ids appear on one gauge only (queue depth per node), read
 at scrape time for the nodes that have waiting jobs, at most `MAX_NODE_SERIES` of them: a
-node that leaves takes its series with it. Every request pays one cached child lookup and one
-observation for its timing; the job event it causes (submit, poll, PATCH) adds a counter
-increment or two and at most one more observation. Nothing on these paths scans the table.
+node that leaves takes its series with it. Queue names likewise, on the jobs-per-queue gauge.
+Every request pays one cached child lookup and one observation for its timing; the job event
+it causes (submit, poll, PATCH) adds a counter increment or two and at most one more
+observation. Nothing on these paths scans the table.
 
 No HTTP here beyond the request hooks: `api/metrics.py` serves the text format.
 """
@@ -32,7 +33,7 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -348,7 +349,30 @@ class _StateCollector(Collector):
             f'the rest under node="{OTHER_NODES}").',
             labels=["node"],
         )
+        by_queue = GaugeMetricFamily(
+            PREFIX + "queue_jobs",
+            f"Pending and running jobs of each queue that has any (at most {MAX_NODE_SERIES} "
+            f'queues; the rest under queue="{OTHER_NODES}").',
+            labels=["queue", "status"],
+        )
+        leader = GaugeMetricFamily(
+            PREFIX + "leader",
+            "1 while this daemon leads and serves (always with SQLite), 0 on a standby.",
+        )
+        changes = CounterMetricFamily(
+            PREFIX + "leader_changes",
+            "Times this daemon saw the leadership change hands (the lease's epoch rise, its own "
+            "takeovers included) since it started.",
+        )
         if with_values:
+            # Queue names come from submitters: bounded like the node series.
+            active = [view for view in service.list_queues() if view.pending or view.running]
+            for status in (jobs.PENDING, jobs.RUNNING):
+                counts = {view.queue: getattr(view, status) for view in active}
+                for name, count in _bounded(counts):
+                    by_queue.add_metric([name, status], count)
+            leader.add_metric([], 1 if service.is_serving() else 0)
+            changes.add_metric([], service.leader_changes())
             for status, count in service.counts().items():
                 by_status.add_metric([status], count)
             healthy.add_metric([], 1 if service.store_health()[0] else 0)
@@ -356,7 +380,7 @@ class _StateCollector(Collector):
             depth.add_metric([], queue_depth() if queue_depth is not None else 0)
             for node, count in _bounded(service.queue_depths()):
                 node_queue.add_metric([node], count)
-        return [by_status, healthy, depth, node_queue]
+        return [by_status, healthy, depth, node_queue, by_queue, leader, changes]
 
 
 def _bounded(depths: dict[str, int]) -> list[tuple[str, int]]:

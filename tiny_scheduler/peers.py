@@ -141,7 +141,7 @@ class Peer:
 
     def _exchange(self, method: str, target: str, body: bytes | None) -> tuple[int, bytes]:
         deadline = time.monotonic() + self.deadline_secs
-        conn = _Connection(self._host, self._port, deadline, self._tls)
+        conn = BoundedConnection(self._host, self._port, deadline, self._tls)
         try:
             conn.request(method, target, body=body, headers=self._headers)
             response = conn.getresponse()
@@ -205,13 +205,22 @@ _TLS = ssl.create_default_context()
 _TLS.sslsocket_class = _BoundedTLSSocket
 
 
-class _Connection(http.client.HTTPConnection):
-    """An HTTP/1.1 connection whose every socket operation honours one deadline."""
+class BoundedConnection(http.client.HTTPConnection):
+    """An HTTP/1.1 connection whose every socket operation honours one deadline (monotonic).
 
-    def __init__(self, host: str, port: int, deadline: float, tls: bool) -> None:
+    Also used by the standbys' forwarding (`api/forward.py`), which moves the deadline on
+    once the leader's answer has begun (`extend`)."""
+
+    def __init__(self, host: str, port: int, deadline: float, tls: bool = False) -> None:
         super().__init__(host, port)
         self._deadline = deadline
         self._tls = tls
+
+    def extend(self, deadline: float) -> None:
+        """Let the rest of the exchange run until `deadline` instead."""
+        self._deadline = deadline
+        if self.sock is not None:
+            self.sock.deadline = deadline
 
     def connect(self) -> None:
         sock = _open(self.host, self.port, self._deadline)

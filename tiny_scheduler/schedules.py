@@ -18,7 +18,6 @@ import datetime
 import functools
 import re
 from collections.abc import Iterator
-from enum import Enum
 from importlib import resources
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -63,19 +62,14 @@ OVERLAP_MESSAGE = "overlap must be skip or allow"
 JOB_MESSAGE = "job must be an object: the job to submit, as for POST /jobs"
 
 
-class _WireEnum(str, Enum):
-    __str__ = str.__str__
-    __format__ = str.__format__
-
-
-class Overlap(_WireEnum):
+class Overlap(jobs.WireEnum):
     """What a fire does while the schedule's previous job is still pending or running."""
 
     SKIP = "skip"
     ALLOW = "allow"
 
 
-class SkipCause(_WireEnum):
+class SkipCause(jobs.WireEnum):
     """Why a fire time passed without a job (the metrics' label, the log's words)."""
 
     OVERLAP = "overlap"  # the previous job was still pending or running
@@ -337,6 +331,9 @@ def zone(name: str) -> ZoneInfo:
     return ZoneInfo(name)
 
 
+DEPENDS_ON_MESSAGE = "job.depends_on is not allowed in a schedule's job"
+
+
 def _overlap(value: Any) -> Overlap:
     if value not in ("skip", "allow"):
         raise errors.BadRequest(OVERLAP_MESSAGE)
@@ -346,6 +343,9 @@ def _overlap(value: Any) -> Overlap:
 def _job(value: Any) -> JobRequest:
     if not isinstance(value, dict):
         raise errors.BadRequest(JOB_MESSAGE)
+    if value.get("depends_on") is not None:
+        # A fire makes a new job each time: jobs named once cannot gate every run of it.
+        raise errors.BadRequest(DEPENDS_ON_MESSAGE)
     return validation.job_request_from(value)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from . import errors, jobs, jsonstream
+from . import errors, jobs, jsonstream, queues
 
 MAX_TIMEOUT_SECS = 10 * 365 * 24 * 3600
 MAX_DELAY_SECS = MAX_TIMEOUT_SECS
@@ -23,6 +23,13 @@ MAX_DELAY_SECS = MAX_TIMEOUT_SECS
 DEFAULT_PAGE = 1000
 MAX_PAGE = 10000
 _INT64 = 2**63
+MAX_DEPENDENCIES = 100
+DEPENDS_ON_MESSAGE = "depends_on must be a list of job ids such as job-7"
+DEPENDENCY_MESSAGE = "dependency must be ok or any"
+PRIORITY_MESSAGE = (
+    f"priority must be an integer between {jobs.MIN_PRIORITY} and {jobs.MAX_PRIORITY}"
+)
+QUEUE_MESSAGE = f"queue must be 1 to {queues.MAX_NAME} characters of A-Za-z0-9._-"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -39,6 +46,10 @@ class JobRequest:
     not_before: int | None = None  # microseconds since the epoch, as given
     delay_secs: int | None = None  # counted from the submission (the service turns it into
     # not_before when it creates the job: a schedule's job is submitted at every fire)
+    depends_on: tuple[int, ...] = ()  # job seqs; whether they exist is the service's check
+    dependency: jobs.Dependency = jobs.Dependency.OK
+    priority: int = jobs.DEFAULT_PRIORITY
+    queue: str = queues.DEFAULT_QUEUE
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -61,6 +72,7 @@ class JobQuery:
     after: int = 0
     limit: int = DEFAULT_PAGE
     reason: str | None = None
+    queue: str | None = None
 
 
 _POLL_PARAMETERS = frozenset({"node_id", "status"})
@@ -99,6 +111,7 @@ def parse_query(args: Mapping[str, str]) -> JobQuery:
         after=after,
         limit=limit,
         reason=args.get("reason") or None,
+        queue=args.get("queue") or None,
     )
 
 
@@ -146,6 +159,26 @@ def job_request_from(data: dict[str, Any]) -> JobRequest:
             "(0 means the default)"
         )
     not_before, delay_secs = _delay(data.get("not_before"), data.get("delay_secs"))
+    depends_on = _depends_on(data.get("depends_on"))
+    dependency = data.get("dependency")
+    if dependency is None:
+        dependency = jobs.Dependency.OK
+    elif dependency not in (jobs.Dependency.OK.value, jobs.Dependency.ANY.value):
+        raise errors.BadRequest(DEPENDENCY_MESSAGE)
+    else:
+        dependency = jobs.Dependency(dependency)
+    priority = data.get("priority")
+    if priority is None:
+        priority = jobs.DEFAULT_PRIORITY
+    elif (priority := _integer(priority)) is None or not (
+        jobs.MIN_PRIORITY <= priority <= jobs.MAX_PRIORITY
+    ):
+        raise errors.BadRequest(PRIORITY_MESSAGE)
+    queue = data.get("queue")
+    if queue is None:
+        queue = queues.DEFAULT_QUEUE
+    elif not queues.is_valid_name(queue):
+        raise errors.BadRequest(QUEUE_MESSAGE)
     if not command and not deploy_url:
         raise errors.BadRequest(errors.COMMAND_REQUIRED)
     return JobRequest(
@@ -158,22 +191,67 @@ def job_request_from(data: dict[str, Any]) -> JobRequest:
         timeout_secs=timeout_secs,
         not_before=not_before,
         delay_secs=delay_secs,
+        depends_on=depends_on,
+        dependency=dependency,
+        priority=priority,
+        queue=queue,
     )
+
+
+def _depends_on(value: Any) -> tuple[int, ...]:
+    """The job numbers of a `depends_on` list, each once, in the order given. Whether they
+    name jobs that exist is checked by the service, which knows the jobs."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise errors.BadRequest(DEPENDS_ON_MESSAGE)
+    if len(value) > MAX_DEPENDENCIES:
+        raise errors.BadRequest(f"depends_on must name at most {MAX_DEPENDENCIES} jobs")
+    seqs: dict[int, None] = {}  # ordered, without repeats
+    for item in value:
+        seq = jobs.parse_job_id(item) if isinstance(item, str) else None
+        if seq is None:
+            raise errors.BadRequest(DEPENDS_ON_MESSAGE)
+        seqs[seq] = None
+    return tuple(seqs)
+
+
+MAX_RUNNING_MESSAGE = "max_running must be an integer of at least 1, or null"
+PAUSED_MESSAGE = "paused must be true or false"
+
+
+def parse_queue_settings(name: str, body: bytes) -> queues.QueueSettings:
+    """A PUT /queues/{name} body: `{"max_running": N|null, "paused": bool}`, each field
+    absent or null meaning no limit and not paused (the body is the whole of the settings)."""
+    if not queues.is_valid_name(name):
+        raise errors.BadRequest(QUEUE_MESSAGE)
+    data = decode_object(body, errors.DECODE_QUEUE)
+    max_running = data.get("max_running")
+    if max_running is not None and (
+        (max_running := _integer(max_running)) is None or not 1 <= max_running < _INT64
+    ):
+        raise errors.BadRequest(MAX_RUNNING_MESSAGE)
+    paused = data.get("paused")
+    if paused is not None and not isinstance(paused, bool):
+        raise errors.BadRequest(PAUSED_MESSAGE)
+    return queues.QueueSettings(name, max_running, bool(paused))
 
 
 def job_request_to_wire(request: JobRequest) -> dict[str, object]:
     """A JobRequest as a JSON object that `job_request_from` reads back to the same request:
-    `command` and `job_type` always, the other fields when set (how a schedule shows and
-    stores the job it submits)."""
+    `command` and `job_type` always, the other fields when they differ from their defaults
+    (how a schedule shows and stores the job it submits)."""
     out: dict[str, object] = {}
     for field in dataclasses.fields(JobRequest):
         value = getattr(request, field.name)
         if field.name == "not_before" and value is not None:
             out["not_before"] = jobs.format_time(value)
-        elif field.name in ("command", "job_type") or value:
+        elif field.name == "depends_on":
+            if value:
+                out["depends_on"] = [jobs.job_id_of(seq) for seq in value]
+        elif field.name in ("command", "job_type") or value != field.default:
+            # delay_secs 0 differs from its default (None): asked for explicitly, it is kept.
             out[field.name] = value
-        elif field.name == "delay_secs" and value == 0:
-            out["delay_secs"] = 0  # asked for explicitly: keep it as given
     return out
 
 

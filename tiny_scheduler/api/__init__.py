@@ -1,5 +1,6 @@
-"""The HTTP API: blueprints for jobs, nodes, schedule, schedules, health, the leader, the
-OpenAPI document, the redirect from `/` to the dashboard, authentication, and error replies.
+"""The HTTP API: blueprints for jobs, nodes, queues, schedule, schedules, health, the leader,
+the OpenAPI document, the redirect from `/` to the dashboard, authentication, and error
+replies.
 
 Views only translate between HTTP and the service: read the request, call one service method,
 shape the reply. Every rule lives in the service or below it.
@@ -14,6 +15,7 @@ from flask import Flask, request
 from .. import errors
 from . import (
     auth,
+    cluster,
     events,
     health,
     jobs,
@@ -22,6 +24,7 @@ from . import (
     nodes,
     openapi,
     output,
+    queues,
     replies,
     root,
     schedule,
@@ -36,9 +39,11 @@ def init_app(app: Flask) -> None:
     auth.init_app(app)
     app.register_blueprint(health.bp)
     app.register_blueprint(leader.bp)
+    app.register_blueprint(cluster.bp)
     app.register_blueprint(schedule.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(schedules.bp)
+    app.register_blueprint(queues.bp)
     app.register_blueprint(nodes.bp)
     app.register_blueprint(output.bp)
     app.register_blueprint(events.bp)
@@ -49,8 +54,9 @@ def init_app(app: Flask) -> None:
 
 def answered_before_body(app: Flask, environ: dict[str, Any]) -> bool:
     """Whether the request whose head `environ` describes gets an answer its body cannot
-    change: a standby's way to the leader, a refused key, or a declared body over
-    MAX_REQUEST_BYTES (on any endpoint but those in jobs.UNLIMITED_BODIES).
+    change: a standby's 503 or 307, a refused key, or a declared body over MAX_REQUEST_BYTES
+    (on any endpoint but those in jobs.UNLIMITED_BODIES). A request a standby forwards is
+    never answered before its body: the leader answers it, body and all.
 
     The worker asks before it sends `100 Continue`: such a client gets its final answer
     instead of an invitation to send a body that would be read only to be refused. The same
@@ -59,7 +65,12 @@ def answered_before_body(app: Flask, environ: dict[str, Any]) -> bool:
     """
     with app.request_context(environ):
         try:
-            if leader.to_the_leader() is not None or auth.check() is not None:
+            reply, leader_url = leader.standby_reply()
+            if reply is not None:
+                return True
+            if leader_url is not None:
+                return False  # forwarded: the body goes to the leader, whose answer counts
+            if auth.check() is not None:
                 return True
         except errors.ServiceError:
             return True

@@ -48,8 +48,15 @@ def list_jobs() -> Response:
 
 @bp.get("/jobs/<job_id>")
 def get_job(job_id: str) -> Response:
-    """One job with its earlier attempts, and the output of each (read from disk)."""
-    return json_reply(scheduler().get(job_id).to_wire(with_attempts=True))
+    """One job with its earlier attempts, and the output of each (read from disk); while it
+    is pending, also what it waits for."""
+    service = scheduler()
+    job = service.get(job_id)
+    wire = job.to_wire(with_attempts=True)
+    why = service.waiting_for(job)
+    if why is not None:
+        wire["waiting_for"] = why
+    return json_reply(wire)
 
 
 UNLIMITED_BODIES = frozenset({"jobs.update_job"})

@@ -184,6 +184,9 @@ def dev(
         while not (problems := cluster.problems()):
             if standbys:
                 leader = _show_leader(cluster, leader)
+                # N+1 daemons, always: a killed one comes back, as a standby.
+                for url in cluster.supervise():
+                    click.echo(f"restarted the daemon at {url}", err=True)
             time.sleep(0.5)
         for problem in problems:
             click.echo(f"error: {problem}", err=True)

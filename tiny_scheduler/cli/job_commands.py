@@ -67,6 +67,12 @@ _interval_option = click.option(
     show_default=True,
     help="Seconds between looks at the job while waiting.",
 )
+_wait_option = click.option(
+    "--wait",
+    is_flag=True,
+    help="Follow the job until it ends (a service: until it runs), print its output, exit"
+    " with its exit code.",
+)
 _no_logs_option = click.option(
     "--no-logs", is_flag=True, help="With --wait: do not print the job's stdout and stderr."
 )
@@ -135,13 +141,18 @@ class _CommandAfterDashes(click.Command):
 @click.option("--deploy-url", help="A zip in the object store whose start.sh the agent runs.")
 @click.option("--timeout", "timeout_secs", type=click.IntRange(min=1), help="Run timeout, seconds.")
 @click.option("--idempotency-key", help="Submitting again with the same key creates nothing.")
-@delay_options
 @click.option(
-    "--wait",
-    is_flag=True,
-    help="Follow the job until it ends (a service: until it runs), print its output, exit"
-    " with its exit code.",
+    "--after",
+    metavar="JOB[,JOB...]",
+    help="Run only once these jobs are done (ids or numbers, comma-separated).",
 )
+@click.option(
+    "--after-any", is_flag=True, help="With --after: once they ended, whatever their status."
+)
+@click.option("--priority", type=click.IntRange(0, 100), help="0-100 (default 50), higher first.")
+@click.option("--queue", help="The queue the job waits in (default: default).")
+@delay_options
+@_wait_option
 @_no_logs_option
 @_show_env_option
 @click.option("-q", "--quiet", is_flag=True, help="Print only the job id.")
@@ -158,6 +169,10 @@ def submit(
     deploy_url: str | None,
     timeout_secs: int | None,
     idempotency_key: str | None,
+    after: str | None,
+    after_any: bool,
+    priority: int | None,
+    queue: str | None,
     at: str | None,
     delay: str | None,
     wait: bool,
@@ -175,6 +190,8 @@ def submit(
     """
     if not command and not deploy_url:
         raise click.UsageError("give a COMMAND or --deploy-url")
+    if after_any and not after:
+        raise click.UsageError("--after-any goes with --after")
     if port is not None and not service:
         # The API would take it and ignore it; a port on a one-shot job is a mistake.
         raise click.BadParameter("only a service has a port: add --service", param_hint="'--port'")
@@ -191,6 +208,10 @@ def submit(
         "port": port,
         "deploy_url": deploy_url,
         "timeout_secs": timeout_secs,
+        "priority": priority,
+        "queue": queue,
+        "depends_on": _job_ids(after) if after else None,
+        "dependency": "any" if after_any else None,
     }
     body.update({name: value for name, value in optional.items() if value is not None})
     body.update(delay_fields(at, delay))
@@ -206,6 +227,11 @@ def submit(
         click.echo(f"{job['job_id']} {describe(job)}{waiting_text(job)}")
 
 
+def _job_ids(text: str) -> list[str]:
+    """`job-3,4` -> [job-3, job-4]: the API checks that they exist."""
+    return [_job_id(part.strip()) for part in text.split(",") if part.strip()]
+
+
 def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
     env = {}
     for pair in pairs:
@@ -218,12 +244,7 @@ def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
 
 @click.command()
 @click.argument("job_id")
-@click.option(
-    "--wait",
-    is_flag=True,
-    help="Follow the job until it ends (a service: until it runs), print its output, exit"
-    " with its exit code.",
-)
+@_wait_option
 @_no_logs_option
 @_show_env_option
 @_interval_option

@@ -69,6 +69,9 @@ def print_status(job: dict[str, Any], show_env: bool = False) -> None:
         ("not before", job.get("not_before", "")),
         ("waiting for", job.get("waiting_for", "") if job["status"] == "pending" else ""),
         ("schedule", job.get("schedule_id", "")),
+        ("after", _dependencies(job)),
+        ("priority", str(job["priority"]) if "priority" in job else ""),
+        ("queue", job.get("queue", "")),
         ("created", job["created_at"]),
         ("running", job.get("running_at", "")),
         ("finished", job.get("finished_at", "")),
@@ -83,6 +86,13 @@ def print_status(job: dict[str, Any], show_env: bool = False) -> None:
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         click.echo(f"{name.ljust(width)}  {value}")
+
+
+def _dependencies(job: dict[str, Any]) -> str:
+    found = job.get("depends_on")
+    if not found:
+        return ""
+    return ", ".join(found) + (" (any end)" if job.get("dependency") == "any" else "")
 
 
 def print_streams(attempt: dict[str, Any]) -> bool:

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..agent.config import DEFAULT_POLL_SECS, DEFAULT_REGISTRY_HEARTBEAT_SECS
 from ..agent.groups import kill_groups, kill_recorded_children
-from .daemon import SchedulerProcess, free_port
+from .daemon import SchedulerProcess
 from .registry import FakeRegistry
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,10 @@ them, and give them a second between SIGTERM and SIGKILL."""
 START_TIMEOUT_SECS = 30.0
 """Seconds the whole cluster may take to come up (scheduler healthy, every node registered)."""
 
+
+RESTART_AFTER_SECS = 1.0
+"""With standbys, a daemon that died is started again this long after it was seen dead (a
+moment, so that a crash loop does not spin): it comes back as a standby."""
 
 DEV_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 """The PostgreSQL server a cluster with standbys uses unless told another (the tests' default)."""
@@ -115,6 +119,7 @@ class DevCluster:
         self.registry: FakeRegistry | None = None
         self.scheduler: SchedulerProcess | None = None  # the first daemon: the leader at start
         self.standbys: list[SchedulerProcess] = []
+        self._dead_since: dict[int, float] = {}  # id(daemon) -> monotonic, when seen dead
         self.database: str | None = None  # the PostgreSQL database made for this cluster
         self.agents: dict[str, _AgentProcess] = {}
         self._watchdog: subprocess.Popen[bytes] | None = None
@@ -244,9 +249,10 @@ class DevCluster:
         db_path = os.path.join(self.work_dir, "scheduler.db")
         if self.config.standbys:
             db_path = self._make_database()
-        ports = [port or free_port()]
+        # No port given: each SchedulerProcess holds a free one of its own until it listens.
+        ports: list[int | None] = [port]
         for number in range(1, self.config.standbys + 1):
-            wanted = port + number if port else free_port()
+            wanted = port + number if port else None
             if port and not _port_free(wanted):
                 raise ClusterError(f"port {wanted} is already in use; choose another port")
             ports.append(wanted)
@@ -368,6 +374,29 @@ class DevCluster:
             if time.monotonic() > deadline:
                 raise ClusterError(f"nodes not healthy after {timeout}s: {', '.join(missing)}")
             time.sleep(0.05)
+
+    def supervise(self) -> list[str]:
+        """With standbys, start every daemon that died `RESTART_AFTER_SECS` ago again, on
+        its port, database and log (it comes back as a standby: the lease went on meanwhile);
+        returns their URLs. Call it from a watch loop. Without standbys nothing: a lone
+        daemon's death is a problem to show."""
+        if not self.standbys:
+            return []
+        restarted = []
+        now = time.monotonic()
+        for daemon in self.daemons:
+            if daemon.proc is None or daemon.proc.poll() is None:
+                continue
+            dead_since = self._dead_since.setdefault(id(daemon), now)
+            if now - dead_since < RESTART_AFTER_SECS:
+                continue
+            del self._dead_since[id(daemon)]
+            daemon.stop()  # of a dead process: only closes its log file, reopened by start
+            daemon.start(wait=False)  # not waited for: the loop goes on watching the others
+            assert daemon.proc is not None
+            self._tell_watchdog(f"group {daemon.proc.pid}")
+            restarted.append(daemon.url)
+        return restarted
 
     def problems(self) -> list[str]:
         """Parts that died on their own (for `tiny-scheduler dev`'s watch loop). With standbys

@@ -23,10 +23,45 @@ from ..daemon_command import SERVE_ARGV
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
+    """A TCP port nobody listens on right now (and anyone may take before you do: to keep it
+    for a server about to start, see `PortReservation`)."""
     with contextlib.closing(socket.socket()) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+class PortReservation:
+    """A free TCP port held for a server that has yet to listen on it.
+
+    Holds a socket bound to the port (with SO_REUSEADDR, never listening): while it is held
+    the kernel gives the port to nobody else, neither to a bind to port 0 (`free_port`,
+    another reservation, in any process) nor to an outgoing connection, and a connection to
+    it is refused; yet a server that binds it with SO_REUSEADDR, as gunicorn and http.server
+    do, may listen on it. Release it once the server listens, or when it is not needed.
+    (After a plain `free_port()` the port is anyone's until the server binds it: tests running
+    in parallel could give two daemons the same one.)
+    """
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._sock: socket.socket | None = socket.socket()
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind((host, 0))
+        except OSError:
+            self.release()
+            raise
+        self.port: int = self._sock.getsockname()[1]
+
+    def release(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> int:
+        return self.port
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class SchedulerProcess:
@@ -44,7 +79,12 @@ class SchedulerProcess:
         host: str = "127.0.0.1",
     ) -> None:
         self.db_path = db_path
-        self.port = port or free_port(host)
+        self._reservation: PortReservation | None = None
+        if not port:
+            # A port of its own, held until the daemon listens on it (or exits).
+            self._reservation = PortReservation(host)
+            port = self._reservation.port
+        self.port = port
         self.url = f"http://{host}:{self.port}"
         self.extra_env = dict(env or {})
         self.log_path = log_path
@@ -79,6 +119,7 @@ class SchedulerProcess:
                 raise RuntimeError(f"scheduler exited with {self.proc.returncode}; {self._tail()}")
             with contextlib.suppress(requests.RequestException):
                 requests.get(self.url + "/health", timeout=1)
+                self._release_port()  # it listens: the port is its own now
                 return
             time.sleep(0.05)
         raise TimeoutError(f"scheduler not ready after {timeout}s; {self._tail()}")
@@ -123,7 +164,13 @@ class SchedulerProcess:
         self._close_log()
         return code
 
+    def _release_port(self) -> None:
+        if self._reservation is not None:
+            self._reservation.release()
+            self._reservation = None
+
     def _close_log(self) -> None:
+        self._release_port()  # it exited: it will never listen
         if self._log:
             self._log.close()
             self._log = None

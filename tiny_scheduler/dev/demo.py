@@ -29,7 +29,7 @@ from ..client import Client, ClientError, job_state, settled
 from ..display import describe, format_table
 from ..jobs import FINAL_STATUSES, TIMED_OUT_STDERR, now_us, parse_time
 from .cluster import ClusterConfig, ClusterError, DevCluster
-from .daemon import free_port
+from .daemon import PortReservation
 
 TRACK_INTERVAL_SECS = 0.2
 """Seconds between two looks at the demo's jobs."""
@@ -134,15 +134,17 @@ class Demo:
             ),
             command='echo "cannot open settings.yml" >&2; exit 2',
         )
-        port = free_port()
-        service = self.submit(
-            Shown("service", "running and answering HTTP", lambda j: j["status"] == "running"),
-            command=f"exec {shlex.quote(sys.executable)} -m http.server {port} --bind 127.0.0.1",
-            job_type="service",
-            port=port,
-        )
-        self.follow(lambda: all(settled(s.job) for s in self.shown))
-        service.note = _probe_service(port)
+        # Held until the service answers on it: http.server binds with SO_REUSEADDR.
+        with PortReservation() as port:
+            serve = f"exec {shlex.quote(sys.executable)} -m http.server {port} --bind 127.0.0.1"
+            service = self.submit(
+                Shown("service", "running and answering HTTP", lambda j: j["status"] == "running"),
+                command=serve,
+                job_type="service",
+                port=port,
+            )
+            self.follow(lambda: all(settled(s.job) for s in self.shown))
+            service.note = _probe_service(port)
         service.note_ok = service.note.startswith("HTTP 200")
         self.say(f"  service {service.job_id} on port {port}: {service.note}")
 

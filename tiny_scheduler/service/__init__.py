@@ -12,7 +12,9 @@ It knows nothing of HTTP. Its parts each own one concern and decide apart from c
 - `node_ops`: heartbeats (with the nodes' stop orders), drains, the node listing;
 - `output_ops`: live output, appended by agents and read from any offset;
 - `terms`: leadership terms and `/health`;
-- `reads`: every read, and the outbox of final-state events.
+- `queue_ops`: the queues' listing and settings (the table applies them);
+- `reads`: every read (with why a pending job waits, `why_waiting`), and the outbox of
+  final-state events.
 
 `Scheduler` below only wires them together and names their operations; it also keeps the
 event log of job changes (`GET /events`) and the count of waiting requests.
@@ -37,6 +39,7 @@ from .dispatch import Dispatch
 from .lifecycle import Lifecycle
 from .node_ops import NodeOps, NodeView, Orders
 from .output_ops import OutputOps, OutputRead
+from .queue_ops import QueueOps, QueueView
 from .reads import Page, Reads
 from .schedule_ops import ScheduleOps
 from .terms import Terms
@@ -55,6 +58,7 @@ __all__ = [
     "OutboxEvent",
     "OutputRead",
     "Page",
+    "QueueView",
     "Scheduler",
 ]
 
@@ -111,6 +115,10 @@ class Scheduler:
         self.nodes = node_ops.nodes
         self.node = node_ops.node
 
+        queue_ops = QueueOps(core)
+        self.list_queues = queue_ops.list_queues
+        self.set_queue = queue_ops.set_queue
+
         output_ops = OutputOps(core)
         self.append_output = output_ops.append
         self.read_output = output_ops.read
@@ -123,12 +131,15 @@ class Scheduler:
         terms = Terms(core, node_ops, leadership)
         self.is_serving = terms.is_serving
         self.leader = terms.leader
+        self.cluster = terms.cluster
+        self.leader_changes = terms.leader_changes
         self.take_over = terms.take_over
         self.hand_over = terms.hand_over
         self.health = terms.health
 
         reads = Reads(core)
         self.get = reads.get
+        self.waiting_for = reads.waiting_for
         self.list_jobs = reads.list_jobs
         self.with_output = reads.with_output
         self.counts = reads.counts

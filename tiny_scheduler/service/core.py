@@ -5,11 +5,18 @@ tables (a new leader's term replaces them). Its `commit` is the only way a job's
 becomes durable and visible: saved with its outbox event (the SNS message of a final state,
 in the same transaction), then put in the table, then announced to listeners. The parts of
 the service decide what the next version is; they hand it here.
+
+A job that ends `failed` for good takes its `ok` dependents with it (`dependencies.cascade`
+decides which): the commit holds them busy, and saves them, each with its own outbox event,
+in the same transaction as the failure that caused them, so no reader, restart or failover
+ever sees the one without the others.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from enum import Enum
 
@@ -21,6 +28,7 @@ from ..placement import Placement
 from ..schedule_table import ScheduleTable
 from ..storage import OutboxEvent, Writer
 from ..table import JobTable
+from . import dependencies
 
 log = logging.getLogger("tiny_scheduler.service")
 
@@ -71,22 +79,61 @@ class Core:
         self.schedules = schedule_table
         self.listeners: list[Listener] = []
         self.final_event: Callable[[Job], str] | None = None  # see keep_final_events
+        # Held while a failure's dependents are read and committed, and while a job with
+        # dependencies is checked and created: a new dependent of a job that is failing right
+        # now is either in the failure's cascade or sees the failure (and ends at once).
+        # Reentrant: a job created failed commits through the failure path.
+        self.dependency_lock = threading.RLock()
 
     def now(self) -> int:
         return self.clock.now_us()
 
     # --- committing ----------------------------------------------------------------------
 
-    def commit(self, job: Job, becomes_final: bool = True) -> None:
-        """Save and show the job's next version. `becomes_final` is False for a change to a
-        job that was final already (a timed-out job's slot freed): its event went out with
-        the change that made it final."""
+    def commit(self, job: Job, becomes_final: bool = True) -> list[Job]:
+        """Save and show the job's next version (the caller holds it busy). `becomes_final`
+        is False for a change to a job that was final already (a timed-out job's slot freed):
+        its event went out with the change that made it final. Returns the dependents that
+        ended with it (a failure's cascade), already announced."""
+        if not (becomes_final and job.status == jobs.FAILED):
+            self._save(job, (), becomes_final)
+            return []
+        ended = self._commit_failure(job)
+        for dependent in ended:
+            self.announce(dependent)
+        return ended
+
+    def _commit_failure(self, job: Job) -> list[Job]:
+        """Commit a final failure together with its cascade. The dependents are held busy
+        first, outside the dependency lock (a cancel of one of them may be committing, and
+        needs the lock), in id order: every dependent has a higher id than what it depends
+        on, so two cascades never wait for each other in a circle. Once held, the cascade is
+        decided again from their versions as they stand; it is committed when it needs no
+        job that is not held yet."""
+        held: set[int] = set()
+        with contextlib.ExitStack() as holding:
+            while True:
+                with self.dependency_lock:
+                    ended = dependencies.cascade(job, self.table.dependents, self.now())
+                    more = [dependent.seq for dependent in ended if dependent.seq not in held]
+                    if not more:
+                        self._save(job, ended)
+                        return ended
+                for seq in more:
+                    holding.enter_context(self.table.changing(seq))
+                    held.add(seq)
+
+    def _save(self, job: Job, ended: Sequence[Job], becomes_final: bool = True) -> None:
+        changed = (job, *ended)
         events: tuple[OutboxEvent, ...] = ()
         # A job is saved in a final status once: the change that made it final.
-        if self.final_event is not None and job.is_final and becomes_final:
-            events = (OutboxEvent(job.seq, self.final_event(job)),)
-        self.store.save(job, events=events)  # with its output
-        self.table.put(job)  # without it
+        if self.final_event is not None and becomes_final:
+            events = tuple(
+                OutboxEvent(one.seq, self.final_event(one)) for one in changed if one.is_final
+            )
+        self.store.save(*changed, events=events)  # with their output
+        for one in changed:
+            self.table.put(one)  # without it
 
     def commit_all(self, changed: Sequence[Job]) -> None:
         """Save and show several jobs' next versions in one transaction (none becomes final)."""

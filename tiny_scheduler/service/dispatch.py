@@ -31,10 +31,11 @@ class Dispatch:
         self._book = book
 
     def poll(self, node_id: str, from_agent: bool = False) -> list[Job]:
-        """The agent poll: the node's oldest pending jobs that are due (a delayed job waits
-        for its not_before), at most as many as its free slots; with JOB_STEALING, free slots
-        its own queue cannot fill are topped up with the oldest due waiting jobs of nodes that
-        cannot start them (moved here before this returns). `from_agent`: the poll came
+        """The agent poll: the node's pending jobs that are due, by priority then age (a
+        delayed job waits for its not_before), at most as many as its free slots; with
+        JOB_STEALING, free slots its own queue cannot fill are topped up with the first due
+        waiting jobs (by priority, then age) of nodes that cannot start them (moved here
+        before this returns). `from_agent`: the poll came
         without a key, as the tiny-aws agent's does, so it is evidence of what the node runs
         (`moves.claims_disproved`)."""
         core = self._core
@@ -92,8 +93,9 @@ class Dispatch:
         return new
 
     def _take_over(self, node_id: str, nodes: Nodes, wanted: int, now: int) -> list[Job]:
-        """Move up to `wanted` of the oldest waiting jobs of nodes that cannot start them to
-        `node_id`, committed before this returns; the moved jobs, oldest first.
+        """Move up to `wanted` of the first waiting jobs (by priority, then age) of nodes that
+        cannot start them to `node_id`, committed before this returns; the moved jobs, in
+        that order.
 
         A job is checked again once it is held busy: its old node's agent may have claimed
         it, or been offered it, since the candidates were read. The claim and the move take
@@ -110,12 +112,14 @@ class Dispatch:
             return []
         moved: list[Job] = []
         with contextlib.ExitStack() as held:
-            # In id order, as every other poll's take-over: two of them never wait for each
-            # other's busy jobs in a circle (nothing else holds more than one).
-            for candidate in candidates:
+            # Held in id order (they come by priority), as every other poll's take-over: two of
+            # them never wait for each other's busy jobs in a circle. (A failure's cascade also
+            # holds several, but only jobs waiting for dependencies, which never move.)
+            for candidate in sorted(candidates, key=_seq_of):
                 job = held.enter_context(table.changing(candidate.seq))
                 if moves.still_movable(job, candidate, table.just_offered(job, now)):
                     moved.append(job.evolve(node_id=node_id, moved_from=job.node_id))
+            moved.sort(key=_order)
             if not moved:
                 return []
             try:
@@ -132,3 +136,12 @@ class Dispatch:
             )
             core.emit(Event.MOVED, job, Move.STOLEN)
         return moved
+
+
+def _seq_of(job: Job) -> int:
+    return job.seq
+
+
+def _order(job: Job) -> tuple[int, int]:
+    # The poll's order: the moved jobs join the node's own in the answer, highest first.
+    return (-job.priority, job.seq)

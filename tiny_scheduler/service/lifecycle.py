@@ -14,6 +14,7 @@ import logging
 from .. import errors, jobs
 from ..jobs import Job, Reason
 from ..validation import JobRequest, JobUpdate
+from . import dependencies
 from .core import Core, job_seq
 
 log = logging.getLogger("tiny_scheduler.service")
@@ -42,12 +43,43 @@ class Lifecycle:
         with table.deduplicating(dedupe_key) as existing:
             if existing is not None:
                 return core.with_stored_output(existing), False
+            self._check_dependencies(request)  # a 400 before a node is chosen
             node_id = core.placement.place(request.instance_id)
-            with table.creating() as seq:
-                job = self.new_job(request, dedupe_key, seq, node_id)
-                core.commit(job)
+            if request.depends_on:
+                job = self._create_dependent(request, dedupe_key, node_id)
+            else:
+                with table.creating() as seq:
+                    job = self.new_job(request, dedupe_key, seq, node_id)
+                    core.commit(job)
         core.created(job, source)
+        if job.is_final:
+            core.announce(job)
         return job, True
+
+    def _check_dependencies(self, request: JobRequest) -> dict[int, Job | None]:
+        """The jobs the request depends on, by seq; BadRequest naming the first that does
+        not exist."""
+        table = self._core.table
+        found = {seq: table.get(seq) for seq in request.depends_on}
+        lost = dependencies.missing(request.depends_on, found)
+        if lost is not None:
+            raise errors.BadRequest(f"depends_on: {jobs.job_id_of(lost)} not found")
+        return found
+
+    def _create_dependent(self, request: JobRequest, dedupe_key: str | None, node_id: str) -> Job:
+        """Create a job with dependencies, under the dependency lock: a dependency failing
+        meanwhile either finds it among its dependents or has failed before it is looked at.
+        One whose `ok` dependency already failed ends at once (it could never run)."""
+        core = self._core
+        with core.dependency_lock:
+            found = self._check_dependencies(request)  # again: as they stand under the lock
+            with core.table.creating() as seq:
+                job = self.new_job(request, dedupe_key, seq, node_id)
+                failed = dependencies.doomed(job, found)
+                if failed is not None:
+                    job = dependencies.fail(job, failed, job.created_at)
+                core.commit(job)
+        return job
 
     def new_job(
         self,
@@ -90,7 +122,12 @@ class Lifecycle:
                         new = self._end_attempt(job, update, now)
                 except jobs.TransitionError as exc:
                     raise errors.Conflict(str(exc)) from None
-                core.commit(new)
+                if new.status == jobs.RUNNING:
+                    # A claim counts against its queue's limit from the check to the commit.
+                    with core.table.starting(new):
+                        core.commit(new)
+                else:
+                    core.commit(new)
         if late:
             # The job as it stands, with the output its timeout gave it (on disk by now).
             return core.with_stored_output(new)

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from .. import errors
+from .. import errors, jobs
 from ..jobs import Job, Output
 from ..nodes import Nodes
 from ..placement import NodeLoad
@@ -20,6 +20,7 @@ from ..storage import OutboxEvent
 from ..storage.writer import CommitObserver
 from ..table import NodeJobs
 from ..validation import JobQuery
+from . import dependencies, why_waiting
 from .core import Core, job_seq
 
 
@@ -46,9 +47,28 @@ class Reads:
         """Jobs matching the query, oldest first (the agent's own query is `poll`), without
         their output."""
         found, more = self._core.table.query(
-            query.node_id, query.status, query.job_type, query.after, query.limit, query.reason
+            query.node_id,
+            query.status,
+            query.job_type,
+            query.after,
+            query.limit,
+            query.reason,
+            query.queue,
         )
         return Page(found, found[-1].seq if more and found else None)
+
+    def waiting_for(self, job: Job) -> str | None:
+        """Why a pending job waits (`why_waiting`), from the table as it stands; None for a
+        job that is not pending."""
+        if job.status != jobs.PENDING:
+            return None
+        core = self._core
+        table = core.table
+        unmet = dependencies.unmet(job, {seq: table.get(seq) for seq in job.depends_on})
+        settings, running = table.queue_state(job.queue)
+        placement = core.placement
+        (load,) = placement.loads([job.node_id], placement.source.cached_nodes())
+        return why_waiting.waiting_for(job, unmet, settings, running, load.free, core.now())
 
     def with_output(self, found: Sequence[Job]) -> Iterator[Job]:
         """The jobs of a page, in order, each with its latest output, read from the store one

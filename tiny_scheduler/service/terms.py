@@ -7,9 +7,14 @@ ends by forgetting them (a standby holds none).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
+import uuid
 from typing import TYPE_CHECKING
 
+from .. import banner
+from ..jobs import now_us
 from ..schedule_table import ScheduleTable
 from ..table import JobTable
 from .core import Core
@@ -19,6 +24,32 @@ if TYPE_CHECKING:  # psycopg is imported only by a daemon on PostgreSQL
     from ..leadership import Leadership, LeaderView
 
 log = logging.getLogger("tiny_scheduler.service")
+
+_SQLITE_ID = uuid.uuid4().hex[:12]
+_STARTED_US = now_us()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DaemonView:
+    """One daemon of the cluster, as `GET /cluster` and the dashboard show it."""
+
+    id: str
+    url: str
+    role: str
+    version: str
+    started_at: int  # microseconds since the epoch
+    last_seen_at: int
+    seen_secs_ago: float  # by the database's clock, as of now
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClusterView:
+    """Who leads, in which epoch, and every daemon that recorded itself."""
+
+    leader: str | None
+    epoch: int
+    daemons: tuple[DaemonView, ...]
+    this: str  # the id of the daemon answering
 
 
 class Terms:
@@ -38,13 +69,50 @@ class Terms:
         """Who leads; None with SQLite, where this daemon is the only one."""
         return None if self._leadership is None else self._leadership.view()
 
+    def leader_changes(self) -> int:
+        """How often this daemon saw the leadership change hands (0 with SQLite)."""
+        return 0 if self._leadership is None else self._leadership.leader_changes
+
+    def cluster(self, own_url: str) -> ClusterView:
+        """The daemons sharing the database (from the last lease round's read: no database call
+        here); with SQLite just this one, leading. `own_url` names this daemon when it
+        advertises no URL."""
+        leadership = self._leadership
+        if leadership is None:
+            now = now_us()
+            url = self._core.settings.advertise_url or own_url
+            me = DaemonView(_SQLITE_ID, url, "leader", banner.version(), _STARTED_US, now, 0.0)
+            return ClusterView(url, 0, (me,), _SQLITE_ID)
+        view = leadership.view()
+        roster = leadership.roster
+        # The rows' ages by the database's clock when read, plus the time since: no
+        # comparison of this machine's clock with the database's.
+        since = max(0.0, time.monotonic() - leadership.roster_read_monotonic)
+        # The lease, not a row, says who leads: a leader killed before it could write its row
+        # again still says "leader" there; it is listed as what it is now, not leading, and
+        # its "last seen" stops.
+        daemons = tuple(
+            DaemonView(
+                row.id,
+                row.url,
+                "leader" if row.url == view.leader_url else "standby",
+                row.version,
+                row.started_at,
+                row.last_seen_at,
+                max(0.0, (roster.read_at - row.last_seen_at) / 1e6) + since,
+            )
+            for row in roster.daemons
+        )
+        daemons = tuple(sorted(daemons, key=lambda daemon: (daemon.role != "leader", daemon.url)))
+        return ClusterView(view.leader_url, view.epoch, daemons, leadership.daemon_id)
+
     def take_over(self) -> int:
         """Begin a term as leader: every job and schedule from the store in fresh tables, so
         nothing of an earlier term survives; ids go on after the store's high-water marks.
         Returns the number of jobs."""
         core = self._core
         loaded = core.store.reload()
-        core.table = JobTable(loaded.jobs, loaded.last_seq)
+        core.table = JobTable(loaded.jobs, loaded.last_seq, loaded.queues)
         core.placement.count_loads_in(core.table)
         core.schedules = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
         self._node_ops.load(loaded.nodes)

@@ -7,7 +7,7 @@ names a PostgreSQL database, anything else is a SQLite file path.
 
 from __future__ import annotations
 
-from .base import Batch, JobStore, Loaded, OutboxEvent, StoreOpenError
+from .base import Batch, JobStore, Loaded, OutboxEvent, OutcomeUnknown, StoreOpenError
 from .writer import Writer
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "JobStore",
     "Loaded",
     "OutboxEvent",
+    "OutcomeUnknown",
     "StoreOpenError",
     "Writer",
     "check",

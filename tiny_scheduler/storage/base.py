@@ -1,11 +1,12 @@
 """The storage contract: what a backend must do to keep jobs durable, and nothing more.
 
-A backend (`sqlite.py`, and any other) is a `JobStore`: it loads every job and schedule at
+A backend (`sqlite.py`, `postgres.py`) is a `JobStore`: it loads every job and schedule at
 start-up and writes batches of changes, each batch in one transaction that either commits
-durably or raises. Writes, the load and the outbox reads come from one thread at a time (the
-group commit's turn, `writer.py`, or the start-up code), so they need no locking of their own. Group
-commit, health tracking and the waiting of request threads live above it, written once in
-`writer.py`; the behavioural tests every backend must pass are in
+durably or raises. The SQL backends apply a batch in one shared place (`sql.py`), each
+supplying only its dialect. Writes, the load and the outbox reads come from one thread at a
+time (the group commit's turn, `writer.py`, or the start-up code), so they need no locking of
+their own. Group commit, health tracking and the waiting of request threads live above it,
+written once in `writer.py`; the behavioural tests every backend must pass are in
 `tests/test_storage_contract.py`.
 
 A job's output is kept apart from the job: the load leaves it on disk, and request threads
@@ -27,11 +28,19 @@ from typing import Protocol
 
 from ..jobs import Job, Output
 from ..node_book import NodeRecord
+from ..queues import QueueSettings
 from ..schedules import Schedule
 
 
 class StoreOpenError(RuntimeError):
     """The database cannot be used: corrupt, not ours, from a newer scheduler, unreachable."""
+
+
+class OutcomeUnknown(RuntimeError):
+    """A write's COMMIT was sent, and whether it took effect cannot be found out: the
+    connection died before the answer and no other could look, or the disk failed the flush
+    of a commit that may reach it anyway. A fault of the store (`is_fault`); never answered as
+    "nothing was changed"."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,6 +62,7 @@ class Loaded:
     schedules: list[Schedule] = dataclasses.field(default_factory=list)  # in id order
     last_schedule_seq: int = 0  # the highest schedule id ever handed out
     nodes: list[NodeRecord] = dataclasses.field(default_factory=list)  # by node id
+    queues: list[QueueSettings] = dataclasses.field(default_factory=list)  # by name
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -69,6 +79,7 @@ class Batch:
     schedules: Sequence[Schedule] = ()
     schedule_deletes: Sequence[int] = ()
     nodes: Sequence[NodeRecord] = ()  # insert or replace (by node id)
+    queue_settings: Sequence[QueueSettings] = ()  # insert or replace (by queue name)
 
 
 class JobStore(Protocol):
@@ -91,9 +102,10 @@ class JobStore(Protocol):
 
     def write(self, batch: Batch) -> None:
         """Apply the batch in one transaction, durable when this returns; all or nothing.
-        Raises the first *upsert* it cannot store (e.g. a duplicate dedupe key) as an error
-        for which `is_fault` is False. Schedule ids, like job ids, are never handed out twice:
-        the high-water mark outlives a deleted schedule.
+        Raises `OutcomeUnknown` when it cannot tell whether the batch committed; any other
+        error means it did not. Raises the first *upsert* it cannot store (e.g. a duplicate
+        dedupe key) as an error for which `is_fault` is False. Schedule ids, like job ids,
+        are never handed out twice: the high-water mark outlives a deleted schedule.
 
         An upserted job's output (`Job.outputs()`, by attempt) is stored apart from it. Once
         stored, an attempt's output stays until its job is deleted: a later version of the job

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 
 from ..jobs import Job, Output
 from ..node_book import NodeRecord
+from ..queues import QueueSettings
 from ..schedules import Schedule
 from .base import Batch, Loaded, OutboxEvent
 
@@ -39,6 +40,7 @@ class MemoryDatabase:
     last_schedule_seq: int = 0
     last_event_id: int = 0
     nodes: dict[str, NodeRecord] = dataclasses.field(default_factory=dict)
+    queues: dict[str, QueueSettings] = dataclasses.field(default_factory=dict)
 
 
 class MemoryStore:
@@ -67,6 +69,7 @@ class MemoryStore:
                 schedules=[db.schedules[seq] for seq in sorted(db.schedules)],
                 last_schedule_seq=db.last_schedule_seq,
                 nodes=[db.nodes[node] for node in sorted(db.nodes)],
+                queues=[db.queues[name] for name in sorted(db.queues)],
             )
 
     def outbox(self, limit: int) -> list[OutboxEvent]:
@@ -105,6 +108,8 @@ class MemoryStore:
                 db.schedules.pop(seq, None)
             for record in batch.nodes:
                 db.nodes[record.node_id] = record
+            for settings in batch.queue_settings:
+                db.queues[settings.name] = settings
         if _changes(batch):
             self.batches.append(batch)
 
@@ -141,4 +146,5 @@ def _changes(batch: Batch) -> bool:
         or batch.schedules
         or batch.schedule_deletes
         or batch.nodes
+        or batch.queue_settings
     )

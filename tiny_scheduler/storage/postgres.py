@@ -7,6 +7,15 @@ COMMIT, that the lease row still carries that epoch, holding a share lock on the
 commit. A takeover (`leadership.py`) updates that row, so it waits for a write in flight to end
 and every later write sees the new epoch and rolls back: a deposed leader can never commit.
 
+A write whose connection dies after its COMMIT was sent may have committed or not. Each write
+therefore records a random write id in a small `commits` table, in its own transaction; when
+the connection fails while committing, `_outcome` claims that id on a new connection: finding
+it taken means the write committed (success), claiming it means it did not and now never can
+(its own insert of the id would conflict), and not being able to ask means the outcome is
+unknown (`OutcomeUnknown`), which is never answered as "nothing was changed". The claim waits
+for the old transaction if it is still ending, so the answer cannot change afterwards. Each
+write also removes the ids whose outcome is settled, so the table stays a few rows long.
+
 It does not elect anyone: `leadership.py` owns the lease row's protocol and tells this store
 its epoch. Called from one thread at a time (the writer, or start-up code), except
 `interrupt()`, which any thread may call to break a connection that hangs, and the reads of
@@ -15,11 +24,13 @@ output, which request threads make on connections of their own (`_Readers`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
 import os
 import re
+import secrets
 import socket
 import threading
 import time
@@ -30,18 +41,18 @@ from typing import Any
 
 import orjson
 import psycopg
-from psycopg import sql
+from psycopg import sql as pgsql
 
 from ..jobs import Job, Output
 from ..redaction import redacted
 from ..schedules import Schedule
-from . import rows
-from .base import Batch, Loaded, OutboxEvent, StoreOpenError, judge_version
+from . import rows, sql
+from .base import Batch, Loaded, OutboxEvent, OutcomeUnknown, StoreOpenError, judge_version
 from .readers import ReaderPool
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 6
 """The version of the tables below; the jobs table's columns are not counted in it: they follow
 the job declaration by themselves (`_missing_columns`)."""
 
@@ -120,7 +131,44 @@ _SCHEMA_V3 = (
     )""",
 )
 
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3}
+# Version 4: the write ids, by which a write whose COMMIT went unanswered is found out.
+_SCHEMA_V4 = (
+    """CREATE TABLE IF NOT EXISTS commits (
+        id BIGINT PRIMARY KEY,                  -- a write's random id, committed with it
+        at TIMESTAMPTZ NOT NULL DEFAULT now()   -- rows left by a crash are pruned by age
+    )""",
+)
+
+# Version 5: the nodes the scheduler knows itself (issue 22), as in SQLite's version 6.
+_SCHEMA_V5 = (
+    """CREATE TABLE IF NOT EXISTS nodes (
+        node_id   TEXT PRIMARY KEY,
+        cpu_count INTEGER NOT NULL,
+        labels    TEXT NOT NULL,
+        version   TEXT NOT NULL,
+        drain     INTEGER NOT NULL,
+        seen_at   BIGINT NOT NULL
+    )""",
+)
+
+# Version 6: queues' settings (issue 25). (The jobs' new columns, dependencies, priority and
+# queue, come from the declaration.)
+_SCHEMA_V6 = (
+    """CREATE TABLE IF NOT EXISTS queues (
+        name        TEXT PRIMARY KEY,
+        max_running BIGINT,           -- NULL: no limit
+        paused      BIGINT NOT NULL   -- 0 or 1
+    )""",
+)
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: _SCHEMA_V1,
+    2: _SCHEMA_V2,
+    3: _SCHEMA_V3,
+    4: _SCHEMA_V4,
+    5: _SCHEMA_V5,
+    6: _SCHEMA_V6,
+}
 """Each entry upgrades a database from version N-1 to N, one statement at a time."""
 
 _MIGRATION_LOCK = 7_461_205_311
@@ -131,48 +179,15 @@ _UNIQUE = frozenset({"jobs.dedupe_key", "schedules.name"})
 job per fire time), also across leaders; a schedule's name is taken once."""
 
 
-def _select(table: str, columns: tuple[str, ...]) -> sql.Composed:
-    return sql.SQL("SELECT {} FROM {} ORDER BY seq").format(
-        sql.SQL(", ").join(map(sql.Identifier, columns)), sql.Identifier(table)
-    )
-
-
-def _upsert(table: str, columns: tuple[str, ...]) -> sql.Composed:
-    return sql.SQL(
-        "INSERT INTO {table} ({cols}) VALUES ({marks}) ON CONFLICT (seq) DO UPDATE SET {sets}"
-    ).format(
-        table=sql.Identifier(table),
-        cols=sql.SQL(", ").join(map(sql.Identifier, columns)),
-        marks=sql.SQL(", ").join(sql.Placeholder() for _ in columns),
-        sets=sql.SQL(", ").join(
-            sql.SQL("{0} = excluded.{0}").format(sql.Identifier(c)) for c in columns if c != "seq"
-        ),
-    )
-
-
-_SELECT = _select("jobs", rows.COLUMNS)
-_UPSERT = _upsert("jobs", rows.COLUMNS)
-_SELECT_SCHEDULES = _select("schedules", rows.SCHEDULE_COLUMNS)
-_UPSERT_SCHEDULE = _upsert("schedules", rows.SCHEDULE_COLUMNS)
-_HIGH_WATER = (
-    "INSERT INTO meta (key, value) VALUES (%s, %s) "
-    "ON CONFLICT (key) DO UPDATE SET value = greatest(meta.value, excluded.value)"
-)
-_PROBE = (
-    "INSERT INTO meta (key, value) VALUES ('probe', %s) "
-    "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
-)
 # Last before COMMIT, so the share lock on the lease row is held only for the commit itself.
 _FENCE = "SELECT check_epoch(%s)"
-_SAVE_OUTPUT = (
-    "INSERT INTO outputs (seq, attempt, stdout, stderr) VALUES (%s, %s, %s, %s) "
-    "ON CONFLICT (seq, attempt) DO UPDATE SET stdout = excluded.stdout, stderr = excluded.stderr"
-)
-# One job's every output; no row at all when the job is not stored (deleted meanwhile).
-_OUTPUTS_OF = (
-    "SELECT o.attempt, o.stdout, o.stderr FROM jobs AS j "
-    "LEFT JOIN outputs AS o ON o.seq = j.seq WHERE j.seq = %s"
-)
+# A write's id, stored with it; and the ids no write will ask about again (settled ones, and any
+# a crashed daemon left behind).
+_RECORD_WRITE = "INSERT INTO commits (id) VALUES (%s)"
+_PRUNE_WRITES = "DELETE FROM commits WHERE id = ANY(%s) OR at < now() - interval '1 day'"
+# On another connection: take the id of a write in doubt. Waits for that write's transaction
+# when it holds the id uncommitted; no row back means the write committed it.
+_CLAIM_WRITE = "INSERT INTO commits (id) VALUES (%s) ON CONFLICT (id) DO NOTHING RETURNING id"
 # The latest attempt's output of some jobs (NULL: it printed nothing), and first its size
 # (octet_length reads it from the stored value's header, without fetching the value).
 _LATEST = (
@@ -183,11 +198,15 @@ _LATEST_SIZES = (
     "SELECT j.seq, coalesce(octet_length(o.stdout) + octet_length(o.stderr), 0) " + _LATEST
 )
 _LATEST_OUTPUTS = "SELECT j.seq, o.stdout, o.stderr " + _LATEST
+_SQL = sql.Statements(mark="%s", greatest="greatest")
 _READ_BATCH = 256
 """Jobs whose output sizes a listing asks for at once."""
 _READ_BYTES = 4 * 1024 * 1024
 """Output fetched in one round trip, at most (one bigger job is fetched alone): the driver
 holds a whole answer in memory."""
+
+_OUTCOME_RETRY_SECS = 0.2
+"""How often a write in doubt tries again to reach the database to find out its outcome."""
 
 STATEMENT_TIMEOUT_SECS = 30.0
 """Seconds one statement of the writer may run (e.g. wait for a lock) before it fails."""
@@ -254,13 +273,15 @@ def interrupt(conn: psycopg.Connection[Any] | None) -> None:
         sock.close()
 
 
-class PostgresStore:
+class PostgresStore(sql.SqlStore):
     """A `JobStore` in a PostgreSQL database.
 
     Unfenced (`fenced=False`) it writes as the only writer (tests, tools). Fenced, it refuses
     every write until `fence_with(epoch)` and afterwards commits only while the lease row
     holds that epoch.
     """
+
+    SQL = _SQL
 
     def __init__(
         self, url: str, lease_secs: float = 5.0, fenced: bool = False, migrate: bool = True
@@ -270,6 +291,9 @@ class PostgresStore:
         self._lease_secs = lease_secs
         self._fenced = fenced
         self._epoch: int | None = None
+        self._writing_epoch: int | None = None  # the epoch the transaction under way writes in
+        self._write_id = 0  # the id the transaction under way records
+        self._settled: list[int] = []  # write ids whose outcome is known: removed next write
         self.on_fenced: Callable[[int], None] | None = None
         """Called (by the thread committing) when a write found its epoch gone."""
         self._conn_lock = threading.Lock()  # guards swapping the connection, not its use
@@ -324,23 +348,27 @@ class PostgresStore:
                 loaded: list[Job] = []
                 with conn.cursor(name="load_jobs") as cursor:
                     cursor.itersize = 10000
-                    cursor.execute(_SELECT)
+                    cursor.execute(self.SQL.select_jobs)
                     for row in cursor:
                         loaded.append(self._job(_unescaped(row)))
                 schedules = [
                     rows.schedule_from_row(_unescaped(row))
-                    for row in conn.execute(_SELECT_SCHEDULES)
+                    for row in conn.execute(self.SQL.select_schedules)
                 ]
                 marks = dict(conn.execute("SELECT key, value FROM meta").fetchall())
                 events = conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
+                nodes = [
+                    sql.node_from_row(_unescaped(row))
+                    for row in conn.execute(self.SQL.select_nodes)
+                ]
+                queues = [
+                    sql.queue_from_row(_unescaped(row))
+                    for row in conn.execute(self.SQL.select_queues)
+                ]
         finally:
             if collecting:
                 gc.enable()
-        last_seq = max(marks.get("last_seq", 0), loaded[-1].seq if loaded else 0)
-        last_schedule_seq = max(
-            marks.get("last_schedule_seq", 0), schedules[-1].seq if schedules else 0
-        )
-        return Loaded(loaded, last_seq, events, schedules, last_schedule_seq)
+        return sql.loaded(loaded, schedules, marks, events, nodes, queues)
 
     def _job(self, row: Sequence[Any]) -> Job:
         try:
@@ -352,78 +380,84 @@ class PostgresStore:
 
     def outbox(self, limit: int) -> list[OutboxEvent]:
         with self._use:
-            found = self._connection().execute(
-                "SELECT id, seq, message FROM outbox ORDER BY id LIMIT %s", (limit,)
-            )
-            return [OutboxEvent(seq, _unescape_text(message), id_) for id_, seq, message in found]
+            return self._outbox(self._connection(), limit)
 
     def write(self, batch: Batch) -> None:
         with self._use:
             self._write(batch)
 
-    def _write(self, batch: Batch) -> None:
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[psycopg.Cursor[Any]]:
         epoch = self._epoch
         if self._fenced and epoch is None:
             raise NotLeader("this scheduler is not the leader")
-        upserts = [_escaped(rows.to_row(job)) for job in batch.upserts]
-        outputs = [_escaped(row) for job in batch.upserts for row in rows.output_rows(job)]
         conn = self._connection()
+        self._writing_epoch = epoch
+        self._write_id = write_id = secrets.randbits(63)
+        committing = False
         try:
             # One round trip for the whole transaction: the writer gives up the GIL at every
             # wait for the server and must win it back from the request threads.
             with conn.pipeline(), conn.transaction():
-                cursor = conn.cursor()
-                if upserts:
-                    cursor.executemany(_UPSERT, upserts)
-                if outputs:
-                    cursor.executemany(_SAVE_OUTPUT, outputs)
-                if batch.deletes:
-                    deleted = (list(batch.deletes),)
-                    cursor.execute("DELETE FROM jobs WHERE seq = ANY(%s)", deleted)
-                    cursor.execute("DELETE FROM outputs WHERE seq = ANY(%s)", deleted)
-                    # Only a deleted job's id needs the mark: every other is in the rows, and
-                    # the load takes the larger of the two.
-                    cursor.execute(_HIGH_WATER, ("last_seq", max(batch.deletes)))
-                if batch.schedules:
-                    cursor.executemany(
-                        _UPSERT_SCHEDULE,
-                        [_escaped(rows.schedule_to_row(s)) for s in batch.schedules],
-                    )
-                    top = max(schedule.seq for schedule in batch.schedules)
-                    cursor.execute(_HIGH_WATER, ("last_schedule_seq", top))
-                if batch.schedule_deletes:
-                    cursor.execute(
-                        "DELETE FROM schedules WHERE seq = ANY(%s)", (list(batch.schedule_deletes),)
-                    )
-                if batch.events:
-                    cursor.executemany(
-                        "INSERT INTO outbox (seq, message) VALUES (%s, %s)",
-                        [(event.seq, _escape_text(event.message)) for event in batch.events],
-                    )
-                if batch.delivered:
-                    cursor.execute(
-                        "DELETE FROM outbox WHERE id = ANY(%s)", (list(batch.delivered),)
-                    )
-                if batch.probe:
-                    cursor.execute(_PROBE, (time.time_ns(),))
-                if epoch is not None and self._fenced:
-                    cursor.execute(_FENCE, (epoch,))
+                yield conn.cursor()
+                committing = True  # from here on the COMMIT is sent
         except psycopg.Error as exc:
             if epoch is not None and exc.sqlstate == FENCED_SQLSTATE:
                 self._deposed(epoch)
                 raise Fenced(f"epoch {epoch} is over: another scheduler took the lease") from exc
-            raise
+            if not committing or _rolled_back(exc, conn):
+                raise
+            committed = self._outcome(write_id)
+            if committed is None:
+                raise OutcomeUnknown(
+                    f"the connection to {self.location} failed while committing and the "
+                    f"outcome cannot be looked up: {exc}"
+                ) from exc
+            if not committed:
+                raise
+            log.warning("a commit whose connection failed (%s) had taken effect", exc)
+        self._settled = [write_id]
 
-    def read_outputs(self, seq: int) -> dict[int, Output] | None:
-        with self._readers.connection() as conn:
-            found = conn.execute(_OUTPUTS_OF, (seq,)).fetchall()
-        if not found:
-            return None
-        return {
-            attempt: Output(_text(out), _text(err))
-            for attempt, out, err in found
-            if attempt is not None
-        }
+    def _outcome(self, write_id: int) -> bool | None:
+        """Whether the write that recorded `write_id` committed, asked on a new connection:
+        None when that cannot be found out within the lease."""
+        deadline = time.monotonic() + self._lease_secs
+        while True:
+            try:
+                with connect(self._url, self._lease_secs, "write check") as conn:
+                    conn.execute(f"SET statement_timeout = {int(self._lease_secs * 1000)}")
+                    claimed = conn.execute(_CLAIM_WRITE, (write_id,)).fetchone()
+            except (psycopg.Error, StoreOpenError) as exc:
+                if time.monotonic() >= deadline:
+                    log.error("cannot find out whether a commit took effect: %s", exc)
+                    return None
+                time.sleep(_OUTCOME_RETRY_SECS)  # the server may be restarting
+                continue
+            if claimed is not None:
+                self._settled.append(write_id)  # ours now: removed with the next write
+                return False
+            return True
+
+    def _guard(self, cursor: psycopg.Cursor[Any]) -> None:
+        # The epoch as the transaction began, even if it was taken away since (then the fence
+        # fails, as it must): a takeover since then fails the COMMIT.
+        cursor.execute(_RECORD_WRITE, (self._write_id,))
+        if self._settled:
+            cursor.execute(_PRUNE_WRITES, (self._settled,))
+        epoch = self._writing_epoch
+        if epoch is not None and self._fenced:
+            cursor.execute(_FENCE, (epoch,))
+
+    def _delete(
+        self, cursor: psycopg.Cursor[Any], table: str, column: str, ids: Sequence[int]
+    ) -> None:
+        cursor.execute(f"DELETE FROM {table} WHERE {column} = ANY(%s)", (list(ids),))
+
+    def _storable(self, values: Sequence[object]) -> Sequence[object]:
+        return _escaped(values)
+
+    def _readable(self, value: str) -> str:
+        return _text(value)
 
     def read_latest_outputs(self, seqs: Sequence[int]) -> Iterator[tuple[int, Output | None]]:
         with self._readers.connection() as conn:
@@ -437,7 +471,7 @@ class PostgresStore:
     def is_fault(self, error: BaseException) -> bool:
         # Not being the leader says nothing about the database; text that cannot be encoded
         # (a lone surrogate) fails in the driver, before the database sees it.
-        return isinstance(error, psycopg.Error)
+        return isinstance(error, (psycopg.Error, OutcomeUnknown))
 
     def close(self) -> None:
         self._readers.close()
@@ -472,6 +506,17 @@ class PostgresStore:
         with self._conn_lock:
             self._conn = conn
         return conn
+
+
+def _rolled_back(error: psycopg.Error, conn: psycopg.Connection[Any]) -> bool:
+    """Whether a write that failed while committing was certainly rolled back: the server
+    answered with an ERROR (a constraint, a timeout, a failed COMMIT) on a connection that is
+    still up. A session that ended (FATAL: terminated, the server shutting down) or a
+    connection that broke may have committed first: that is looked up, not assumed."""
+    if error.sqlstate is None or conn.broken or conn.closed:
+        return False
+    severity = error.diag.severity_nonlocalized or error.diag.severity
+    return severity == "ERROR"
 
 
 def _groups(sizes: Sequence[tuple[int, int]], limit: int) -> Iterator[list[int]]:
@@ -631,28 +676,28 @@ def _move_output(conn: psycopg.Connection[Any]) -> None:
             if stdout or stderr:
                 outputs.append((seq, retry_count, _text(stdout), _text(stderr)))
             with conn.cursor() as writes:
-                writes.executemany(_SAVE_OUTPUT, [_escaped(row) for row in outputs])
+                writes.executemany(_SQL.save_output, [_escaped(row) for row in outputs])
     conn.execute("ALTER TABLE jobs DROP COLUMN stdout, DROP COLUMN stderr")
 
 
-def _add_column(table: str, field: dataclasses.Field[Any]) -> sql.Composed:
+def _add_column(table: str, field: dataclasses.Field[Any]) -> pgsql.Composed:
     """`ALTER TABLE … ADD COLUMN …` for a field, its type read from its annotation."""
     sql_type, nullable = column_type(_HINTS[table][field.name])
     parts = [
-        sql.SQL("ALTER TABLE {} ADD COLUMN {} ").format(
-            sql.Identifier(table), sql.Identifier(field.name)
+        pgsql.SQL("ALTER TABLE {} ADD COLUMN {} ").format(
+            pgsql.Identifier(table), pgsql.Identifier(field.name)
         ),
-        sql.SQL(sql_type),
+        pgsql.SQL(sql_type),
     ]
     default = field.default
     if not nullable:
-        parts.append(sql.SQL(" NOT NULL"))
+        parts.append(pgsql.SQL(" NOT NULL"))
         if default is not dataclasses.MISSING and isinstance(default, (str, int, float)):
             # Rows written before the field existed read as the declaration's default.
-            parts.append(sql.SQL(" DEFAULT {}").format(sql.Literal(_plain(default))))
+            parts.append(pgsql.SQL(" DEFAULT {}").format(pgsql.Literal(_plain(default))))
     if f"{table}.{field.name}" in _UNIQUE:
-        parts.append(sql.SQL(" UNIQUE"))
-    return sql.Composed(parts)
+        parts.append(pgsql.SQL(" UNIQUE"))
+    return pgsql.Composed(parts)
 
 
 def column_type(hint: Any) -> tuple[str, bool]:

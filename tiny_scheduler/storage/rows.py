@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from .. import validation
-from ..jobs import Attempt, Job, JobType, Output, Reason, Status
+from ..jobs import Attempt, Dependency, Job, JobType, Output, Reason, Status
 from ..schedules import Overlap, Schedule
 
 _FIELDS = dataclasses.fields(Job)
@@ -63,9 +63,15 @@ def output_rows(job: Job) -> list[tuple[int, int, str, str]]:
 # names.
 _MEMBERS = {
     column: {member.value: member for member in enum}
-    for column, enum in (("job_type", JobType), ("status", Status), ("reason", Reason))
+    for column, enum in (
+        ("job_type", JobType),
+        ("status", Status),
+        ("reason", Reason),
+        ("dependency", Dependency),
+    )
 }
 _JOB_TYPES, _STATUSES, _REASONS = _MEMBERS["job_type"], _MEMBERS["status"], _MEMBERS["reason"]
+_DEPENDENCIES = _MEMBERS["dependency"]
 
 
 def from_row(row: Sequence[Any]) -> Job:
@@ -85,6 +91,9 @@ def from_row(row: Sequence[Any]) -> Job:
         job.reason = _REASONS[job.reason]
     job.holds_slot = bool(job.holds_slot)
     job.moved_from = intern(job.moved_from)
+    job.dependency = _DEPENDENCIES[job.dependency]
+    job.queue = intern(job.queue)
+    job.depends_on = tuple(orjson.loads(job.depends_on)) if job.depends_on is not None else ()
     if job.env_vars is not None:
         job.env_vars = orjson.loads(job.env_vars)
     if job.attempts is not None:
@@ -142,9 +151,14 @@ def _attempts_text(value: Sequence[Attempt]) -> str | None:
     ).decode()
 
 
+def _depends_on_text(value: Sequence[int]) -> str | None:
+    return orjson.dumps(list(value)).decode() if value else None
+
+
 _JSON_TEXT: dict[str, Callable[[Any], str | None]] = {
     "env_vars": _env_vars_text,
     "attempts": _attempts_text,
+    "depends_on": _depends_on_text,
 }
 """The columns SQL has no type for, stored as JSON text (NULL when empty), and how."""
 _JSON = frozenset(_JSON_TEXT)

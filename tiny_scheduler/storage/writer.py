@@ -14,8 +14,13 @@ first waits up to a millisecond for as many changes to queue (`_gather`): bigger
 fsyncs and wake-ups per change; a lone caller never waits.
 
 When a batch fails, each change is retried alone, so one change the backend cannot take (a
-value it cannot bind) fails only its own request. Whether the store is healthy is judged from
-the backend's own faults, never from one bad change. Nothing here knows which database it is.
+value it cannot bind) fails only its own request. A batch whose outcome the backend cannot
+tell (`OutcomeUnknown`) may be stored: a change whose retry fails too is answered with that
+doubt (`STORE_OUTCOME_UNKNOWN`), never with "nothing was changed". (Retrying is safe: every
+change is keyed, a job or schedule by its seq, so applying it twice stores it once; only an
+outbox event may be stored twice, and events are delivered at least once anyway.) Whether the
+store is healthy is judged from the backend's own faults, never from one bad change. Nothing
+here knows which database it is.
 
 Health is never stale: when nothing has been written for `STORE_PROBE_INTERVAL_SECS`, a
 prober thread commits a tiny probe, so a disk that filled, a file system that turned
@@ -40,11 +45,12 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
 from ..config import STORE_PROBE_INTERVAL_SECS, STORE_STALL_SECS
-from ..errors import StoreError
+from ..errors import STORE_OUTCOME_UNKNOWN, StoreError
 from ..jobs import Job, Output
 from ..node_book import NodeRecord
+from ..queues import QueueSettings
 from ..schedules import Schedule
-from .base import Batch, JobStore, Loaded, OutboxEvent
+from .base import Batch, JobStore, Loaded, OutboxEvent, OutcomeUnknown
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +181,10 @@ class Writer:
         """Insert or replace these nodes' records; returns once committed."""
         self._submit(Batch(nodes=records))
 
+    def save_queue(self, settings: QueueSettings) -> None:
+        """Insert or replace a queue's settings; returns once committed."""
+        self._submit(Batch(queue_settings=(settings,)))
+
     def delete_schedule(self, seq: int) -> None:
         """Remove a schedule; its id is never handed out again."""
         self._submit(Batch(schedule_deletes=(seq,)))
@@ -203,6 +213,8 @@ class Writer:
 
     def _submit(self, batch: Batch, read: Callable[[JobStore], Any] | None = None) -> Any:
         ticket = self._queued(_Ticket(batch, read))
+        if isinstance(ticket.error, OutcomeUnknown):
+            raise StoreError(STORE_OUTCOME_UNKNOWN) from ticket.error
         if ticket.error is not None:
             raise StoreError() from ticket.error
         return ticket.result
@@ -323,7 +335,9 @@ class Writer:
                 try:
                     self._backend.write(ticket.batch)
                 except Exception as single:
-                    ticket.error = single
+                    # The group may have committed: a retry that failed for sure does not
+                    # make the change's own outcome any surer.
+                    ticket.error = exc if isinstance(exc, OutcomeUnknown) else single
 
     def _judge_health(self, tickets: list[_Ticket]) -> None:
         """Only the backend's own faults say that the store cannot write; a change it could

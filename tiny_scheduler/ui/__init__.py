@@ -1,18 +1,20 @@
 """The web dashboard under /ui/: server-rendered pages for the people who run the cluster.
 
-Pages: the overview (counts, a chart of the last hour, nodes, recent failures), the nodes
-(slots, load, running and waiting jobs), the jobs list (filters, paging), one job (outputs,
-attempts, cancel) and the schedules (next and last fire, the last job). Jinja templates, one
+Pages: the overview (the daemons, counts, a chart of the last hour, nodes, recent failures), the
+nodes (slots, load, running and waiting jobs), the jobs list (filters, paging), one job
+(outputs, attempts, cancel, what a waiting job waits for), the schedules (next and last fire,
+the last job) and the queues (pending, running, limit, pause and resume). Jinja templates, one
 stylesheet and one small script, no build step and nothing fetched from elsewhere (the chart
 is inline SVG drawn on the server); the script refreshes the open page every few seconds and
 keeps relative times current. Without JavaScript every page still works (refresh by hand).
 The layout holds from a phone's 400 px up.
 
 Views only pick the page's data from `pages` and render it. The UI reads through the service
-like the API does and changes nothing but through `service.cancel`. Authentication is the API's
-(`api/auth.py`: HTTP Basic with the key as password when a key is set). A cancel is a form POST,
-refused when the browser says it comes from another site, so a page elsewhere cannot use the
-operator's saved credentials to cancel jobs.
+like the API does and changes nothing but through `service.cancel` and a queue's pause.
+Authentication is the API's (`api/auth.py`: HTTP Basic with the key as password when a key is
+set). A cancel (or a queue's pause) is a form POST, refused when the browser says it comes
+from another site, so a page elsewhere cannot use the operator's saved credentials to cancel
+jobs.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from flask import (
 )
 
 from .. import errors, jobs
+from ..api.forward import MARKER
 from ..api.replies import scheduler
 from ..service import Scheduler
-from . import formatting, pages
+from . import daemons, formatting, pages
 
 bp = Blueprint(
     "ui",
@@ -102,7 +105,9 @@ def overview() -> Response:
     """Counts by status, the last hour's chart, each node with its jobs, recent failures."""
     extensions = current_app.extensions
     view = pages.overview(scheduler(), extensions[_EXTENSION], extensions[_CHARTS])
-    return _page("overview.html", view=view)
+    forwarded_by = request.headers.get(MARKER)
+    cluster = daemons.daemons(scheduler(), forwarded_by, request.host_url.rstrip("/"))
+    return _page("overview.html", view=view, cluster=cluster)
 
 
 @bp.get("/nodes")
@@ -133,6 +138,23 @@ def job(job_id: str) -> Response:
 def schedule_list() -> Response:
     """Every schedule: its next and last fire, and the status of the last job it made."""
     return _page("schedules.html", view=pages.schedule_list(scheduler()))
+
+
+@bp.get("/queues")
+def queue_list() -> Response:
+    """Every queue: its pending and running jobs, its limit, and pause or resume."""
+    return _page("queues.html", queues=pages.queue_list(scheduler()))
+
+
+@bp.post("/queues/<name>")
+def queue_pause(name: str) -> Response:
+    """Pause (form field paused=1) or resume (paused=0) a queue, then show the queues."""
+    try:
+        pages.set_paused(scheduler(), name, request.form.get("paused") == "1")
+    except errors.BadRequest as exc:
+        return _page("error.html", 400, message=exc.message)
+    # 303: the browser follows with a GET, so reloading the page sends nothing again.
+    return redirect(url_for("ui.queue_list", _anchor=f"queue-{name}"), 303)
 
 
 @bp.post("/jobs/<job_id>/cancel")

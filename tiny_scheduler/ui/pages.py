@@ -21,10 +21,10 @@ import threading
 import time
 from collections.abc import Mapping
 
-from .. import errors, jobs, validation
+from .. import errors, jobs, queues, validation
 from ..jobs import Attempt, Job
 from ..schedules import Schedule
-from ..service import Scheduler
+from ..service import QueueView, Scheduler
 from . import activity
 from .activity import Activity
 
@@ -349,6 +349,7 @@ class JobList:
     error: str | None
     nodes: list[str]  # known node ids, offered in the node filter
     reason: str = ""
+    queue: str = ""  # a queue filter, from the queues page's links
     statuses: tuple[str, ...] = jobs.STATUSES
     job_types: tuple[str, ...] = jobs.JOB_TYPES
     reasons: tuple[str, ...] = jobs.REASONS
@@ -361,6 +362,7 @@ class JobList:
             "reason": self.reason,
             "node_id": self.node_id,
             "job_type": self.job_type,
+            "queue": self.queue,
         }
         if self.limit != PAGE_SIZE:
             args["limit"] = str(self.limit)
@@ -371,7 +373,7 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
     """One page of jobs matching the filters in `args`, oldest first (as GET /jobs)."""
     error = None
     limit = _page_size(args.get("limit", ""))
-    names = ("node_id", "status", "reason", "job_type", "after")
+    names = ("node_id", "status", "reason", "job_type", "queue", "after")
     wanted = {name: args.get(name, "") for name in names}
     try:
         query = validation.parse_query({**wanted, "limit": str(limit)})
@@ -388,6 +390,7 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
         status=wanted["status"],
         job_type=wanted["job_type"],
         reason=wanted["reason"],
+        queue=wanted["queue"],
         limit=limit,
         after=wanted["after"],
         next_after=jobs.job_id_of(page.next_after) if page.next_after else None,
@@ -427,6 +430,7 @@ class JobDetail:
     show_env: bool
     cancellable: bool
     notice: str | None
+    waiting_for: str | None  # while pending: what it waits for
 
 
 def job_detail(service: Scheduler, job_id: str, show_env: bool, notice: str) -> JobDetail:
@@ -446,6 +450,7 @@ def job_detail(service: Scheduler, job_id: str, show_env: bool, notice: str) -> 
         show_env=show_env,
         cancellable=jobs.can_cancel(job),
         notice=NOTICES.get(notice),
+        waiting_for=service.waiting_for(job),
     )
 
 
@@ -500,3 +505,20 @@ def schedule_list(service: Scheduler) -> ScheduleList:
                 last_job = service.get(schedule.last_job_id)
         rows.append(ScheduleRow(schedule, last_job))
     return ScheduleList(now=jobs.now_us(), rows=rows)
+
+
+# --- queues -----------------------------------------------------------------------------------
+
+
+def queue_list(service: Scheduler) -> list[QueueView]:
+    """Every queue that has jobs or settings, by name."""
+    return service.list_queues()
+
+
+def set_paused(service: Scheduler, name: str, paused: bool) -> None:
+    """Pause or resume a queue, keeping its limit (raises BadRequest for a bad name)."""
+    if not queues.is_valid_name(name):
+        raise errors.BadRequest(validation.QUEUE_MESSAGE)
+    current = next((view for view in service.list_queues() if view.queue == name), None)
+    limit = current.max_running if current is not None else None
+    service.set_queue(queues.QueueSettings(name, limit, paused))

@@ -1,0 +1,47 @@
+"""Why a pending job waits: one short text for the job page, the CLI and the API
+(`waiting_for` of `GET /jobs/{id}`). Pure: given the job and what it waits on, never the
+table or the clock itself.
+
+The reasons are checked in the order they would have to clear: its dependencies end, its
+`not_before` passes, its queue hands work out again, a slot frees on its node, its node's
+agent polls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .. import jobs, queues
+from ..jobs import Job
+from ..queues import QueueSettings
+
+
+def waiting_for(
+    job: Job,
+    unmet: Sequence[int],
+    queue: QueueSettings | None,
+    queue_running: int,
+    free_slots: int,
+    now: int,
+) -> str | None:
+    """What the job waits for, or None when it is not pending. `unmet`: the dependencies it
+    still waits for; `queue` and `queue_running`: its queue's settings (None: never set) and
+    running `run` jobs; `free_slots`: its node's free slots."""
+    if job.status != jobs.PENDING:
+        return None
+    if unmet:
+        return "dependencies: " + ", ".join(jobs.job_id_of(seq) for seq in unmet)
+    if not job.is_due(now):
+        assert job.not_before is not None
+        return f"not before {_moment(job.not_before)}"
+    if queue is not None and queues.room(queue, queue_running) == 0:
+        return queues.refusal(queue, queue_running)
+    if free_slots <= 0:
+        return f"a free slot on {job.node_id}"
+    return f"the agent on {job.node_id} to take it"
+
+
+def _moment(us: int) -> str:
+    """RFC 3339, to the second when it falls on one (as people write them)."""
+    text = jobs.format_time(us)
+    return text.replace(".000000Z", "Z")
