@@ -189,12 +189,17 @@ def test_submit_wait_runs_the_job_and_exits_0(cluster: DevCluster) -> None:
     fields, output = fields_and_output(result.stdout)
     job_id = fields["job"]
     assert fields["status"] == "done (exit 0)"
-    assert fields["env"] == "WHO=cli N=a=b"
+    # Env values are often secrets: hidden unless asked for.
+    assert fields["env"] == "WHO=*** N=***"
+    shown = cli(cluster, "status", "--show-env", job_id)
+    assert fields_and_output(shown.stdout)[0]["env"] == "WHO=cli N=a=b"
     # The job's output follows, as `logs` would show it: no second command needed.
     assert output == "--- stdout ---\nhi cli a=b\n"
     # Progress went to stderr, each change with the seconds since the wait began.
     progress = result.stderr.splitlines()
-    assert re.fullmatch(rf"\[ *\d+\.\ds\] {job_id} pending on node-1", progress[0]), progress
+    # A pending job says what it waits for, as the scheduler tells it.
+    first = rf"\[ *\d+\.\ds\] {job_id} pending on node-1, waiting for .+ node-1.*"
+    assert re.fullmatch(first, progress[0]), progress
     assert re.fullmatch(rf"\[ *\d+\.\ds\] {job_id} done \(exit 0\)", progress[-1]), progress
 
     logs = cli(cluster, "logs", job_id)
@@ -208,6 +213,11 @@ def test_wait_exits_with_the_jobs_exit_code(cluster: DevCluster) -> None:
     assert result.exit_code == 7, result.stderr
     job = json.loads(result.stdout)
     assert (job["status"], job["exit_code"], len(job["attempts"])) == ("failed", 7, 1)
+    # The retry shows as the job's second attempt: one word, attempts, everywhere.
+    assert re.search(rf"{job['job_id']} \S+ .*\(attempt 2\)$", result.stderr, re.M), result.stderr
+    assert fields_and_output(cli(cluster, "status", job["job_id"]).stdout)[0][
+        "attempts"
+    ].startswith("2 ")
 
     # Already final: status --wait answers at once, with the same exit code, and shows the
     # failure's output without a second command.
@@ -238,8 +248,10 @@ def test_wait_says_now_and_then_that_the_job_still_waits(
     job = wait_for_job(client, job_id, interval=0.05, progress=progress, remind_secs=0.2)
     assert is_cancelled(job)
     stamp = r"\[ *\d+\.\ds\]"
-    assert re.fullmatch(rf"{stamp} {job_id} pending on {IDLE_NODE}", lines[0]), lines
-    assert re.fullmatch(rf"{stamp} {job_id} still pending on {IDLE_NODE}", lines[1]), lines
+    # Both say what the job waits for, in the scheduler's words.
+    why = f", waiting for the agent on {IDLE_NODE} to take it"
+    assert re.fullmatch(rf"{stamp} {job_id} pending on {IDLE_NODE}{why}", lines[0]), lines
+    assert re.fullmatch(rf"{stamp} {job_id} still pending on {IDLE_NODE}{why}", lines[1]), lines
     assert re.fullmatch(rf"{stamp} {job_id} {re.escape(describe(job))}", lines[-1]), lines
 
 
@@ -300,7 +312,17 @@ def final(server: Api, job_id: str) -> dict[str, Any]:
 
 
 def test_wait_for_a_service_returns_once_it_runs(cluster: DevCluster) -> None:
-    result = cli(cluster, "submit", "--service", "--wait", "--interval", "0.1", "exec sleep 600")
+    result = cli(
+        cluster,
+        "submit",
+        "--service",
+        "--port",
+        "8090",
+        "--wait",
+        "--interval",
+        "0.1",
+        "exec sleep 600",
+    )
     assert result.exit_code == 0, result.stdout + result.stderr
     fields, output = fields_and_output(result.stdout)
     assert fields["status"] == "running on node-1"
@@ -323,7 +345,7 @@ def test_services_are_registered_and_reported_when_they_exit(
         s for s in cluster.registry.services if s.get("job_id") == job["job_id"]
     ).items()
 
-    failing_id = submitted_id(cluster, "--service", "exit 4")
+    failing_id = submitted_id(cluster, "--service", "--port", "8082", "exit 4")
     final(server, failing_id)
     failing = cli(cluster, "status", "--wait", failing_id)
     assert failing.exit_code == 4
@@ -386,7 +408,7 @@ def test_list_prints_an_aligned_table(cluster: DevCluster) -> None:
     assert table.exit_code == 0, table.stderr
     header, *rows = table.stdout.splitlines()
     # The API's times are UTC, and the header says so.
-    columns = "JOB STATUS EXIT NODE TYPE RETRIES CREATED (UTC) COMMAND"
+    columns = "JOB STATUS EXIT NODE TYPE ATTEMPTS CREATED (UTC) WAITING FOR COMMAND"
     assert header.split() == columns.split()
     for column in ("STATUS", "EXIT", "NODE", "COMMAND"):
         start = header.index(column)
@@ -622,8 +644,8 @@ def test_list_watch_redraws_until_ctrl_c(cluster: DevCluster) -> None:
             """The first row of the next frame drawn."""
             watch.line(lambda line: line.startswith("tiny-scheduler list"))
             assert watch.line(lambda line: line.startswith("JOB")).split() == [
-                *("JOB", "STATUS", "EXIT", "NODE", "TYPE", "RETRIES", "CREATED", "(UTC)"),
-                "COMMAND",
+                *("JOB", "STATUS", "EXIT", "NODE", "TYPE", "ATTEMPTS", "CREATED", "(UTC)"),
+                *("WAITING", "FOR", "COMMAND"),
             ]
             return watch.line(lambda line: True)
 

@@ -10,6 +10,7 @@ import re
 
 import click
 import pytest
+import requests
 from click.testing import CliRunner, Result
 
 from tiny_scheduler import jobs
@@ -98,11 +99,42 @@ def test_add_list_show_pause_resume_rm(scheduler: SchedulerProcess) -> None:
     taken = cli(scheduler, "schedule", "add", "cli-backup", "@daily", "true")
     assert taken.exit_code == 1
     assert taken.output == "error: schedule cli-backup already exists\n"
-    bad = cli(scheduler, "schedule", "add", "x", "@reboot", "true")
-    assert bad.exit_code == 1 and bad.output.startswith("error: cron must be five fields")
     assert ok(cli(scheduler, "schedule", "rm", "cli-backup")) == f"{schedule_id} deleted\n"
     gone = cli(scheduler, "schedule", "show", schedule_id)
     assert (gone.exit_code, gone.output) == (1, "error: schedule not found\n")
     assert cli(scheduler, "schedule", "show", "no-such-name").output == (
         "error: no schedule is named no-such-name\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("cron", "message"),
+    [
+        ("61 * * * *", "cron minute 61 is out of range 0-59"),
+        ("0 0 30 2 *", "cron 0 0 30 2 * never fires: day-of-month 30 does not exist in month 2"),
+        ("*/5 * * * * *", "cron has 6 fields;"),
+        ("@every 5m", "cron @every 5m is not supported: use five fields or one of @hourly,"),
+    ],
+)
+def test_a_wrong_cron_says_what_is_wrong_in_the_api_and_the_cli(
+    scheduler: SchedulerProcess, cron: str, message: str
+) -> None:
+    # The API: a 400 whose text starts with `cron` and says what to change.
+    reply = requests.post(
+        scheduler.url + "/schedules",
+        json={"name": "wrong", "cron": cron, "job": {"command": "true"}},
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=10,
+    )
+    assert reply.status_code == 400
+    assert reply.text.startswith(message), reply.text
+    # The command line: the same words, as a usage error about CRON, before any request.
+    refused = cli(scheduler, "schedule", "add", "wrong", cron, "true")
+    assert refused.exit_code == 2
+    assert f"Invalid value for CRON: {message}" in refused.output, refused.output
+
+
+def test_rm_json_says_what_it_deleted(scheduler: SchedulerProcess) -> None:
+    made = json.loads(ok(cli(scheduler, "schedule", "add", "--json", "gone-soon", "@daily", "x")))
+    removed = json.loads(ok(cli(scheduler, "schedule", "rm", "--json", "gone-soon")))
+    assert removed == {"schedule_id": made["schedule_id"], "deleted": True}

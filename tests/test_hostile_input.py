@@ -629,10 +629,10 @@ API_ROUTES = [
     "/jobs/{done}",
     "/jobs/{done}/cancel",
     "/nowhere",
-    "/",
 ]
-# Not JSON: the Prometheus text and the dashboard's HTML pages (errors there may be HTML).
-OTHER_ROUTES = ["/metrics", "/ui/", "/ui/jobs", "/ui/jobs/{done}", "/ui/jobs/{done}/cancel"]
+# Not JSON: the Prometheus text and the dashboard's HTML pages (errors there may be HTML),
+# and `/`, which redirects to the dashboard.
+OTHER_ROUTES = ["/metrics", "/ui/", "/ui/jobs", "/ui/jobs/{done}", "/ui/jobs/{done}/cancel", "/"]
 
 
 @PROPERTY

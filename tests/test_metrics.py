@@ -8,6 +8,7 @@ scraping needs no token.
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 from collections.abc import Iterator
 
@@ -103,10 +104,10 @@ def test_metrics_follow_the_life_of_jobs(
     assert grew(before, after, "tiny_scheduler_job_timeouts_total") == 0
 
     http = "tiny_scheduler_http_request_duration_seconds_count"
-    assert grew(before, after, http, endpoint="jobs.submit_job", status="201") == 3
-    assert grew(before, after, http, endpoint="jobs.update_job", status="200") == 6
-    assert grew(before, after, http, endpoint="jobs.cancel_job", status="200") == 1
-    assert grew(before, after, http, endpoint="jobs.list_jobs", status="200") == 1
+    assert grew(before, after, http, endpoint="jobs.submit_job", code="201") == 3
+    assert grew(before, after, http, endpoint="jobs.update_job", code="200") == 6
+    assert grew(before, after, http, endpoint="jobs.cancel_job", code="200") == 1
+    assert grew(before, after, http, endpoint="jobs.list_jobs", code="200") == 1
     # Every change above waited for its commit: 3 submissions, 6 updates, 1 cancel.
     assert grew(before, after, "tiny_scheduler_store_commit_duration_seconds_count") >= 1
     assert grew(before, after, "tiny_scheduler_store_commit_batch_size_sum") == 10
@@ -138,9 +139,9 @@ def test_labels_stay_bounded(scheduler: SchedulerProcess, keyed_api: Api) -> Non
     text = requests.get(scheduler.url + "/metrics", timeout=10).text
     samples = parse(text)
     http = "tiny_scheduler_http_request_duration_seconds_count"
-    assert value(samples, http, endpoint="jobs.get_job", status="404") >= 1
-    assert value(samples, http, endpoint="unmatched", status="404") >= 1
-    assert value(samples, http, endpoint="unmatched", status="405") >= 1
+    assert value(samples, http, endpoint="jobs.get_job", code="404") >= 1
+    assert value(samples, http, endpoint="unmatched", code="404") >= 1
+    assert value(samples, http, endpoint="unmatched", code="405") >= 1
     # No job id and no path ever becomes a label value.
     assert not re.search(r'="job-\d+"', text)
     assert "/no/such/path" not in text
@@ -186,9 +187,9 @@ def test_metrics_are_open_and_the_dashboard_asks_for_the_key(scheduler: Schedule
     after = scrape(url)
     http = "tiny_scheduler_http_request_duration_seconds_count"
     # A request refused by the auth check is timed too.
-    assert grew(before, after, http, endpoint="ui.overview", status="401") == 2
-    assert grew(before, after, http, endpoint="ui.overview", status="200") == 1
-    assert grew(before, after, http, endpoint="metrics.metrics", status="200") == 1
+    assert grew(before, after, http, endpoint="ui.overview", code="401") == 2
+    assert grew(before, after, http, endpoint="ui.overview", code="200") == 1
+    assert grew(before, after, http, endpoint="metrics.metrics", code="200") == 1
 
 
 def test_timeouts_moves_lost_nodes_and_peer_calls(
@@ -311,3 +312,12 @@ def test_the_per_node_queue_gauge_has_a_bounded_number_of_series(
     assert depths[nodes[0]] == 2  # the extra job: the rotation came round again
     assert depths[OTHER_NODES] == 5
     assert sum(depths.values()) == len(nodes) + 1
+
+
+def test_build_info_names_the_version(scheduler: SchedulerProcess) -> None:
+    samples = scrape(scheduler.url)
+    installed = importlib.metadata.version("tiny-scheduler")
+    assert value(samples, "tiny_scheduler_build_info", version=installed) == 1
+    assert [labels for name, labels in samples if name == "tiny_scheduler_build_info"] == [
+        (("version", installed),)
+    ]

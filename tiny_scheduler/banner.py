@@ -1,4 +1,5 @@
-"""What the daemon says once when it starts: which version listens where, on which database,
+"""What the daemon says once when it starts: which version listens where (and where its
+dashboard is), on which database,
 asking which registry, with auth on or off and which loops running; and a warning when it
 listens beyond loopback with auth off (anyone who reaches the port can run shell commands on
 every node).
@@ -10,7 +11,6 @@ the jobs.
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
 
@@ -18,6 +18,7 @@ from .config import Settings
 from .logs import printable
 from .preflight import ListenAddress
 from .redaction import redacted
+from .version import version
 
 log = logging.getLogger(__name__)
 
@@ -25,18 +26,11 @@ EVERY_INTERFACE = ("", "0.0.0.0", "::")
 """Hosts that listen on every interface of the machine."""
 
 
-def version() -> str:
-    """The installed package's version ("unknown" when run from files nobody installed)."""
-    try:
-        return importlib.metadata.version("tiny-scheduler")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def lines(settings: Settings, address: ListenAddress) -> list[str]:
     """The banner: a title line, then one aligned `name  value` line per fact."""
     facts = [
         ("listening on", _listening(address)),
+        ("dashboard", dashboard_url(address)),
         ("database", _database(settings.db_path)),
         ("registry", redacted(settings.registry_url)),
         ("auth", _auth(settings)),
@@ -83,6 +77,17 @@ def _listening(address: ListenAddress) -> str:
     else:
         where = "reachable from other machines"
     return f"http://{address} ({where})"
+
+
+def dashboard_url(address: ListenAddress) -> str:
+    """Where a browser finds the dashboard: on this machine when the daemon listens on every
+    interface (other machines use this one's name), else at the address it listens on."""
+    if address.host is None:
+        return f"/ui/ on {address}"
+    host = "127.0.0.1" if address.host in EVERY_INTERFACE else address.host
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{address.port}/ui/"
 
 
 def _database(path: str) -> str:

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urljoin, urlsplit
 
-import requests
-
-from .display import describe
+from .display import describe, waiting_for, waiting_text
 from .errors import JOB_NOT_FOUND
 from .jobs import FINAL_STATUSES, JOB_ID_PREFIX, RUNNING, SERVICE
 from .validation import MAX_PAGE
+
+if TYPE_CHECKING:
+    # requests (and urllib3 under it) is most of the command line's start-up: it is imported
+    # when the first call goes out, so `--version` and `--help` never pay for it.
+    import requests
 
 DEFAULT_URL = "http://127.0.0.1:9001"
 """Where the scheduler listens unless SCHEDULER_URL says otherwise."""
@@ -40,6 +43,10 @@ gives up."""
 WAIT_REMIND_SECS = 15.0
 """Seconds without any change after which a wait says again where the job stands, so that a
 long wait never looks like a hang."""
+
+EVENT_SAFETY_SECS = 5.0
+"""Seconds a wait that follows the event stream goes at most without looking at the job: an
+event lost on the way (a proxy, a restart) costs at most this much."""
 
 FAILOVER_WAIT_SECS = 10.0
 """Seconds a client of several daemons (a comma-separated SCHEDULER_URL) keeps going round
@@ -72,6 +79,8 @@ def _is_no_leader(response: requests.Response) -> bool:
 def session(url: str, key: str | None = None) -> requests.Session:
     """A `requests` session for one tiny-aws service at `url`, sending `key` as the bearer
     token when there is one."""
+    import requests
+
     made = requests.Session()
     # A proxy from the environment has no business relaying calls to this machine.
     made.trust_env = urlsplit(url).hostname not in _LOOPBACK
@@ -150,6 +159,8 @@ class Client:
         self, method: str, path: str, kwargs: dict[str, Any], deadline: float
     ) -> requests.Response | None:
         """Ask each daemon in turn; the first real answer, or None to go round again."""
+        import requests
+
         others = [url for url in self.base_urls if url != self.base_url]
         for number, base in enumerate([self.base_url, *others]):
             last = number == len(others) and time.monotonic() >= deadline
@@ -339,18 +350,27 @@ def wait_for_job(
     interval: float = WAIT_INTERVAL_SECS,
     progress: Callable[[str], None] | None = None,
     remind_secs: float = WAIT_REMIND_SECS,
+    events: bool = True,
 ) -> dict[str, Any]:
-    """Look at the job every `interval` seconds until it has settled (see `settled`); return it.
+    """Follow the job until it has settled (see `settled`); return it.
 
-    `progress` gets a line, starting with the seconds since the wait began, whenever the job
-    changes (status, node, retry), and again every `remind_secs` while it does not. A
-    scheduler that cannot be reached is retried for WAIT_UNREACHABLE_SECS: a restart loses no
-    job.
+    With `events`, the scheduler's event stream (`job_events.JobEvents`) says when the job
+    changed, and it is looked at then (and every EVENT_SAFETY_SECS regardless); without the
+    stream, every `interval` seconds. `progress` gets a line, starting with the seconds since
+    the wait began, whenever the job changes (status, node, retry), and again every
+    `remind_secs` while it does not. A scheduler that cannot be reached is retried for
+    WAIT_UNREACHABLE_SECS: a restart loses no job.
     """
     started = time.monotonic()
     last_said = started
     seen: tuple[Any, ...] = ()
     unreachable_since: float | None = None
+    watch = None
+    if events:
+        from .job_events import JobEvents
+
+        # A client of its own for the stream's thread.
+        watch = JobEvents(Client(",".join(client.base_urls), client.key).request, job_id)
 
     def say(text: str) -> None:
         nonlocal last_said
@@ -358,28 +378,48 @@ def wait_for_job(
         if progress:
             progress(f"[{last_said - started:6.1f}s] {text}")
 
-    while True:
-        try:
-            job = client.job(job_id)
-            unreachable_since = None
-        except Unreachable as exc:
-            if not seen:
-                raise  # never reached: a wrong address, not a restart
-            now = time.monotonic()
-            if unreachable_since is None:
-                unreachable_since = now
-                say(f"{exc.message}; retrying")
-            elif now - unreachable_since > WAIT_UNREACHABLE_SECS:
-                raise
+    def pause() -> None:
+        if watch is not None and watch.live:
+            watch.wait(min(EVENT_SAFETY_SECS, remind_secs))
+        else:
             time.sleep(interval)
-            continue
-        state = job_state(job)
-        if state != seen:
-            seen = state
-            retry = f" (retry {job['retry_count']})" if job["retry_count"] else ""
-            say(f"{job_id} {describe(job)}{retry}")
-        elif time.monotonic() - last_said >= remind_secs:
-            say(f"{job_id} still {describe(job)}")
-        if settled(job):
-            return job
-        time.sleep(interval)
+
+    try:
+        while True:
+            try:
+                job = client.job(job_id)
+                unreachable_since = None
+            except Unreachable as exc:
+                if not seen:
+                    raise  # never reached: a wrong address, not a restart
+                now = time.monotonic()
+                if unreachable_since is None:
+                    unreachable_since = now
+                    say(f"{exc.message}; retrying")
+                elif now - unreachable_since > WAIT_UNREACHABLE_SECS:
+                    raise
+                time.sleep(interval)
+                continue
+            state = job_state(job)
+            if state != seen:
+                seen = state
+                # Attempts, counted from 1, as every command of the CLI counts them.
+                again = f" (attempt {job['retry_count'] + 1})" if job["retry_count"] else ""
+                say(f"{job_id} {describe(job)}{again}{waiting_text(job)}")
+            elif time.monotonic() - last_said >= remind_secs:
+                say(f"{job_id} still {describe(job)}{_still_until(job)}")
+            if settled(job):
+                return job
+            pause()
+    finally:
+        if watch is not None:
+            watch.close()
+
+
+def _still_until(job: dict[str, Any]) -> str:
+    """A reminder's clause: `still pending on node-1 until <time>` for a delayed job, and
+    what the scheduler says it waits for otherwise."""
+    what = waiting_for(job)
+    if what.startswith("not before "):
+        return f" until {what.removeprefix('not before ')}"
+    return waiting_text(job)

@@ -61,6 +61,30 @@ def one_line(text: str, width: int) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
+def waiting_for(job: dict[str, Any], now: str | None = None) -> str:
+    """What a pending job waits for beyond a free slot: `not before <time>` (a delayed job),
+    or the scheduler's own `waiting_for` (dependencies, a queue) when the job carries it;
+    '' for any other job. `now` (RFC 3339, as the API writes times) leaves out a time that
+    has passed."""
+    if job.get("status") != PENDING:
+        return ""
+    if job.get("waiting_for"):
+        return str(job["waiting_for"])
+    not_before = job.get("not_before")
+    if not_before and (now is None or not_before > now):
+        return f"not before {not_before}"
+    return ""
+
+
+def waiting_text(job: dict[str, Any], now: str | None = None) -> str:
+    """`waiting_for` as a clause to put after `describe`: `, not before <time>`,
+    `, waiting for <what the scheduler says>`, or ''."""
+    what = waiting_for(job, now)
+    if not what or what.startswith("not before "):
+        return f", {what}" if what else ""
+    return f", waiting for {what}"
+
+
 def ago(seconds: float) -> str:
     """A short age: `0.4s ago`, `12s ago`, `5m ago`, `3h ago`, `2d ago`."""
     seconds = max(0.0, seconds)

@@ -26,7 +26,13 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from flask import Flask, Response, g, request
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
@@ -38,6 +44,7 @@ from .jobs import Job
 from .peers import CallObserver, Outcome
 from .schedules import SkipCause
 from .service import Event, Move, Scheduler
+from .version import version
 
 if TYPE_CHECKING:
     from .loops import Background
@@ -145,7 +152,9 @@ class Metrics:
         self.http_seconds = Histogram(
             PREFIX + "http_request_duration_seconds",
             "Seconds spent answering HTTP requests, by Flask endpoint and status code.",
-            ["endpoint", "status"],
+            # `code`, the name Prometheus' own exporters give an HTTP status, so that dashboards
+            # and alerts written for them (code=~"5..") read ours; `status` is a job's status.
+            ["endpoint", "code"],
             buckets=HTTP_BUCKETS,
             registry=reg,
         )
@@ -184,6 +193,10 @@ class Metrics:
             ["cause"],
             registry=reg,
         )
+        # The usual build_info gauge (always 1, the facts in its labels): a graph can show
+        # when each daemon was upgraded, and a query can join it to any other series.
+        build = Gauge(PREFIX + "build_info", "The running build.", ["version"], registry=reg)
+        build.labels(version()).set(1)
         reg.register(_StateCollector(self))
         # Memory, CPU, open files and GC of this process: the first things to look at when the
         # scheduler misbehaves. Registered per app too; they read the same process.

@@ -183,7 +183,7 @@ def parse_schedule_request(body: bytes, partial: bool) -> ScheduleChange:
     data = validation.decode_object(body, errors.DECODE_SCHEDULE)
     return ScheduleChange(
         name=_checked(data, "name", partial, _name),
-        cron=_checked(data, "cron", partial, _cron),
+        cron=_checked(data, "cron", partial, check_cron),
         timezone=_checked(data, "timezone", True, _timezone),
         overlap=_checked(data, "overlap", True, _overlap),
         job=_checked(data, "job", partial, _job),
@@ -207,30 +207,105 @@ def _name(value: Any) -> str:
     return value
 
 
-def _cron(value: Any) -> str:
+def check_cron(value: Any) -> str:
+    """A schedule's `cron` as stored (fields one space apart); BadRequest, starting with
+    `cron`, saying what is wrong: the API's 400 and the command line's refusal."""
     if not isinstance(value, str):
         raise errors.BadRequest(CRON_MESSAGE)
     text = " ".join(value.split())  # one space between fields, none around
     expression = cron_expression(text)
     try:
         first = next(fire_times(expression, ZoneInfo("UTC"), 0), None)
-    except CronSimError:
-        raise errors.BadRequest(CRON_MESSAGE) from None
+    except CronSimError as exc:
+        raise errors.BadRequest(_cronsim_error(text, str(exc))) from None
     if first is None:
-        raise errors.BadRequest(f"cron {text} never matches a date")
+        raise errors.BadRequest(f"cron {text} never fires: no date matches it")
     return text
 
 
 def cron_expression(cron: str) -> str:
     """The five-field expression of a checked `cron` (an alias spelled out); BadRequest when
-    it is neither five fields nor one of the aliases (cronsim would take six: seconds)."""
+    it is neither five fields nor one of the aliases (cronsim would take six: seconds), with a
+    message that says which field is wrong and what it may hold."""
     if cron.startswith("@"):
         if cron not in ALIASES:
-            raise errors.BadRequest(CRON_MESSAGE)
+            raise errors.BadRequest(
+                f"cron {cron} is not supported: use five fields or one of {', '.join(ALIASES)}"
+            )
         return ALIASES[cron]
-    if len(cron.split()) != 5 or not cron.isascii():
+    fields = cron.split()
+    if len(fields) != len(CRON_FIELDS):
+        raise errors.BadRequest(_field_count_error(len(fields)))
+    if not cron.isascii():
         raise errors.BadRequest(CRON_MESSAGE)
+    for (name, low, high), field in zip(CRON_FIELDS, fields, strict=True):
+        problem = _field_error(field, low, high)
+        if problem:
+            raise errors.BadRequest(f"cron {name} {problem}")
     return cron
+
+
+CRON_FIELDS = (
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day-of-month", 1, 31),
+    ("month", 1, 12),
+    ("day-of-week", 0, 7),  # 0 and 7 are both Sunday, as in every cron
+)
+"""The five fields of a cron expression, in order, with the numbers each allows."""
+
+
+def _field_count_error(count: int) -> str:
+    text = (
+        f"cron has {count} field{'s' if count != 1 else ''}; it needs five (minute hour"
+        " day-of-month month day-of-week) or one of " + ", ".join(ALIASES)
+    )
+    if count == len(CRON_FIELDS) + 1:
+        # The common six-field mistake: a seconds field, as Quartz and some cron libraries
+        # (cronsim among them) take; a schedule fires on whole minutes.
+        text += "; a sixth field (seconds) is not supported"
+    return text
+
+
+def _field_error(field: str, low: int, high: int) -> str:
+    """What is wrong with the numbers of one field ('' when they are in range). Only numbers
+    are judged here; names (mon, jan), L and # are left to cronsim."""
+    for item in field.split(","):
+        base, slash, step = item.partition("/")
+        if slash and (not step.isdigit() or int(step) == 0):
+            return f"step /{step} in {field} must be a whole number of at least 1"
+        bounds = base.split("-")
+        for bound in bounds:
+            if bound.isdigit() and not low <= int(bound) <= high:
+                return f"{bound} is out of range {low}-{high}"
+        if (
+            len(bounds) == 2
+            and all(b.isdigit() for b in bounds)
+            and int(bounds[0]) > int(bounds[1])
+        ):
+            return f"range {base} runs backwards: write the smaller number first"
+    return ""
+
+
+def _cronsim_error(text: str, error: str) -> str:
+    """A cronsim refusal ("Bad day-of-month") as a message that says what to change."""
+    name = error.removeprefix("Bad ").strip()
+    fields = text.split()
+    for number, (field_name, low, high) in enumerate(CRON_FIELDS):
+        if field_name != name or len(fields) != len(CRON_FIELDS):
+            continue
+        if name == "day-of-month":
+            # Its numbers were in range (checked before): the day exists in none of the
+            # months the expression names.
+            return (
+                f"cron {text} never fires: day-of-month {fields[2]} does not exist"
+                f" in month {fields[3]}"
+            )
+        return (
+            f"cron {name} {fields[number]} is not valid: use numbers {low}-{high}, ranges"
+            " (1-5), lists (1,3), steps (*/5) or names (mon, jan)"
+        )
+    return CRON_MESSAGE
 
 
 def _timezone(value: Any) -> str:

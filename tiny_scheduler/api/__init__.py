@@ -1,5 +1,6 @@
-"""The HTTP API: blueprints for jobs, nodes, queues, schedule, schedules, health, the leader
-and the OpenAPI document, authentication, and error replies.
+"""The HTTP API: blueprints for jobs, nodes, queues, schedule, schedules, health, the leader,
+the OpenAPI document, the redirect from `/` to the dashboard, authentication, and error
+replies.
 
 Views only translate between HTTP and the service: read the request, call one service method,
 shape the reply. Every rule lives in the service or below it.
@@ -25,6 +26,7 @@ from . import (
     output,
     queues,
     replies,
+    root,
     schedule,
     schedules,
 )
@@ -47,6 +49,7 @@ def init_app(app: Flask) -> None:
     app.register_blueprint(events.bp)
     app.register_blueprint(openapi.bp)
     app.register_blueprint(metrics.bp)
+    app.register_blueprint(root.bp)
 
 
 def answered_before_body(app: Flask, environ: dict[str, Any]) -> bool:

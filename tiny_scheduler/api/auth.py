@@ -21,7 +21,10 @@ from flask import Flask, Response, request
 from .. import errors, validation
 from .replies import scheduler, text_reply
 
-_ALWAYS_OPEN = frozenset({"health.health", "leader.leader", "metrics.metrics", "openapi.openapi"})
+# `/` only redirects to the dashboard, which asks for the key itself.
+_ALWAYS_OPEN = frozenset(
+    {"health.health", "leader.leader", "metrics.metrics", "openapi.openapi", "root.root"}
+)
 _UI_PATH = "/ui"
 _BEARER = "bearer "  # the scheme, lower-cased, and the one space before the key
 _UI_CHALLENGE = {"WWW-Authenticate": 'Basic realm="tiny-scheduler", charset="UTF-8"'}

@@ -1,10 +1,11 @@
 """GET /health (and /health/scheduler, the path the API gateway forwards): whether the scheduler
-can take work (its store can be written); with PostgreSQL also its role."""
+can take work (its store can be written), its version; with PostgreSQL also its role."""
 
 from __future__ import annotations
 
 from flask import Blueprint, Response
 
+from ..version import version
 from .replies import json_reply, scheduler
 
 bp = Blueprint("health", __name__)
@@ -15,5 +16,7 @@ bp = Blueprint("health", __name__)
 def health() -> Response:
     """200 healthy, or 503 unhealthy when the job store cannot be written (a standby: when
     the database cannot be reached)."""
-    body = scheduler().health()
+    # The version lets `tiny-scheduler version` (and an operator's curl) tell which build a
+    # daemon runs, e.g. halfway through a rolling upgrade.
+    body = {**scheduler().health(), "version": version()}
     return json_reply(body, 200 if body["status"] == "healthy" else 503)

@@ -39,7 +39,17 @@ def delay_fields(at: str | None, delay: str | None) -> dict[str, Any]:
     if at is not None and delay is not None:
         raise click.UsageError("use --at or --in, not both")
     if at is not None:
-        return {"not_before": parse_at(at)}
+        not_before = parse_at(at)
+        now = datetime.datetime.now(datetime.timezone.utc)
+        if not_before < now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"):
+            # The API would take it and run the job at once: surely not what `--at` meant
+            # (a date a year off, a local time read in another zone).
+            raise click.BadParameter(
+                f"{at!r} is in the past: it reads as {not_before} (UTC);"
+                " leave --at out to run the job now",
+                param_hint="'--at'",
+            )
+        return {"not_before": not_before}
     if delay is not None:
         return {"delay_secs": parse_duration(delay)}
     return {}

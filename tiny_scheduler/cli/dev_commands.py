@@ -49,15 +49,56 @@ def _run_until_interrupted(what: str, body: Callable[[], None], stop: Callable[[
 
 
 @click.group(invoke_without_command=True)
-@click.option("--agents", type=click.IntRange(1, 64), default=3, show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535), default=9001, show_default=True)
-@click.option("--registry-port", type=click.IntRange(0, 65535), default=0, help="0: any.")
-@click.option("--poll-secs", type=click.FloatRange(min=0.05), help="Agent poll period [3].")
-@click.option("--heartbeat-secs", type=click.FloatRange(min=0.05), help="[10]")
-@click.option("--unhealthy-after", type=click.FloatRange(min=0.1), help="Registry, secs [30].")
-@click.option("--scan-secs", type=click.FloatRange(min=0.01), help="TIMEOUT_SCAN_INTERVAL_SECS")
-@click.option("--node-lost-secs", type=click.FloatRange(min=0), help="NODE_LOST_SECS")
-@click.option("--quick", is_flag=True, help="Short intervals everywhere, as `make demo` uses.")
+@click.option(
+    "--agents",
+    type=click.IntRange(1, 64),
+    default=3,
+    show_default=True,
+    help="How many agents (compute nodes) to run.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=9001,
+    show_default=True,
+    help="The scheduler's port on 127.0.0.1.",
+)
+@click.option(
+    "--registry-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    help="The dev registry's port; 0 picks a free one.",
+)
+@click.option(
+    "--poll-secs",
+    type=click.FloatRange(min=0.05),
+    help="Seconds between two polls of an agent for work [3].",
+)
+@click.option(
+    "--heartbeat-secs",
+    type=click.FloatRange(min=0.05),
+    help="Seconds between two heartbeats of an agent to the registry [10].",
+)
+@click.option(
+    "--unhealthy-after",
+    type=click.FloatRange(min=0.1),
+    help="Seconds without a heartbeat after which the registry calls a node unhealthy [30].",
+)
+@click.option(
+    "--scan-secs",
+    type=click.FloatRange(min=0.01),
+    help="Seconds between two scans for timed-out jobs and lost nodes"
+    " (TIMEOUT_SCAN_INTERVAL_SECS) [10].",
+)
+@click.option(
+    "--node-lost-secs",
+    type=click.FloatRange(min=0),
+    help="Seconds a node may be unhealthy or gone before its running jobs fail"
+    " (NODE_LOST_SECS) [60].",
+)
+@click.option(
+    "--quick", is_flag=True, help="Short periods everywhere (a demo in seconds), as `make demo`."
+)
 @click.option(
     "--standby",
     "standbys",
@@ -166,6 +207,7 @@ def _print_cluster_banner(cluster: Any) -> None:
     kill = "kill -9 -PID  # the leader's PID, printed below: watch a standby take over\n"
     click.echo(
         "\n".join(lines) + "\n"
+        f"dashboard  {cluster.scheduler_url}/ui/\n"
         f"registry   {cluster.registry_url}\n"
         f"agents     {' '.join(cluster.node_ids)}  (poll every {config.poll_secs:g}s,"
         f" logs in {cluster.work_dir})\n"

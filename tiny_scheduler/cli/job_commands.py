@@ -1,8 +1,10 @@
-"""The client commands of the command line: `submit`, `status`, `list`, `logs`, `cancel`.
+"""The client commands of the command line: `submit`, `status`, `list`, `logs`, `cancel` (and
+`stop`, the same command under the word people use for a running job).
 
 They talk to the scheduler at SCHEDULER_URL through `client.Client`, print with `output`, and
-end with a non-zero exit on any failure. `--wait` streams the job's changes on stderr, then
-prints the settled job and its output, and exits with the job's exit code.
+end with a non-zero exit on any failure. `--wait` streams the job's changes on stderr (woken
+by the scheduler's event stream, polling without it), then prints the settled job and its
+output, and exits with the job's exit code; `logs -f` follows the output as it is written.
 
 No rule of the scheduler is repeated here: what a command may do is the API's answer.
 """
@@ -27,10 +29,11 @@ from ..client import (
     base_url,
     wait_for_job,
 )
-from ..display import describe
+from ..display import describe, waiting_text
 from ..jobs import DONE, FAILED, JOB_ID_PREFIX, RUN, RUNNING, SERVICE, STATUSES
 from ..validation import MAX_PAGE
 from .delays import delay_fields, delay_options
+from .follow import follow_output
 from .output import CliError, echo_json, jobs_table, print_attempts, print_status, print_streams
 
 DEFAULT_LIMIT = 100
@@ -73,16 +76,67 @@ _wait_option = click.option(
 _no_logs_option = click.option(
     "--no-logs", is_flag=True, help="With --wait: do not print the job's stdout and stderr."
 )
+_show_env_option = click.option(
+    "--show-env",
+    is_flag=True,
+    help="Show the values of the job's environment variables (hidden as *** otherwise:"
+    " they often hold secrets). --json always has them.",
+)
+
+
+class _CommandAfterDashes(click.Command):
+    """A command whose COMMAND argument takes the job's words; when the job's own options
+    reach click instead (`submit ls -la`: no such option -l), the error says to put them
+    after `--`, with the command line that does."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # click's parser consumes the list it is handed
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            args = given
+            start = self._first_word(args)
+            if "--" in args or start is None:
+                raise
+            fixed = [*args[:start], "--", *args[start:]]
+            exc.message += (
+                f" Options after the command are the command's own: put it after --:"
+                f" tiny-scheduler {ctx.info_name} {shlex.join(fixed)}"
+            )
+            raise
+
+    def _first_word(self, args: list[str]) -> int | None:
+        """Where the job's command starts: the first word that is neither an option of ours
+        nor the value of one."""
+        with_value = {
+            name
+            for param in self.params
+            if isinstance(param, click.Option) and not param.is_flag
+            for name in param.opts
+        }
+        index = 0
+        while index < len(args):
+            if args[index] in with_value:
+                index += 2
+            elif args[index].startswith("-"):
+                index += 1
+            else:
+                return index
+        return None
 
 
 # --- submit and status --------------------------------------------------------------------------
 
 
-@click.command()
+@click.command(cls=_CommandAfterDashes)
 @click.argument("command", nargs=-1)
 @click.option("--instance", "instance_id", help="Pin the job to this instance's node.")
 @click.option("--env", "env", multiple=True, metavar="K=V", help="Environment variable; repeat.")
-@click.option("--service", is_flag=True, help="A long-running service instead of a one-shot run.")
+@click.option(
+    "--service",
+    is_flag=True,
+    help="A long-running service instead of a one-shot run (needs --port).",
+)
 @click.option("--port", type=click.IntRange(1, 65535), help="The service's port (with --service).")
 @click.option("--deploy-url", help="A zip in the object store whose start.sh the agent runs.")
 @click.option("--timeout", "timeout_secs", type=click.IntRange(min=1), help="Run timeout, seconds.")
@@ -100,6 +154,7 @@ _no_logs_option = click.option(
 @delay_options
 @_wait_option
 @_no_logs_option
+@_show_env_option
 @click.option("-q", "--quiet", is_flag=True, help="Print only the job id.")
 @_interval_option
 @_json_option
@@ -122,6 +177,7 @@ def submit(
     delay: str | None,
     wait: bool,
     no_logs: bool,
+    show_env: bool,
     quiet: bool,
     interval: float,
     as_json: bool,
@@ -139,6 +195,9 @@ def submit(
     if port is not None and not service:
         # The API would take it and ignore it; a port on a one-shot job is a mistake.
         raise click.BadParameter("only a service has a port: add --service", param_hint="'--port'")
+    if service and port is None:
+        # The load balancer finds a service by its port; without one nobody can reach it.
+        raise click.BadParameter("a service needs its port: add --port N", param_hint="'--service'")
     body: dict[str, Any] = {
         "command": command[0] if len(command) == 1 else shlex.join(command),
         "job_type": SERVICE if service else RUN,
@@ -159,13 +218,13 @@ def submit(
     client = client_from(ctx)
     job = client.submit(body, idempotency_key)
     if wait:
-        _wait_and_exit(client, job["job_id"], as_json, interval, logs=not no_logs)
+        _wait_and_exit(client, job["job_id"], as_json, interval, not no_logs, show_env)
     if as_json:
         echo_json(job)
     elif quiet:
         click.echo(job["job_id"])
     else:
-        click.echo(f"{job['job_id']} {describe(job)}")
+        click.echo(f"{job['job_id']} {describe(job)}{waiting_text(job)}")
 
 
 def _job_ids(text: str) -> list[str]:
@@ -187,26 +246,33 @@ def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.argument("job_id")
 @_wait_option
 @_no_logs_option
+@_show_env_option
 @_interval_option
 @_json_option
 @click.pass_context
 def status(
-    ctx: click.Context, job_id: str, wait: bool, no_logs: bool, interval: float, as_json: bool
+    ctx: click.Context,
+    job_id: str,
+    wait: bool,
+    no_logs: bool,
+    show_env: bool,
+    interval: float,
+    as_json: bool,
 ) -> None:
     """Show one job."""
     client = client_from(ctx)
     job_id = _job_id(job_id)
     if wait:
-        _wait_and_exit(client, job_id, as_json, interval, logs=not no_logs)
+        _wait_and_exit(client, job_id, as_json, interval, not no_logs, show_env)
     job = client.job(job_id)
     if as_json:
         echo_json(job)
     else:
-        print_status(job)
+        print_status(job, show_env)
 
 
 def _wait_and_exit(
-    client: Client, job_id: str, as_json: bool, interval: float, logs: bool
+    client: Client, job_id: str, as_json: bool, interval: float, logs: bool, show_env: bool
 ) -> NoReturn:
     try:
         job = wait_for_job(client, job_id, interval, lambda line: click.echo(line, err=True))
@@ -216,7 +282,7 @@ def _wait_and_exit(
     if as_json:
         echo_json(job)  # it carries stdout and stderr already
     else:
-        print_status(job)
+        print_status(job, show_env)
         # What `logs` would show of the latest attempt, so a failure needs no second command.
         if logs:
             print_streams(job)
@@ -284,7 +350,7 @@ def list_jobs(
     elif not jobs:
         click.echo("no jobs", err=True)
     else:
-        click.echo(jobs_table(jobs))
+        click.echo(jobs_table(jobs, _now()))
     if hint:
         click.echo(hint, err=True)
 
@@ -307,6 +373,12 @@ def _select(
     return jobs, _older_hint(left_out)
 
 
+def _now() -> str:
+    """This moment as the API writes times (RFC 3339 UTC), to compare with theirs."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def _more_hint(following: str | None) -> str:
     return f"more jobs follow: add --after {following}" if following else ""
 
@@ -327,7 +399,9 @@ def _watch(every: float, title: str, select: Callable[[], tuple[list[dict], str]
         while True:
             try:
                 jobs, hint = select()
-                frame = (jobs_table(jobs) if jobs else "no jobs") + (f"\n{hint}" if hint else "")
+                frame = (jobs_table(jobs, _now()) if jobs else "no jobs") + (
+                    f"\n{hint}" if hint else ""
+                )
             except ClientError as exc:
                 frame = f"error: {exc.message}"
             now = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S")
@@ -343,10 +417,27 @@ def _watch(every: float, title: str, select: Callable[[], tuple[list[dict], str]
 
 @click.command()
 @click.argument("job_id")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Print the output as the job writes it (stdout to stdout, stderr to stderr) until"
+    " it ends, then exit with its exit status, as --wait does.",
+)
 @_json_option
 @click.pass_context
-def logs(ctx: click.Context, job_id: str, as_json: bool) -> None:
+def logs(ctx: click.Context, job_id: str, follow: bool, as_json: bool) -> None:
     """Show the output of every attempt of a job, the latest last."""
+    if follow:
+        if as_json:
+            raise click.UsageError("--follow prints the output as it comes; use one or the other")
+        client = client_from(ctx)
+        try:
+            job = follow_output(client, _job_id(job_id))
+        except KeyboardInterrupt:
+            click.echo(f"\nstopped following; {_job_id(job_id)} goes on without us", err=True)
+            sys.exit(130)
+        sys.exit(exit_status(job))
     job = client_from(ctx).job(_job_id(job_id))
     latest = {
         name: job[name]
@@ -370,7 +461,8 @@ def logs(ctx: click.Context, job_id: str, as_json: bool) -> None:
 @_json_option
 @click.pass_context
 def cancel(ctx: click.Context, job_id: str, as_json: bool) -> None:
-    """Cancel a pending job."""
+    """Cancel a job: a pending one never runs, a running one is stopped on its node (SIGTERM,
+    then SIGKILL). It ends failed, reason cancelled, exit -1."""
     job = client_from(ctx).cancel(_job_id(job_id))
     if as_json:
         echo_json(job)
@@ -378,5 +470,14 @@ def cancel(ctx: click.Context, job_id: str, as_json: bool) -> None:
         click.echo(f"{job['job_id']} {describe(job)}")
 
 
-COMMANDS = (submit, status, list_jobs, logs, cancel)
+stop = click.Command(
+    "stop",
+    callback=cancel.callback,
+    params=cancel.params,
+    help="Stop a job, running or pending: the same as `cancel`. A running job's process is"
+    " sent SIGTERM on its node, then SIGKILL; the job ends failed, reason cancelled.",
+    short_help="Stop a running or pending job (the same as cancel).",
+)
+
+COMMANDS = (submit, status, list_jobs, logs, cancel, stop)
 """The job commands, in the order `--help` lists them."""

@@ -13,13 +13,23 @@ from typing import Any
 
 import click
 
-from ..display import describe, format_table, one_line, short_time, status_text
+from ..display import describe, format_table, one_line, short_time, status_text, waiting_for
 
 COMMAND_WIDTH = 48
 """Characters of a job's command shown in a table row."""
 
-JOB_COLUMNS = ("JOB", "STATUS", "EXIT", "NODE", "TYPE", "RETRIES", "CREATED (UTC)", "COMMAND")
-"""The header of `list`; the API's times are UTC, and the table says so."""
+JOB_COLUMNS = (
+    *("JOB", "STATUS", "EXIT", "NODE", "TYPE", "ATTEMPTS", "CREATED (UTC)", "WAITING FOR"),
+    "COMMAND",
+)
+"""The header of `list`; the API's times are UTC, and the table says so.
+
+ATTEMPTS, not RETRIES: the runs of a job counted from 1, the word `logs` already numbers
+them with (`attempt 2/2`) and the dashboard shows. A count of retries reads 0 for a job that
+ran once, which people misread as "never ran"."""
+
+HIDDEN = "***"
+"""What an environment variable's value shows as without --show-env."""
 
 
 class CliError(click.ClickException):
@@ -33,10 +43,19 @@ def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
 
-def print_status(job: dict[str, Any]) -> None:
-    """One job as aligned `name  value` lines, empty fields left out."""
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in (job.get("env_vars") or {}).items())
-    attempts = len(job.get("attempts", []))
+def attempts_of(job: dict[str, Any]) -> int:
+    """How many times the job has been tried, the current (or pending) attempt included."""
+    return int(job["retry_count"]) + 1
+
+
+def print_status(job: dict[str, Any], show_env: bool = False) -> None:
+    """One job as aligned `name  value` lines, empty fields left out; the environment's values
+    hidden unless `show_env` (they are often secrets, and terminals get shared)."""
+    env = " ".join(
+        f"{k}={shlex.quote(v) if show_env else HIDDEN}"
+        for k, v in (job.get("env_vars") or {}).items()
+    )
+    attempts = attempts_of(job)
     fields = [
         ("job", job["job_id"]),
         ("status", describe(job)),
@@ -48,16 +67,20 @@ def print_status(job: dict[str, Any]) -> None:
         ("env", env),
         ("timeout", f"{job['timeout_secs']}s" if job.get("timeout_secs") else ""),
         ("not before", job.get("not_before", "")),
+        ("waiting for", job.get("waiting_for", "") if job["status"] == "pending" else ""),
         ("schedule", job.get("schedule_id", "")),
         ("after", _dependencies(job)),
         ("priority", str(job["priority"]) if "priority" in job else ""),
         ("queue", job.get("queue", "")),
-        ("waiting for", job.get("waiting_for", "")),
-        ("retries", str(job["retry_count"])),
         ("created", job["created_at"]),
         ("running", job.get("running_at", "")),
         ("finished", job.get("finished_at", "")),
-        ("attempts", f"{attempts} earlier (see: logs {job['job_id']})" if attempts else ""),
+        (
+            "attempts",
+            f"{attempts} (every one's output: tiny-scheduler logs {job['job_id']})"
+            if attempts > 1
+            else "1",
+        ),
     ]
     rows = [(name, value) for name, value in fields if value]
     width = max(len(name) for name, _ in rows)
@@ -101,7 +124,8 @@ def print_attempts(job: dict[str, Any], attempts: list[dict[str, Any]]) -> None:
             click.echo("(no output)")
 
 
-def jobs_table(jobs: list[dict[str, Any]]) -> str:
+def jobs_table(jobs: list[dict[str, Any]], now: str | None = None) -> str:
+    """The `list` table; `now` (RFC 3339) leaves out a NOT BEFORE that has passed."""
     rows = [
         (
             job["job_id"],
@@ -109,10 +133,18 @@ def jobs_table(jobs: list[dict[str, Any]]) -> str:
             str(job["exit_code"]) if "exit_code" in job else "-",
             job["node_id"],
             job["job_type"],
-            str(job["retry_count"]),
+            str(attempts_of(job)),
             short_time(job["created_at"]),
+            _waiting_cell(job, now),
             one_line(job["command"] or job.get("deploy_url", ""), COMMAND_WIDTH),
         )
         for job in jobs
     ]
     return format_table(JOB_COLUMNS, rows)
+
+
+def _waiting_cell(job: dict[str, Any], now: str | None) -> str:
+    what = waiting_for(job, now)
+    if what.startswith("not before "):
+        return "not before " + short_time(what.removeprefix("not before "))
+    return what or "-"

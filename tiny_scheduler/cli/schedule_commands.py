@@ -84,6 +84,7 @@ def add(
     """
     if not command and not deploy_url:
         raise click.UsageError("give a COMMAND or --deploy-url")
+    _check_cron(cron)
     job: dict[str, Any] = {"command": command[0] if len(command) == 1 else shlex.join(command)}
     optional = {
         "env_vars": _parse_env(env) or None,
@@ -108,12 +109,26 @@ def add(
         click.echo(f"{created['schedule_id']} {created['name']}: {_state(created)}")
 
 
+def _check_cron(cron: str) -> None:
+    """Refuse a wrong CRON here, with the scheduler's own words (the same parser), before the
+    request: a usage error (exit 2) that points at the argument."""
+    # Imported here: the cron parser (cronsim) is only needed by this command.
+    from ..errors import BadRequest
+    from ..schedules import check_cron
+
+    try:
+        check_cron(cron)
+    except BadRequest as exc:
+        raise click.BadParameter(exc.message, param_hint="CRON") from None
+
+
 @schedule.command(name="list")
 @_json_option
 @click.pass_context
 def list_schedules(ctx: click.Context, as_json: bool) -> None:
-    """List schedules, oldest first."""
-    found = client_from(ctx).json("GET", "/schedules")
+    """List schedules, newest first (as `list` lists jobs)."""
+    # The API lists oldest first; every list of this command line shows the newest on top.
+    found = client_from(ctx).json("GET", "/schedules")[::-1]
     if as_json:
         echo_json(found)
         return
@@ -214,10 +229,15 @@ def resume(ctx: click.Context, ref: str, as_json: bool) -> None:
 
 @schedule.command()
 @click.argument("ref", metavar="SCHEDULE")
+@_json_option
 @click.pass_context
-def rm(ctx: click.Context, ref: str) -> None:
+def rm(ctx: click.Context, ref: str, as_json: bool) -> None:
     """Delete a schedule; the jobs it made stay."""
     client = client_from(ctx)
     schedule_id = _resolve(client, ref)
     client.request("DELETE", _path(schedule_id))
-    click.echo(f"{schedule_id} deleted")
+    if as_json:
+        # DELETE answers 204 with no body: say what was done, in the shape of the others.
+        echo_json({"schedule_id": schedule_id, "deleted": True})
+    else:
+        click.echo(f"{schedule_id} deleted")

@@ -1,0 +1,68 @@
+"""The command line starts without the server: `--version`, `--help`, `status` and `list`
+import none of the daemon's libraries.
+
+Checked by what Python imports (`-X importtime` lists every module), not by a clock: a test
+that timed start-up would fail on a busy machine and pass on a broken one. The figure itself
+is measured and printed (`pytest -s`) for the record.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+SERVER_LIBRARIES = (
+    "flask",
+    "gunicorn",
+    "werkzeug",
+    "sortedcontainers",
+    "psycopg",
+    "prometheus_client",
+)
+"""Top-level packages only the daemon needs."""
+
+
+def imported(*args: str) -> set[str]:
+    """The top-level packages `python -m tiny_scheduler.cli ARGS` imports."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "tiny_scheduler.cli", *args],
+        capture_output=True,
+        text=True,
+        # A port nothing listens on: `status` and `list` fail fast, after their imports.
+        env={"SCHEDULER_URL": "http://127.0.0.1:9", "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
+    names = set()
+    for line in done.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+    assert "tiny_scheduler" in names, done.stderr[-2000:]
+    return names
+
+
+@pytest.mark.parametrize("args", [("--version",), ("--help",), ("status", "1"), ("list",)])
+def test_the_cli_imports_nothing_of_the_server(args: tuple[str, ...]) -> None:
+    found = imported(*args)
+    assert not found & set(SERVER_LIBRARIES), sorted(found & set(SERVER_LIBRARIES))
+
+
+def test_version_and_help_do_not_even_import_requests() -> None:
+    # requests and urllib3 are most of the client's import time; only a call needs them.
+    assert "requests" not in imported("--version")
+    assert "requests" not in imported("--help")
+
+
+def test_report_start_up_figures() -> None:
+    """Not an assertion: the best of five wall-clock runs, printed for the record."""
+    for args in (("--version",), ("--help",)):
+        best = min(_run_secs(args) for _ in range(5))
+        print(f"tiny-scheduler {' '.join(args)}: {best * 1000:.0f} ms (best of 5)")
+
+
+def _run_secs(args: tuple[str, ...]) -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "tiny_scheduler.cli", *args], capture_output=True)
+    return time.perf_counter() - started
