@@ -99,12 +99,19 @@ def refused_scheduler(db_path: Path, folder: Path, registry_url: str) -> str:
 
 
 def start_scheduler(
-    db_path: Path, log_path: Path, registry_url: str, env: Mapping[str, str] | None = None
+    db_path: Path,
+    log_path: Path,
+    registry_url: str,
+    env: Mapping[str, str] | None = None,
+    port: int | None = None,
 ) -> SchedulerProcess:
-    """Start a scheduler on `db_path` with the test defaults plus `env`; wait until ready."""
+    """Start a scheduler on `db_path` with the test defaults plus `env`; wait until ready.
+    Without `port` it gets one of its own; a test restarting a daemon where its clients
+    already point passes the port it holds (a `PortReservation`)."""
     proc = SchedulerProcess(
         str(db_path),
         env={**BASE_ENV, "REGISTRY_URL": registry_url, **(env or {})},
+        port=port,
         log_path=str(log_path),
     )
     _live.append(proc)
