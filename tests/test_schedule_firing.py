@@ -252,5 +252,5 @@ def test_the_dashboard_shows_schedules_and_the_job_page_links_its_schedule() -> 
     assert 'href="/ui/schedules"' in page  # in the navigation
 
     job_page = client.get(f"/ui/jobs/{job.job_id}").get_data(as_text=True)
-    assert f'href="/ui/schedules#{fired.schedule_id}" id="job-schedule"' in job_page
+    assert f'href="/ui/schedules/{fired.schedule_id}" id="job-schedule"' in job_page
     assert 'id="job-not-before"' in job_page
