@@ -216,6 +216,14 @@ def test_an_integer_may_be_written_with_a_zero_fraction() -> None:
     assert update.exit_code == -1 and type(update.exit_code) is int
 
 
+@pytest.mark.parametrize("code", [b"-9223372036854775809", b"9223372036854775808", b"1e19"])
+def test_an_exit_code_beyond_64_bits_is_the_wrong_type_however_it_is_written(code: bytes) -> None:
+    # Read as a float, such a number would round to an in-range neighbour.
+    with pytest.raises(errors.BadRequest) as caught:
+        validation.parse_update(b'{"status":"failed","exit_code":' + code + b"}")
+    assert caught.value.message == errors.DECODE_UPDATE
+
+
 # --- GET /jobs query ------------------------------------------------------------------------
 
 

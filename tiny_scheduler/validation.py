@@ -379,9 +379,15 @@ def _integer(value: Any) -> int | None:
         return None  # True is an int in Python, but not a number in JSON
     if isinstance(value, int):
         return value
-    if isinstance(value, float) and value.is_integer():  # finite, no fraction
+    # A float stands for the integer it was written as only while floats hold every integer
+    # exactly (up to 2**53): an integer literal beyond 64 bits, which the parser reads as a
+    # float, must not become a rounded neighbour that passes a range check.
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _EXACT_FLOAT_INTS:
         return int(value)
     return None
+
+
+_EXACT_FLOAT_INTS = 2**53
 
 
 def _text(data: dict[str, Any], field: str) -> str:
