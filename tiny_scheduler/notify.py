@@ -46,7 +46,3 @@ class Signal:
                 wake()
             except Exception:
                 log.exception("a waiter's wake-up failed")
-
-    @property
-    def waiting(self) -> int:
-        return len(self._waiting)
