@@ -10,20 +10,26 @@ from __future__ import annotations
 import dataclasses
 import os
 
+# The settings the agent shares with the scheduler have the scheduler's defaults: one value.
+from ..config import DEFAULT_KILL_GRACE_SECS, DEFAULT_MAX_OUTPUT_BYTES
+from ..config import DEFAULT_NODE_HEARTBEAT_SECS as DEFAULT_HEARTBEAT_SECS
+
+__all__ = [
+    "DEFAULT_DRAIN_SECS",
+    "DEFAULT_HEARTBEAT_SECS",
+    "DEFAULT_KILL_GRACE_SECS",
+    "DEFAULT_MAX_OUTPUT_BYTES",
+    "DEFAULT_POLL_SECS",
+    "DEFAULT_REGISTRY_HEARTBEAT_SECS",
+    "AgentConfig",
+    "default_work_dir",
+]
+
 DEFAULT_POLL_SECS = 3.0
 """Seconds between two polls, as the tiny-aws agent does."""
 
-DEFAULT_HEARTBEAT_SECS = 5.0
-"""Seconds between two heartbeats until a scheduler's reply asks for another period."""
-
 DEFAULT_DRAIN_SECS = 60.0
 """Seconds running jobs get to finish after SIGTERM before they are stopped."""
-
-DEFAULT_KILL_GRACE_SECS = 10.0
-"""Seconds between SIGTERM and SIGKILL when the agent stops a job."""
-
-DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024
-"""Bytes of each stream's tail kept per job (the scheduler's own default cap)."""
 
 DEFAULT_REGISTRY_HEARTBEAT_SECS = 10.0
 """Seconds between two registry heartbeats (dev registry: unhealthy after 30 s)."""
