@@ -10,6 +10,7 @@ import itertools
 import json
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import requests
@@ -225,3 +226,28 @@ def without_waiting_for(job: dict[str, Any]) -> dict[str, Any]:
     """A job as GET /jobs/{id} shows it, without the `waiting_for` it adds while the job is
     pending (issue 25): what the other replies for the job show."""
     return {key: value for key, value in job.items() if key != "waiting_for"}
+
+
+DEPLOY = Path(__file__).parent.parent / "deploy"
+"""The deployment files (systemd units, example settings)."""
+
+
+def unit_settings(name: str) -> tuple[dict[str, str], dict[str, str]]:
+    """A systemd unit of deploy/: its [Service] settings (the last of each) and its
+    Environment= variables."""
+    settings: dict[str, str] = {}
+    env: dict[str, str] = {}
+    section = ""
+    for line in (DEPLOY / name).read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            section = line
+        elif section == "[Service]":
+            key, _, value = line.partition("=")
+            settings[key] = value
+            if key == "Environment":
+                variable, _, assigned = value.partition("=")
+                env[variable] = assigned
+    return settings, env

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import BASE_ENV, PostgresDatabases, SchedulerFactory, start_scheduler, stop_scheduler
-from helpers import Api, expect_json, wait_for
+from helpers import Api, expect_json, unit_settings, wait_for
 
 from tiny_scheduler.agent import main
 from tiny_scheduler.agent.groups import kill_recorded_children
@@ -482,33 +482,10 @@ def test_the_agent_does_not_load_the_server() -> None:
     assert out.stdout.strip() == "[]"
 
 
-UNIT = Path(__file__).parent.parent / "deploy" / "tiny-scheduler-agent.service"
-
-
-def unit_service_settings() -> tuple[dict[str, str], dict[str, str]]:
-    """The unit's [Service] settings (the last of each), and its Environment= variables."""
-    settings: dict[str, str] = {}
-    env: dict[str, str] = {}
-    section = ""
-    for line in UNIT.read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("["):
-            section = line
-        elif section == "[Service]":
-            name, _, value = line.partition("=")
-            settings[name] = value
-            if name == "Environment":
-                key, _, val = value.partition("=")
-                env[key] = val
-    return settings, env
-
-
 def test_the_systemd_unit_runs_and_drains_the_agent(
     tmp_path: Path, sched: SchedulerProcess, node: str
 ) -> None:
-    settings, env = unit_service_settings()
+    settings, env = unit_settings("tiny-scheduler-agent.service")
     # Its stop: SIGTERM to the agent only, and time enough for the whole drain.
     assert settings["KillMode"] == "mixed"
     drain = float(env["AGENT_DRAIN_SECS"]) + float(env["KILL_GRACE_SECS"]) + main.FLUSH_SECS

@@ -12,30 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import Api, expect_json, wait_for
+from helpers import DEPLOY, Api, expect_json, unit_settings, wait_for
 
-DEPLOY = Path(__file__).parent.parent / "deploy"
 CLI = str(Path(sys.executable).with_name("tiny-scheduler"))
-
-
-def unit(name: str) -> tuple[dict[str, str], dict[str, str]]:
-    """A unit's [Service] settings (the last of each) and its Environment= variables."""
-    settings: dict[str, str] = {}
-    env: dict[str, str] = {}
-    section = ""
-    for line in (DEPLOY / name).read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("["):
-            section = line
-        elif section == "[Service]":
-            key, _, value = line.partition("=")
-            settings[key] = value
-            if key == "Environment":
-                name_, _, val = value.partition("=")
-                env[name_] = val
-    return settings, env
 
 
 def env_file(name: str) -> dict[str, str]:
@@ -49,7 +28,7 @@ def env_file(name: str) -> dict[str, str]:
 
 def start(name: str, state: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """Run a unit's ExecStart as systemd would (the package's own CLI in this venv)."""
-    settings, unit_env = unit(name)
+    settings, unit_env = unit_settings(name)
     command = settings["ExecStart"].replace("${STATE_DIRECTORY}", str(state))
     program, *args = shlex.split(command)
     assert program.startswith("/opt/tiny-scheduler/") and program.endswith("/bin/tiny-scheduler")
@@ -78,7 +57,7 @@ def stop(proc: subprocess.Popen[bytes]) -> int:
 def test_the_units_make_a_cluster_with_auth_and_the_builtin_node_list(
     tmp_path: Path, unused_port: int
 ) -> None:
-    settings, _ = unit("tiny-scheduler.service")
+    settings, _ = unit_settings("tiny-scheduler.service")
     assert settings["KillMode"] == "mixed" and "StateDirectory" in settings
     port = unused_port  # held for this test until the scheduler listens on it
     scheduler_state, agent_state = tmp_path / "scheduler", tmp_path / "agent"
