@@ -918,14 +918,11 @@ class BufferingWorker(gthread.ThreadWorker):
 
     def _unpark(self, conn: _Conn) -> None:
         """Run a parked request again on a thread (its signal fired, or its time is up)."""
-        entry = self.parked.pop(conn, None)
+        entry = self.parked.get(conn)
         if entry is None:
             return
         req, ask = entry
-        if conn.wake_cb is not None:
-            ask.signal.unsubscribe(conn.wake_cb)
-            conn.wake_cb = None
-        ask.release()
+        self._let_go_of_wait(conn)
         conn.state = _BUSY
         try:
             self.tpool.submit(self._serve_and_return, conn, req, ask.deadline)
@@ -972,19 +969,27 @@ class BufferingWorker(gthread.ThreadWorker):
             self._end_stream(conn, close=True)
 
     def _end_stream(self, conn: _Conn, close: bool) -> None:
-        entry = self.streams.pop(conn, None)
-        if entry is None:
+        if conn not in self.streams:
             return
-        _, stream = entry
-        if conn.wake_cb is not None:
-            stream.signal.unsubscribe(conn.wake_cb)
-            conn.wake_cb = None
-        stream.close()
+        self._let_go_of_wait(conn)
         if close:
             self._close(conn)
         else:
             conn.state = _WRITING
             self._finish(conn, False)
+
+    def _let_go_of_wait(self, conn: _Conn) -> None:
+        """Stop whatever the connection waits for, a parked request or a stream: its wake-up
+        unsubscribed, its place among MAX_WAITERS given back (both bodies' `close`)."""
+        parked = self.parked.pop(conn, None)
+        streaming = self.streams.pop(conn, None)
+        waiting = parked[1] if parked else streaming[1] if streaming else None
+        if waiting is None:
+            return
+        if conn.wake_cb is not None:
+            waiting.signal.unsubscribe(conn.wake_cb)
+            conn.wake_cb = None
+        waiting.close()
 
     # --- writing answers out -------------------------------------------------------------
 
@@ -1089,17 +1094,7 @@ class BufferingWorker(gthread.ThreadWorker):
     def _close(self, conn: _Conn) -> None:
         if conn.state == _CLOSED:
             return
-        if conn.state == _PARKED:
-            _, ask = self.parked.pop(conn)
-            if conn.wake_cb is not None:
-                ask.signal.unsubscribe(conn.wake_cb)
-            ask.release()
-        elif conn.state == _STREAMING:
-            entry = self.streams.pop(conn, None)
-            if entry is not None:
-                if conn.wake_cb is not None:
-                    entry[1].signal.unsubscribe(conn.wake_cb)
-                entry[1].close()
+        self._let_go_of_wait(conn)
         conn.out.fail()
         self.writing.discard(conn)
         self._unwatch(conn)
