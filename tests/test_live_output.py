@@ -133,14 +133,19 @@ def test_bad_output_requests(live: Api) -> None:
     )
 
 
-def events(api: Api, count: int, last_id: str | None = None) -> list[tuple[str, str, str]]:
-    """The first `count` events of a stream, as (event, id, data)."""
+def events(
+    api: Api, count: int, last_id: str | None = None, opened: threading.Event | None = None
+) -> list[tuple[str, str, str]]:
+    """The first `count` events of a stream, as (event, id, data). `opened` is set once the
+    stream's headers arrived: the server has fixed where the stream starts by then."""
     headers = {"Last-Event-ID": last_id} if last_id else {}
     found: list[tuple[str, str, str]] = []
     with api.session.get(
         api.base_url + "/events", headers=headers, stream=True, timeout=30
     ) as response:
         assert response.headers["Content-Type"].startswith("text/event-stream")
+        if opened is not None:
+            opened.set()
         fields: dict[str, str] = {}
         for line in response.iter_lines(decode_unicode=True):
             if line:
@@ -156,24 +161,21 @@ def events(api: Api, count: int, last_id: str | None = None) -> list[tuple[str, 
 
 
 def test_every_change_arrives_in_order_and_a_resume_misses_nothing(live: Api) -> None:
-    ready = threading.Event()
+    opened = threading.Event()
     seen: list[tuple[str, str, str]] = []
+    streaming = Api(live.base_url)  # a session of its own: the follower runs in its thread
 
     def follow() -> None:
-        ready.set()
-        seen.extend(events(live, 60))
+        seen.extend(events(streaming, 60, opened=opened))
 
     follower = threading.Thread(target=follow)
     follower.start()
-    ready.wait(5)
-    job_ids = []
-    while not seen and len(job_ids) < 1:  # the stream is open once a first change is seen
-        job_ids.append(running_job(live))
-    for _ in range(19):
-        job_ids.append(running_job(live))
+    assert opened.wait(30), "the event stream did not open"
+    job_ids = [running_job(live) for _ in range(20)]
     for job_id in job_ids:
         expect_json(live.post(f"/jobs/{job_id}/cancel"), 200)
     follower.join(60)
+    streaming.close()
     assert len(seen) == 60
     ids = [int(event_id) for _, event_id, _ in seen]
     assert ids == sorted(ids) and len(set(ids)) == 60
