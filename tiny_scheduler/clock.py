@@ -62,3 +62,7 @@ class ManualClock:
             raise ValueError("a clock does not go back")
         self._now_us += round(secs * 1_000_000)
         self._monotonic += secs
+
+    def set_us(self, now_us: int) -> None:
+        """Move the wall clock to `now_us` (forward only); the monotonic reading follows."""
+        self.advance((now_us - self._now_us) / 1_000_000)

@@ -99,17 +99,27 @@ class StaticNodes:
     ) -> None:
         self._lock = threading.Lock()
         self._nodes: Nodes | None = None
+        self._failure: str | None = None
         self.instances = dict(instances or {})
         if status is not None:
             self.set(status, cpus)
 
     def set(self, status: dict[str, str], cpus: dict[str, int] | None = None) -> None:
-        """From now on the nodes are these."""
+        """From now on the nodes are these (and the source answers again)."""
         with self._lock:
             self._nodes = Nodes.of(dict(status), dict(cpus or {}))
+            self._failure = None
+
+    def fail(self, text: str) -> None:
+        """From now on `nodes()` raises PlacementError(text), as an unreachable peer would;
+        the cached list stays."""
+        with self._lock:
+            self._failure = text
 
     def nodes(self) -> Nodes:
         with self._lock:
+            if self._failure is not None:
+                raise PlacementError(self._failure)
             if self._nodes is None:
                 raise PlacementError("no node list yet")
             return self._nodes
@@ -120,6 +130,8 @@ class StaticNodes:
 
     def last_outcome(self) -> str | None:
         with self._lock:
+            if self._failure is not None:
+                return self._failure
             return None if self._nodes is None else ""
 
     def instance_node(self, instance_id: str) -> str:
