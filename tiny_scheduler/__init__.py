@@ -97,6 +97,7 @@ def create_app(
     api.init_app(app)
     app_metrics = metrics.init_app(app, service)
     ui.init_app(app, service)
+    api.init_inline(app)  # last: its hook goes before every other
     background = Background(service, peer_calls)
     app_metrics.watch_peers(peer_calls)
     app_metrics.watch_background(background)
@@ -117,6 +118,10 @@ def _app_class() -> type[Flask]:
     class _App(Flask):
         """Flask, minus a per-request cost this app does not need, plus the question the
         worker asks before it sends `100 Continue`."""
+
+        # The worker may run plain GETs in its event loop: the app sends the ones that would
+        # wait to a thread (inline.py).
+        inline_requests = True
 
         def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
             # Flask asks of every hook and view, on every request, whether it is a coroutine

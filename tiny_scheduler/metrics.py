@@ -39,7 +39,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from . import jobs
+from . import inline, jobs
 from .jobs import Job
 from .peers import CallObserver, Outcome
 from .schedules import SkipCause
@@ -273,7 +273,8 @@ class Metrics:
 
     def request_finished(self, response: Response) -> Response:
         started = getattr(g, _STARTED, None)
-        if started is not None:
+        # A request sent on to a thread (inline.py) is timed when it runs there.
+        if started is not None and response.response is not inline.NEEDS_THREAD:
             key = (request.endpoint or UNMATCHED_ENDPOINT, response.status_code)
             child = self._http_children.get(key)
             if child is None:

@@ -26,6 +26,7 @@ import threading
 from typing import Any
 from urllib.parse import quote
 
+from . import inline
 from .clock import SYSTEM, Clock
 from .config import REGISTRY_DEADLINE_SECS, Settings
 from .errors import PlacementError
@@ -81,6 +82,7 @@ class Registry:
             age = None if cached is None else now - cached.fetched_at
             if age is not None and age < self._cache_secs:
                 return cached  # type: ignore[return-value]
+            inline.may_wait()  # a fetch, or a wait for one
             if self._in_flight:
                 if age is not None and age < self._cache_secs + REGISTRY_DEADLINE_SECS:
                     return cached  # type: ignore[return-value]

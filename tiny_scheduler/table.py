@@ -56,7 +56,7 @@ from typing import Any
 
 from sortedcontainers import SortedDict
 
-from . import errors, jobs, queues
+from . import errors, inline, jobs, queues
 from .config import OFFER_HOLD_SECS
 from .jobs import Job
 from .queues import QueueSettings
@@ -508,6 +508,7 @@ class JobTable:
     def changing(self, seq: int) -> Iterator[Job]:
         """Hold the job busy while its next version is computed and committed; another
         change to the same job waits until this one is done (and then sees its result)."""
+        inline.may_wait()  # a change waits for others, and then commits
         with self._lock:
             while seq in self._busy:
                 self._idle.wait()

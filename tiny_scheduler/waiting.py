@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 
-from . import errors
+from . import errors, inline
 from .clock import SYSTEM, Clock
 from .notify import Signal
 
@@ -90,6 +90,7 @@ class AskAgain:
 
 def wait_in_thread(signal: Signal, seconds: float) -> None:
     """Wait in this thread until `signal` fires or `seconds` pass (servers that cannot park)."""
+    inline.may_wait()
     woken = threading.Event()
     signal.subscribe(woken.set)
     try:

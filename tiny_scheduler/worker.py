@@ -30,14 +30,21 @@ The design, one selector loop and a pool of request threads:
   and drops a client whose unsent backlog passes STREAM_BACKLOG_BYTES. The WSGI app is
   called through `_Parking`, which puts `PARK_KEY` in every environ and turns those two
   bodies into exceptions that leave gunicorn's request handling before it writes anything.
-- A faster parser could answer some requests in the loop without a thread hand-off: the
-  loop already owns the connection before, between and after its requests.
+- A plain GET the app answers inline (inline.py: the agent poll, `/health`) is answered in
+  the loop itself (`_hand_over`): no hand-off to a thread and back, which cost more than the
+  poll. When the app finds it must wait after all (a commit, a peer, the disk), it says so
+  before changing anything, and the request runs again on a thread.
+- Plain requests (fasthttp.py: nearly all) are parsed by httptools, in C, and answered
+  without gunicorn's request and response objects (`_plain`, `_answer`), with the same
+  environ and the same framing.
 
-The HTTP rules stay gunicorn's: its parser reads every head (so malformed requests get its own
-400/414/431 pages) and decodes every body, and its code formats every response. The loop only
-finds where a request ends. Nothing here knows the app's routes or limits: a body over
-MAX_REQUEST_BYTES is received like any other and the app answers 413 as before. The one
-question asked of the app is before `100 Continue`: an app with a method
+The HTTP rules stay gunicorn's: anything fasthttp does not call plain (chunked bodies,
+`Expect`, odd targets, a head past a limit, any parse error) goes through gunicorn's parser as
+before, so malformed requests get its own 400/414/431 pages, and gunicorn decodes such a
+body and formats its answer. The loop only finds where a request ends. Nothing here knows
+the app's routes or limits: a body over MAX_REQUEST_BYTES is received like any other and the
+app answers 413 as before. The one question asked of the app is before `100 Continue`: an
+app with a method
 `answered_before_body(environ) -> bool` (the scheduler's checks the key and the declared
 length there) says which requests get their final answer at once instead, without their body.
 
@@ -47,9 +54,12 @@ scheduler uses none of them; a terminating proxy in front can).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import functools
+import io
+import os
 import resource
 import selectors
 import socket
@@ -71,6 +81,7 @@ from gunicorn.http.message import (
 from gunicorn.http.unreader import Unreader
 from gunicorn.workers import gthread
 
+from . import fasthttp, inline
 from .outbox import OUTPUT_BUFFER_BYTES, Outbox
 from .waiting import END, PARK_KEY, WAITED_KEY, AskAgain, Stream
 
@@ -164,10 +175,18 @@ class _Streaming(Exception):
         self.stream = stream
 
 
+class _ToThread(Exception):
+    """The app needs a thread for a request run in the loop (inline.py): nothing was sent."""
+
+
+_TO_THREAD = "to a thread"  # what _serve returns for it
+
+
 class _Parking:
     """The WSGI app as the worker calls it: `PARK_KEY` (and, for a request run again after it
-    was parked, `WAITED_KEY`) in the environ, and the two waiting bodies turned into the
-    exceptions above before gunicorn would write them as ordinary bodies."""
+    was parked, `WAITED_KEY`) in the environ, and the two waiting bodies and the inline
+    request's `NEEDS_THREAD` turned into the exceptions above before they would be written
+    as ordinary bodies."""
 
     def __init__(self, app: Any, local: threading.local) -> None:
         self.app = app
@@ -179,6 +198,8 @@ class _Parking:
         if waited is not None:
             environ[WAITED_KEY] = waited
         body = self.app(environ, start_response)
+        if body is inline.NEEDS_THREAD:
+            raise _ToThread
         if isinstance(body, AskAgain):
             raise _Park(body)
         if isinstance(body, Stream):
@@ -448,11 +469,21 @@ class BufferingWorker(gthread.ThreadWorker):
         limit_line = self.cfg.limit_request_line
         self.max_line = min(limit_line, MAX_REQUEST_LINE) if limit_line > 0 else MAX_REQUEST_LINE
         fields = self.cfg.limit_request_fields
-        fields = fields if 0 < fields <= MAX_HEADERS else MAX_HEADERS
+        self.max_fields = fields if 0 < fields <= MAX_HEADERS else MAX_HEADERS
         field_size = self.cfg.limit_request_field_size
-        field_size = field_size if field_size > 0 else DEFAULT_MAX_HEADERFIELD_SIZE
+        self.max_field = field_size if field_size > 0 else DEFAULT_MAX_HEADERFIELD_SIZE
         # A partial head this long gets gunicorn's verdict (431) without waiting for its end.
-        self.max_head = self.max_line + 2 + fields * (field_size + 2) + 4 + 1
+        self.max_head = self.max_line + 2 + self.max_fields * (self.max_field + 2) + 4 + 1
+        # Plain requests skip gunicorn's request and response objects (fasthttp.py), unless
+        # an access log is asked for: gunicorn writes its lines from those objects.
+        self.fast = not self.cfg.accesslog
+        self.base_environ: dict[str, Any] = wsgi.base_environ(self.cfg)
+        self.script_name = os.environ.get("SCRIPT_NAME", "")
+        # Whether the app answers plain GETs in the loop (set by run: inline.py).
+        self.inline = False
+        # Connections whose next pipelined request has arrived, read at the end of a round
+        # of events rather than from inside the answer to the last one.
+        self.pipelined: collections.deque[_Conn] = collections.deque()
 
     @classmethod
     def check_config(cls, cfg: Any, log: Any) -> None:
@@ -468,6 +499,7 @@ class BufferingWorker(gthread.ThreadWorker):
     def run(self) -> None:
         self.loop_thread = threading.get_ident()
         self.answered_before_body = getattr(self.wsgi, "answered_before_body", None)
+        self.inline = self.fast and bool(getattr(self.wsgi, "inline_requests", False))
         self.wsgi = _Parking(self.wsgi, self.serving)
         self.poller.register(
             self.method_queue.fileno(), selectors.EVENT_READ, self.method_queue.run_callbacks
@@ -511,6 +543,13 @@ class BufferingWorker(gthread.ThreadWorker):
                 self.log.exception("Error in the connection loop")
                 if data.__class__ is _Conn:
                     self._close(data)
+        while self.pipelined:
+            conn = self.pipelined.popleft()
+            try:
+                self._next_pipelined(conn)
+            except Exception:
+                self.log.exception("Error in the connection loop")
+                self._close(conn)
 
     def _stop(self) -> None:
         """Stop gracefully: no new connections; idle ones close soon (a request already on
@@ -672,9 +711,15 @@ class BufferingWorker(gthread.ThreadWorker):
         else:
             buf = data
         scanned, conn.scanned = conn.scanned, len(buf)
-        if buf.find(b"\r\n\r\n", max(scanned - 3, 0)) < 0 and not self._verdict_due(buf, scanned):
+        end = buf.find(b"\r\n\r\n", max(scanned - 3, 0))
+        if end < 0 and not self._verdict_due(buf, scanned):
             conn.buf = buf
             return
+        if end >= 0 and self.fast:
+            head = fasthttp.parse_head(buf, end + 4, self.max_line, self.max_field, self.max_fields)
+            if head is not None:
+                self._plain(conn, head, buf[end + 4 :])
+                return
         received = _Received(buf)
         try:
             req = Request(self.cfg, received, conn.client, conn.req_count + 1)
@@ -712,6 +757,20 @@ class BufferingWorker(gthread.ThreadWorker):
             # On failure the client sends its body after a pause anyway (or it is gone).
             with contextlib.suppress(OSError):
                 conn.out.sendall(_CONTINUE)
+
+    def _plain(self, conn: _Conn, head: fasthttp.Head, rest: bytes | bytearray) -> None:
+        """A plain head has arrived (fasthttp.py): on to its body, if it has one."""
+        conn.buf = b""
+        conn.scanned = 0
+        conn.req = head
+        conn.req_count += 1
+        conn.length = conn.need = head.content_length
+        if rest:
+            self._body(conn, rest)
+        elif conn.need == 0:
+            self._hand_over(conn)
+        elif conn not in self.waiting:
+            self._watch(conn)
 
     def _answered_before_body(self, conn: _Conn, req: Request) -> bool:
         """Whether the app answers this request whatever its body (a refused key, a declared
@@ -821,12 +880,14 @@ class BufferingWorker(gthread.ThreadWorker):
     # --- handing over to a thread and back --------------------------------------------------
 
     def _hand_over(self, conn: _Conn) -> None:
-        """The whole request has arrived: give it to a thread."""
+        """The whole request has arrived: answer it here if it is a plain GET the app answers
+        inline (inline.py), else give it to a thread."""
         req = conn.req
         assert req is not None
         if conn.spool is not None:
             conn.spool.seek(0)
-        if conn.chunks is not None or conn.length:
+        plain = req.__class__ is fasthttp.Head
+        if not plain and (conn.chunks is not None or conn.length):
             source = _BodySource(bytes(conn.body), conn.spool)
             req.unreader = source
             if conn.chunks is not None:
@@ -835,12 +896,20 @@ class BufferingWorker(gthread.ThreadWorker):
                 req.body = Body(LengthReader(source, conn.length))
         self._unwatch(conn)
         conn.state = _BUSY
+        if plain and self.inline and req.method == "GET" and not conn.length:
+            with inline.answering():
+                outcome = self._serve(conn, req)
+            if outcome is not _TO_THREAD:
+                self._served(conn, outcome, req)
+                return
         try:
             self.tpool.submit(self._serve_and_return, conn, req)
         except RuntimeError:  # the pool is shut down: the worker is exiting
             self._close(conn)
 
-    def _serve_and_return(self, conn: _Conn, req: Request, waited: float | None = None) -> None:
+    def _serve_and_return(
+        self, conn: _Conn, req: Request | fasthttp.Head, waited: float | None = None
+    ) -> None:
         """In a thread: answer the request, then give the connection back to the loop.
         `waited`: the deadline of the parked wait after which it runs again."""
         keep: bool | _Park | _Streaming = False
@@ -851,12 +920,17 @@ class BufferingWorker(gthread.ThreadWorker):
             self.serving.waited = None
             self.method_queue.defer(self._served, conn, keep, req)
 
-    def _serve(self, conn: _Conn, req: Request) -> bool | _Park | _Streaming:
-        """Answer one request (in a thread); whether the connection may serve another, or
-        the waiting the app asked for (the loop takes the connection over)."""
+    def _serve(self, conn: _Conn, req: Request | fasthttp.Head) -> bool | _Park | _Streaming | str:
+        """Answer one request (in a thread, or inline in the loop); whether the connection
+        may serve another, or the waiting the app asked for (the loop takes the connection
+        over), or _TO_THREAD: an inline request needs a thread after all."""
         try:
-            keep = self.handle_request(req, conn.answering)
-            return bool(keep) and not req.body.failed
+            if req.__class__ is fasthttp.Head:
+                return self._answer(conn, req)  # type: ignore[arg-type]
+            keep = self.handle_request(req, conn.answering)  # type: ignore[arg-type]
+            return bool(keep) and not req.body.failed  # type: ignore[union-attr]
+        except _ToThread:
+            return _TO_THREAD
         except _Park as park:
             return park
         except _Streaming as streaming:
@@ -878,13 +952,57 @@ class BufferingWorker(gthread.ThreadWorker):
             else:
                 self.log.exception("Socket error processing request.")
         except Exception as exc:
-            self.handle_error(req, conn.out, conn.client, exc)
+            # gunicorn's 500 page (its log line names a request it parsed itself).
+            self.handle_error(req if isinstance(req, Request) else None, conn.out, conn.client, exc)
         finally:
             if conn.spool is not None:
                 conn.spool.close()
         return False
 
-    def _served(self, conn: _Conn, keep: bool | _Park | _Streaming, req: Request) -> None:
+    def _answer(self, conn: _Conn, head: fasthttp.Head) -> bool | _Park | _Streaming:
+        """Answer a plain request (fasthttp.py): gunicorn's `handle_request` without its
+        request and response objects; whether the connection may serve another."""
+        if conn.spool is not None:
+            body: IO[bytes] = conn.spool
+        else:
+            body = io.BytesIO(conn.body)
+        environ = fasthttp.environ(
+            head, self.base_environ, body, conn.client, conn.server, self.script_name
+        )
+        environ["gunicorn.socket"] = conn.out
+        self.nr += 1
+        if self.nr >= self.max_requests and self.alive:
+            self.log.info("Autorestarting worker after current request.")
+            self.alive = False
+        if (
+            not self.alive
+            or not self.cfg.keepalive
+            or len(self.keepalived_conns) >= self.max_keepalived
+        ):
+            head.must_close = True
+        reply = fasthttp.Reply(head, conn.out.sendall)
+        respiter = self.wsgi(environ, reply.start_response)
+        try:
+            for item in respiter:
+                reply.write(item)
+            reply.close()
+        except OSError:
+            raise
+        except Exception:
+            if not reply.headers_sent:
+                raise  # gunicorn's 500 page (_serve)
+            # Part of the answer is out: a 500 now would garble it. Close instead.
+            self.log.exception("Error handling request")
+            return False
+        finally:
+            close = getattr(respiter, "close", None)
+            if close is not None:
+                close()
+        return not reply.should_close()
+
+    def _served(
+        self, conn: _Conn, keep: bool | _Park | _Streaming | str, req: Request | fasthttp.Head
+    ) -> None:
         """Back from the thread (in the loop): once the answer is out, wait for the next
         request, or close; or park the request, or write its stream."""
         try:
@@ -1039,13 +1157,12 @@ class BufferingWorker(gthread.ThreadWorker):
             return
         now = time.monotonic()
         if conn.buf:
-            # The client pipelined: the next request (or part of it) is here already.
+            # The client pipelined: the next request (or part of it) is here already. Read
+            # at the end of this round (`_next_pipelined`): answered inline, a long pipeline
+            # would otherwise recurse, one request deeper each.
             conn.deadline = now + REQUEST_READ_SECS
-            data, conn.buf = conn.buf, b""
             conn.state = _READING
-            self._head(conn, data)
-            if conn.state == _READING and conn not in self.waiting:
-                self._watch(conn)
+            self.pipelined.append(conn)
             return
         conn.idle = True
         conn.deadline = now + self.cfg.keepalive
@@ -1053,6 +1170,14 @@ class BufferingWorker(gthread.ThreadWorker):
             conn.deadline = min(conn.deadline, now + gthread.STOP_KEEPALIVE_LINGER)
         self.keepalived_conns.add(conn)
         self._watch(conn)
+
+    def _next_pipelined(self, conn: _Conn) -> None:
+        if conn.state != _READING or conn in self.waiting:
+            return  # closed meanwhile
+        data, conn.buf = conn.buf, b""
+        self._head(conn, data)
+        if conn.state == _READING and conn not in self.waiting:
+            self._watch(conn)
 
     # --- closing --------------------------------------------------------------------------
 

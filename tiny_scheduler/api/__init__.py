@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Flask, request
+from flask import Flask, Response, current_app, request
 
-from .. import errors
+from .. import errors, inline
 from . import (
     auth,
     cluster,
@@ -50,6 +50,26 @@ def init_app(app: Flask) -> None:
     app.register_blueprint(openapi.bp)
     app.register_blueprint(metrics.bp)
     app.register_blueprint(root.bp)
+
+
+def init_inline(app: Flask) -> None:
+    """Let the worker answer the views marked `@inline.answers_inline` in its event loop, and
+    no other (see inline.py). Called once every other hook is registered: this one runs
+    first, so a request it sends to a thread has run no hook yet."""
+    app.before_request_funcs.setdefault(None, []).insert(0, _thread_unless_marked)
+    app.register_error_handler(inline.NeedsThread, _needs_thread)
+
+
+def _thread_unless_marked() -> None:
+    if inline.active() and not inline.may_answer_inline(
+        current_app.view_functions.get(request.endpoint or "")
+    ):
+        raise inline.NeedsThread
+
+
+def _needs_thread(exc: inline.NeedsThread) -> Response:
+    # Not an answer: the worker sees this body and runs the request again on a thread.
+    return Response(inline.NEEDS_THREAD, direct_passthrough=True)
 
 
 def answered_before_body(app: Flask, environ: dict[str, Any]) -> bool:

@@ -31,7 +31,7 @@ from urllib.parse import quote, urlsplit
 
 from flask import Response, request
 
-from .. import peers
+from .. import inline, peers
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,7 @@ class LeaderUnreachable(Exception):
 def forward(leader_url: str, own_url: str | None) -> Response:
     """Make the current request at `leader_url` and return its answer, streamed; raises
     LeaderUnreachable when the leader cannot be reached or does not answer in time."""
+    inline.may_wait()
     leader = urlsplit(leader_url)
     start = time.monotonic()
     deadline = start + HEAD_SECS + _asked_wait()

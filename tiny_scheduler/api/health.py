@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
+from ..inline import answers_inline
 from ..version import version
 from .replies import json_reply, scheduler
 
@@ -13,6 +14,7 @@ bp = Blueprint("health", __name__)
 
 @bp.get("/health")
 @bp.get("/health/scheduler")
+@answers_inline
 def health() -> Response:
     """200 healthy, or 503 unhealthy when the job store cannot be written (a standby: when
     the database cannot be reached)."""

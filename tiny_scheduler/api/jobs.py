@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 from flask import Blueprint, Response, request
 from werkzeug.exceptions import HTTPException
 
-from .. import errors, validation
+from .. import errors, inline, validation
 from ..jobs import JOB_ID_PREFIX
 from .replies import json_array_reply, json_reply, scheduler
 
@@ -25,6 +25,7 @@ def submit_job() -> Response:
 
 
 @bp.get("/jobs")
+@inline.answers_inline  # the agent poll; a listing reads the disk (below)
 def list_jobs() -> Response:
     """Jobs oldest first, filtered; with exactly node_id and status=pending, the agent poll."""
     service = scheduler()
@@ -34,6 +35,7 @@ def list_jobs() -> Response:
         # A poll without a key is the tiny-aws agent's, and tells what its node runs.
         from_agent = "Authorization" not in request.headers
         return json_reply([job.to_wire() for job in service.poll(node_id, from_agent)])
+    inline.may_wait()  # outputs are read from disk as the reply is written
     query = validation.parse_query(request.args)
     page = service.list_jobs(query)
     headers = None

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 from flask import Blueprint, Flask, Response, request
 
+from ..inline import answers_inline
 from . import forward
 from .replies import json_reply, scheduler, text_reply
 
@@ -39,6 +40,7 @@ def init_app(app: Flask) -> None:
 
 
 @bp.get("/leader")
+@answers_inline
 def leader() -> Response:
     """200 with the leader's URL and epoch on the leader; 503, same shape, on a standby."""
     service = scheduler()

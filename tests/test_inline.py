@@ -1,0 +1,76 @@
+"""Requests answered in the worker's event loop (inline.py) on a real daemon: the agent poll and
+`/health` need no request thread, and a poll that must commit runs on a thread, once."""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from conftest import SchedulerFactory
+from helpers import Api, expect_json, wait_for
+
+from tiny_scheduler.dev.registry import FakeRegistry
+
+ONE_THREAD = {"SCHEDULER_THREADS": "1", "REGISTRY_CACHE_SECS": "0"}
+
+
+def test_polls_and_health_are_answered_while_the_only_thread_waits(
+    scheduler_factory: SchedulerFactory, registry: FakeRegistry
+) -> None:
+    proc = scheduler_factory(ONE_THREAD)
+    api, other = Api(proc.url), Api(proc.url)
+    job = api.submit(command="echo inline")
+    registry.fault = "hang"
+    seen = registry.requests
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            # A submission asks the (hung) registry for the nodes, in the one request thread.
+            stuck = pool.submit(other.post, "/jobs", {"command": "x"})
+            wait_for(lambda: registry.requests > seen, message="the registry call")
+            health = api.get("/health")
+            poll = api.get("/jobs", params={"node_id": job["node_id"], "status": "pending"})
+            # Answered while the thread still waits (up to the registry deadline, 3 s): the
+            # old worker would have queued both behind the submission.
+            assert not stuck.done()
+            assert health.status_code == 200, health.text
+            assert [j["job_id"] for j in expect_json(poll, 200)] == [job["job_id"]]
+            registry.release()
+            assert stuck.result().status_code == 503
+    finally:
+        registry.fault = None
+        registry.release()
+        api.close()
+        other.close()
+
+
+def polls_timed(api: Api) -> int:
+    """How many agent polls the daemon's metrics have timed, with any answer."""
+    counts = re.findall(
+        r"^tiny_scheduler_http_request_duration_seconds_count\{(.*)\} (\S+)$",
+        api.get("/metrics").text,
+        re.MULTILINE,
+    )
+    return sum(int(float(n)) for labels, n in counts if 'endpoint="jobs.list_jobs"' in labels)
+
+
+def test_a_poll_that_must_commit_runs_on_a_thread_and_counts_once(
+    scheduler_factory: SchedulerFactory, node: str
+) -> None:
+    api = Api(scheduler_factory().url)
+    job = api.submit(command="sleep 600")
+    claim = {"status": "running", "exit_code": None, "stdout": "", "stderr": ""}
+    expect_json(api.patch(f"/jobs/{job['job_id']}", claim), 200)
+    before = polls_timed(api)
+    # A key-less poll from a node whose agent does not heartbeat, more than a second after a
+    # claim there, proves the claim lost (reliability.md): the poll fails the job, a commit,
+    # which an inline poll cannot make. 1.1 s is that rule's own threshold, not a wait for
+    # something to happen.
+    time.sleep(1.1)
+    poll = api.get("/jobs", params={"node_id": node, "status": "pending"})  # no key
+    retried = expect_json(api.get(f"/jobs/{job['job_id']}"), 200)
+    assert poll.status_code == 200
+    assert retried["status"] == "pending", retried
+    assert retried["attempts"][0]["stderr"] == "lost by its agent"
+    assert polls_timed(api) == before + 1
+    api.close()
