@@ -60,6 +60,7 @@ import errno
 import functools
 import io
 import os
+import queue
 import resource
 import selectors
 import socket
@@ -232,6 +233,48 @@ def connection_limit() -> int:
     if soft == resource.RLIM_INFINITY:
         return MAX_CONNECTIONS
     return max(64, min(MAX_CONNECTIONS, soft - RESERVED_FILES))
+
+
+class _Pool:
+    """The request threads, fed from one queue. ThreadPoolExecutor's `submit` builds a Future
+    and a work item and takes two locks per request, for results nobody here reads: a
+    connection comes back to the loop through the method queue (`_served`)."""
+
+    def __init__(self, size: int, log: Any) -> None:
+        self._tasks: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._log = log
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._run, name=f"request-{n}", daemon=True)
+            for n in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run fn(*args) on a request thread; RuntimeError once shut down."""
+        if self._closed:
+            raise RuntimeError("the request threads are shut down")
+        self._tasks.put((fn, args))
+
+    def shutdown(self, wait: bool = True) -> None:
+        """No new tasks; the threads end once the queued ones ran."""
+        self._closed = True
+        for _ in self._threads:
+            self._tasks.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+    def _run(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            fn, args = task
+            try:
+                fn(*args)
+            except BaseException:  # the task's own handling failed: keep the thread
+                self._log.exception("Error in a request thread")
 
 
 class _Incomplete(Exception):
@@ -484,6 +527,9 @@ class BufferingWorker(gthread.ThreadWorker):
         # Connections whose next pipelined request has arrived, read at the end of a round
         # of events rather than from inside the answer to the last one.
         self.pipelined: collections.deque[_Conn] = collections.deque()
+
+    def get_thread_pool(self) -> _Pool:  # gunicorn's hook: gthread makes its tpool here
+        return _Pool(self.cfg.threads, self.log)
 
     @classmethod
     def check_config(cls, cfg: Any, log: Any) -> None:
@@ -894,14 +940,16 @@ class BufferingWorker(gthread.ThreadWorker):
                 req.body = Body(ChunkedReader(req, source))
             else:
                 req.body = Body(LengthReader(source, conn.length))
-        self._unwatch(conn)
         conn.state = _BUSY
         if plain and self.inline and req.method == "GET" and not conn.length:
+            # The socket stays registered meanwhile: nothing else runs in the loop until
+            # this returns, and a kept-alive connection is then watched as it was.
             with inline.answering():
                 outcome = self._serve(conn, req)
             if outcome is not _TO_THREAD:
                 self._served(conn, outcome, req)
                 return
+        self._unwatch(conn)
         try:
             self.tpool.submit(self._serve_and_return, conn, req)
         except RuntimeError:  # the pool is shut down: the worker is exiting
@@ -1161,6 +1209,7 @@ class BufferingWorker(gthread.ThreadWorker):
             # at the end of this round (`_next_pipelined`): answered inline, a long pipeline
             # would otherwise recurse, one request deeper each.
             conn.deadline = now + REQUEST_READ_SECS
+            self._unwatch(conn)
             conn.state = _READING
             self.pipelined.append(conn)
             return
