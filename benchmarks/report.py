@@ -24,9 +24,11 @@ TARGET_SUBMIT_RATE_8 = 1500
 TARGET_POLL_P50_MS = 1.0
 TARGET_POLL_GROWTH = 1.5  # 1M p50 within this factor of the 10k p50
 TARGET_CYCLE_RATE = 400
-TARGET_RESTART_S = {100_000: 1.0, 1_000_000: 8.0}
+TARGET_RESTART_S = {100_000: 1.0, 1_000_000: 3.0}  # 1M: issue 27 (8 s in issue 7)
 TARGET_BYTES_PER_JOB = 600
-TARGET_FLOOR_RATIO = 1.3  # issue 16: server CPU per request at most this times the floor's
+# Issue 27: server CPU per request at most this times the floor's (a one-route Flask app on
+# stock gunicorn gthread), the cycle's per job weighted by the requests it took.
+TARGET_FLOOR_RATIO = {"post": 0.9, "patch": 0.9, "cycle": 0.9, "get": 1.0}
 TARGET_PG_SHARE = 0.7  # PostgreSQL within 30 % of SQLite (issue 12)
 TARGET_FAILOVER_KILL_S = 3.0
 FAILOVER_STOP_MARGIN_S = 2.0  # after a hang: the lease plus this (the spec)
@@ -228,39 +230,45 @@ def _floor_rows(results: dict[str, Any], sizes: list[int]) -> list[Row]:
     us = {shape: _us_per_request(m) for shape, m in floor.items()}
     out = [
         Row(
-            "floor: trivial Flask app, 8 clients",
+            "floor: Flask on stock gthread, 8 clients",
             "CPU us per GET / POST / PATCH",
             f"{us['get']:.0f} / {us['post']:.0f} / {us['patch']:.0f}",
             cpu=_cpu(floor["get"]),
         )
     ]
 
-    def ratio_row(case: str, figure: str, ours: float, base: float) -> Row:
+    def ratio_row(case: str, figure: str, ours: float, base: float, shape: str) -> Row:
         ratio = ours / base if base else float("nan")
         return Row(
             case,
             figure,
             f"{ours:.0f} us; {ratio:.2f}x",
-            target=f"<= {TARGET_FLOOR_RATIO}x",
-            met=ratio <= TARGET_FLOOR_RATIO,
+            target=f"<= {TARGET_FLOOR_RATIO[shape]}x",
+            met=ratio <= TARGET_FLOOR_RATIO[shape],
         )
 
     if "submit_8" in results:
         ours = _us_per_request(results["submit_8"]["median"])
         out.append(
-            ratio_row("submit, 8 clients", "CPU per request; x floor POST", ours, us["post"])
+            ratio_row(
+                "submit, 8 clients", "CPU per request; x floor POST", ours, us["post"], "post"
+            )
         )
     if "report_8" in results:
         ours = _us_per_request(results["report_8"]["median"])
         out.append(
             ratio_row(
-                "agent reports, 8 clients", "CPU per request; x floor PATCH", ours, us["patch"]
+                "agent reports, 8 clients",
+                "CPU per request; x floor PATCH",
+                ours,
+                us["patch"],
+                "patch",
             )
         )
     if sizes and f"poll_{sizes[-1]}_8" in results:
         ours = _us_per_request(results[f"poll_{sizes[-1]}_8"]["median"])
         name = f"poll, {_size(sizes[-1])} jobs, 8 clients"
-        out.append(ratio_row(name, "CPU per request; x floor GET", ours, us["get"]))
+        out.append(ratio_row(name, "CPU per request; x floor GET", ours, us["get"], "get"))
     cycle = results.get("cycle")
     if cycle and cycle["median"].get("per_job"):
         per_job = cycle["median"]["per_job"]
@@ -276,6 +284,7 @@ def _floor_rows(results: dict[str, Any], sizes: list[int]) -> list[Row]:
                 f"CPU per job ({requests:.1f} requests); x floor",
                 _us_per_request(cycle["median"]),
                 floor_job,
+                "cycle",
             )
         )
     return out
