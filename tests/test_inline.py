@@ -1,5 +1,6 @@
-"""Requests answered in the worker's event loop (inline.py) on a real daemon: the agent poll and
-`/health` need no request thread, and a poll that must commit runs on a thread, once."""
+"""Requests answered in the worker's event loop (inline.py) on a real daemon: the agent poll,
+`/health` and a heartbeat that changes nothing stored need no request thread, and a poll that
+must commit runs on a thread, once."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from tiny_scheduler.dev.registry import FakeRegistry
 ONE_THREAD = {"SCHEDULER_THREADS": "1", "REGISTRY_CACHE_SECS": "0"}
 
 
-def test_polls_and_health_are_answered_while_the_only_thread_waits(
+def test_polls_health_and_heartbeats_are_answered_while_the_only_thread_waits(
     scheduler_factory: SchedulerFactory, registry: FakeRegistry
 ) -> None:
     proc = scheduler_factory(ONE_THREAD)
     api, other = Api(proc.url), Api(proc.url)
     job = api.submit(command="echo inline")
+    beat = b'{"cpu_count":2,"running":[]}'
+    expect_json(api.request("PUT", "/nodes/beating", data=beat), 200)  # stored: a commit
     registry.fault = "hang"
     seen = registry.requests
     try:
@@ -30,10 +33,12 @@ def test_polls_and_health_are_answered_while_the_only_thread_waits(
             wait_for(lambda: registry.requests > seen, message="the registry call")
             health = api.get("/health")
             poll = api.get("/jobs", params={"node_id": job["node_id"], "status": "pending"})
+            again = api.request("PUT", "/nodes/beating", data=beat)  # the same facts
             # Answered while the thread still waits (up to the registry deadline, 3 s): the
-            # old worker would have queued both behind the submission.
+            # old worker would have queued them all behind the submission.
             assert not stuck.done()
             assert health.status_code == 200, health.text
+            assert expect_json(again, 200)["node_id"] == "beating"
             assert [j["job_id"] for j in expect_json(poll, 200)] == [job["job_id"]]
             registry.release()
             assert stuck.result().status_code == 503

@@ -2,18 +2,23 @@
 
 A request thread costs a hand-off to it and one back (two context switches, the GIL changing
 hands) on every request, more CPU than an agent's poll itself. So the worker (worker.py) first
-runs a plain GET in its event loop, marked here as *inline* (`answering`). A request answered
+runs a plain request (its body, if any, received in memory) in its event loop, marked here
+as *inline* (`answering`). A request answered
 there must not wait for anything — a commit, a lock another thread holds for long, a peer, the
 disk — or every connection waits with it. Two guards keep that:
 
-- Only views marked `@answers_inline` (the poll, `/health`, `/leader`) run inline at all; any
-  other endpoint asks for a thread before its first hook (`api.inline_hooks`).
-- Every place that can wait calls `may_wait()` first: holding a job busy to change it, a
-  commit, a registry call, forwarding to the leader, reading output from disk, waiting for a
-  signal. Inline, it raises `NeedsThread` before anything has changed; the app answers with
+- Only views marked `@answers_inline` (the poll, `/health`, `/leader`, a node's heartbeat)
+  run inline at all; any other endpoint asks for a thread before its first hook
+  (`api.init_inline`).
+- Every place that can wait calls `may_wait()` first: holding a job busy to change it
+  (`JobTable.changing`), anything that waits on the store's writer (every commit) or reads
+  the disk (`storage/writer.py`), a registry call, forwarding to the leader, waiting for a
+  signal. A view whose reply reads the disk as it is written calls it before its reply.
+  Inline, it raises `NeedsThread` before anything has changed; the app answers with
   `NEEDS_THREAD` instead of a reply, and the worker runs the same request again on a thread,
   from the start. So a poll that has work to move, or a lost claim to fail, costs one wasted
-  look, and every other poll no hand-off at all.
+  look, and every other poll no hand-off at all; likewise a heartbeat that changes what is
+  stored about its node.
 """
 
 from __future__ import annotations
@@ -21,9 +26,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
-
-INLINE_KEY = "tiny_scheduler.inline"
-"""In the environ of a request the worker runs in its event loop (its value: True)."""
 
 _state = threading.local()
 

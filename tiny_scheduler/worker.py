@@ -30,10 +30,11 @@ The design, one selector loop and a pool of request threads:
   and drops a client whose unsent backlog passes STREAM_BACKLOG_BYTES. The WSGI app is
   called through `_Parking`, which puts `PARK_KEY` in every environ and turns those two
   bodies into exceptions that leave gunicorn's request handling before it writes anything.
-- A plain GET the app answers inline (inline.py: the agent poll, `/health`) is answered in
-  the loop itself (`_hand_over`): no hand-off to a thread and back, which cost more than the
-  poll. When the app finds it must wait after all (a commit, a peer, the disk), it says so
-  before changing anything, and the request runs again on a thread.
+- A plain request the app answers inline (inline.py: the agent poll, `/health`, a node's
+  heartbeat) is answered in the loop itself (`_hand_over`): no hand-off to a thread and
+  back, which cost more than the poll. When the app finds it must wait after all (a commit,
+  a peer, the disk), it says so before changing anything, and the request runs again on a
+  thread.
 - Plain requests (fasthttp.py: nearly all) are parsed by httptools, in C, and answered
   without gunicorn's request and response objects (`_plain`, `_answer`), with the same
   environ and the same framing.
@@ -941,7 +942,9 @@ class BufferingWorker(gthread.ThreadWorker):
             else:
                 req.body = Body(LengthReader(source, conn.length))
         conn.state = _BUSY
-        if plain and self.inline and req.method == "GET" and not conn.length:
+        # Not HEAD: werkzeug drops a HEAD answer's body, and with it NEEDS_THREAD. Not a body
+        # in a file: a second run needs it from the start, and the first one closes it.
+        if plain and self.inline and req.method != "HEAD" and conn.spool is None:
             # The socket stays registered meanwhile: nothing else runs in the loop until
             # this returns, and a kept-alive connection is then watched as it was.
             with inline.answering():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
+from ..inline import answers_inline
 from ..node_requests import DECODE_HEARTBEAT, DECODE_NODE_CHANGE, parse_drain, parse_heartbeat
 from .jobs import read_body
 from .replies import json_reply, scheduler
@@ -12,6 +13,7 @@ bp = Blueprint("nodes", __name__)
 
 
 @bp.put("/nodes/<node_id>")
+@answers_inline  # memory only, unless the node's facts changed (a commit: a thread)
 def heartbeat(node_id: str) -> Response:
     """An agent's heartbeat; the answer carries the node's orders (drain, stop)."""
     beat = parse_heartbeat(read_body(DECODE_HEARTBEAT))

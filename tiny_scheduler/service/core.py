@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from enum import Enum
 
-from .. import errors, inline, jobs, schedules
+from .. import errors, jobs, schedules
 from ..clock import Clock
 from ..config import Settings
 from ..jobs import Job
@@ -124,7 +124,6 @@ class Core:
                     held.add(seq)
 
     def _save(self, job: Job, ended: Sequence[Job], becomes_final: bool = True) -> None:
-        inline.may_wait()
         changed = (job, *ended)
         events: tuple[OutboxEvent, ...] = ()
         # A job is saved in a final status once: the change that made it final.
@@ -138,7 +137,6 @@ class Core:
 
     def commit_all(self, changed: Sequence[Job]) -> None:
         """Save and show several jobs' next versions in one transaction (none becomes final)."""
-        inline.may_wait()
         self.store.save(*changed)
         for job in changed:
             self.table.put(job)
@@ -189,7 +187,6 @@ class Core:
         """A job from the table with its (and its attempts') output read from the store."""
         if not (job.is_final or job.attempts):
             return job  # nothing has ended yet: no output anywhere
-        inline.may_wait()  # a read of the disk
         outputs = self.store.read_outputs(job.seq)
         if outputs is None:  # removed by retention since the table was read
             raise errors.NotFound(errors.JOB_NOT_FOUND)

@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
+from .. import inline
 from ..config import STORE_PROBE_INTERVAL_SECS, STORE_STALL_SECS
 from ..errors import STORE_OUTCOME_UNKNOWN, StoreError
 from ..jobs import Job, Output
@@ -133,6 +134,7 @@ class Writer:
         """Job `seq`'s stored output by attempt; None when it is not stored. Read in the
         calling thread, beside the writer: committed data only, never waiting on a commit.
         Raises StoreError when the store cannot be read."""
+        inline.may_wait()  # the disk
         try:
             return self._backend.read_outputs(seq)
         except Exception as exc:
@@ -144,6 +146,7 @@ class Writer:
     ) -> Generator[tuple[int, Output | None], None, None]:
         """The latest attempt's output of each stored job of `seqs`, one at a time (see
         `JobStore.read_latest_outputs`); in the calling thread, like `read_outputs`."""
+        inline.may_wait()  # the disk
         try:
             yield from self._backend.read_latest_outputs(seqs)
         except Exception as exc:
@@ -223,6 +226,7 @@ class Writer:
         """Queue the ticket and return it answered. The caller that finds nobody committing
         takes the turn and commits itself, with whatever queues meanwhile; the others wait
         for their answer, or for the turn, passed to the first of them still queued."""
+        inline.may_wait()  # every commit and every queued read waits here
         with self._idle:
             if self._closing:
                 raise StoreError("scheduler is shutting down; nothing was changed")
