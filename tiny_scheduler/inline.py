@@ -19,6 +19,11 @@ disk — or every connection waits with it. Two guards keep that:
   from the start. So a poll that has work to move, or a lost claim to fail, costs one wasted
   look, and every other poll no hand-off at all; likewise a heartbeat that changes what is
   stored about its node.
+
+What that asks of a view marked inline: nothing it does before a `may_wait()` may change
+state that a second run would see differently (a count taken, an order consumed). Memory
+caches and "last seen" stamps a second run overwrites are fine; a counter is not (the
+heartbeat's missed-job count calls `may_wait()` before it counts).
 """
 
 from __future__ import annotations
