@@ -239,26 +239,33 @@ def connection_limit() -> int:
 class _Pool:
     """The request threads, fed from one queue. ThreadPoolExecutor's `submit` builds a Future
     and a work item and takes two locks per request, for results nobody here reads: a
-    connection comes back to the loop through the method queue (`_served`)."""
+    connection comes back to the loop through the method queue (`_served`).
+
+    Like ThreadPoolExecutor, a thread is started only when none is idle: started all at once,
+    the threads take requests in turn, and each one's malloc arena keeps the memory of the
+    large bodies it handled (100 reports of 2 MiB grew the worker by 60 MB)."""
 
     def __init__(self, size: int, log: Any) -> None:
         self._tasks: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = (
             queue.SimpleQueue()
         )
+        self._size = size
+        self._idle = threading.Semaphore(0)
         self._log = log
         self._closed = False
-        self._threads = [
-            threading.Thread(target=self._run, name=f"request-{n}", daemon=True)
-            for n in range(size)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._threads: list[threading.Thread] = []
 
     def submit(self, fn: Callable[..., None], *args: Any) -> None:
         """Run fn(*args) on a request thread; RuntimeError once shut down."""
         if self._closed:
             raise RuntimeError("the request threads are shut down")
         self._tasks.put((fn, args))
+        if not self._idle.acquire(blocking=False) and len(self._threads) < self._size:
+            thread = threading.Thread(
+                target=self._run, name=f"request-{len(self._threads)}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
 
     def shutdown(self, wait: bool = True) -> None:
         """No new tasks; the threads end once the queued ones ran."""
@@ -276,6 +283,7 @@ class _Pool:
                 fn(*args)
             except BaseException:  # the task's own handling failed: keep the thread
                 self._log.exception("Error in a request thread")
+            self._idle.release()
 
 
 class _Incomplete(Exception):
