@@ -367,6 +367,51 @@ def test_loading_never_reads_the_output(tmp_path: Path) -> None:
     assert "outputs" not in tables
 
 
+# Each column the load reads packed (`rows.RARE_COLUMNS`), off its default.
+OFF_DEFAULT: dict[str, object] = {
+    "instance_id": "i-1",
+    "deploy_url": "http://deploy",
+    "job_type": jobs.JobType.SERVICE,
+    "port": 8080,
+    "env_vars": {"A": "1"},
+    "timeout_secs": 5,
+    "not_before": 7,
+    "schedule_id": "sched-1",
+    "depends_on": (1,),
+    "dependency": jobs.Dependency.ANY,
+    "priority": 0,
+    "queue": "nightly",
+    "reason": jobs.Reason.EXIT,
+    "dedupe_key": "http:k",
+    "holds_slot": True,
+    "moved_from": "node-z",
+}
+
+
+def typed(job: Job) -> list[tuple[type, object]]:
+    """A job's values with their types: equal is not enough ("run" == JobType.RUN, 1 == True)."""
+    return [(type(value), value) for value in jobs._FIELD_VALUES(job)]
+
+
+def test_the_packed_load_reads_each_rarely_set_field_as_saved(tmp_path: Path) -> None:
+    """The load reads the rarely set columns packed into one value, NULL when all hold their
+    defaults: a job setting any one of them loads as saved, and so does one setting none,
+    value for value and type for type, exactly as the full row reads."""
+    assert set(OFF_DEFAULT) == set(rows.RARE_COLUMNS)
+    path = tmp_path / "jobs.db"
+    plain = finished(1)
+    saved = [plain, jobs.retry(finished(2).evolve(status=jobs.FAILED), "m")]
+    for seq, (name, value) in enumerate(sorted(OFF_DEFAULT.items()), start=3):
+        saved.append(finished(seq).evolve(**{name: value}))
+    saved_store(path, *saved)
+    store = SqliteStore(str(path))
+    loaded = store.load().jobs
+    full_rows = [rows.from_row(row) for row in store._conn.execute(store.SQL.select_jobs)]
+    store.close()
+    assert [typed(job) for job in loaded] == [typed(job.without_output()) for job in saved]
+    assert [typed(job) for job in loaded] == [typed(job) for job in full_rows]
+
+
 def test_a_read_stopped_early_leaves_no_snapshot_behind(tmp_path: Path) -> None:
     """A listing whose client went away must not keep the write-ahead log from being folded
     back into the file (it would grow without end)."""

@@ -215,6 +215,7 @@ class _Statements(sql.Statements):
 
     def __init__(self) -> None:
         super().__init__(mark="?", greatest="max")
+        self.load_jobs = sql.select_packed_jobs("json_array")
         # The latest attempt's output of some jobs (a NULL output: it printed nothing).
         self.latest_outputs = (
             "SELECT j.seq, o.stdout, o.stderr FROM jobs AS j "
@@ -266,7 +267,7 @@ class SqliteStore(sql.SqlStore):
         collecting = gc.isenabled()
         gc.disable()
         try:
-            loaded = [rows.from_row(row) for row in self._conn.execute(self.SQL.select_jobs)]
+            loaded = rows.jobs_from_packed(self._conn.execute(self.SQL.load_jobs))
         except Exception as exc:  # one bad row: name it, rather than a traceback
             raise self._unreadable(exc) from None
         finally:
