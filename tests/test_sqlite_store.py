@@ -412,6 +412,30 @@ def test_the_packed_load_reads_each_rarely_set_field_as_saved(tmp_path: Path) ->
     assert [typed(job) for job in loaded] == [typed(job) for job in full_rows]
 
 
+@pytest.mark.parametrize("damaged", ["outputs", "jobs"])
+def test_the_load_checks_the_whole_file_naming_a_damaged_page(tmp_path: Path, damaged: str) -> None:
+    """The quick check runs beside the load: a damaged page is found where the load reads
+    (the jobs) and where it never does (the outputs), and named as corruption."""
+    path = tmp_path / "jobs.db"
+    saved_store(path, *(finished(seq, "x" * 1000) for seq in range(1, 50)))
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    query = "SELECT rootpage FROM sqlite_master WHERE name = ?"
+    root = conn.execute(query, (damaged,)).fetchone()[0]
+    conn.close()
+    with open(path, "r+b") as f:  # scribble over the header of the table's root page
+        f.seek((root - 1) * page_size)
+        f.write(b"\x00" * 16)
+    sqlite.check(str(path))  # the master's check opens it: the pages are the load's to find
+    store = SqliteStore(str(path))
+    try:
+        with pytest.raises(StoreOpenError, match=f"^job database '{path}' is corrupt: "):
+            store.load()
+    finally:
+        store.close()
+
+
 def test_a_read_stopped_early_leaves_no_snapshot_behind(tmp_path: Path) -> None:
     """A listing whose client went away must not keep the write-ahead log from being folded
     back into the file (it would grow without end)."""
