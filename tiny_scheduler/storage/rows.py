@@ -71,7 +71,12 @@ _MEMBERS = {
         ("dependency", Dependency),
     )
 }
-_JOB_TYPES, _STATUSES, _REASONS = _MEMBERS["job_type"], _MEMBERS["status"], _MEMBERS["reason"]
+STATUS_CODES = {member.value: code for code, member in enumerate(Status)}
+"""The small number the start-up load reads in place of each status's text (see
+`sql.select_packed_jobs`): Python shares small ints, where each text would be a new object."""
+_JOB_TYPES, _REASONS = _MEMBERS["job_type"], _MEMBERS["reason"]
+# By stored value or by load code.
+_STATUSES = {**_MEMBERS["status"], **{code: Status(v) for v, code in STATUS_CODES.items()}}
 _DEPENDENCIES = _MEMBERS["dependency"]
 
 
