@@ -227,6 +227,8 @@ class _Statements(sql.Statements):
 
 _READER_CACHE_KIB = 256
 """Page cache of each read connection, in KiB (SQLite's default is 2000)."""
+_CHECK_CACHE_KIB = 64
+"""Page cache of the start-up's quick check, in KiB."""
 _READ_BATCH = 256
 """Jobs per query when reading a listing's outputs (each query is a short read of its own)."""
 
@@ -493,6 +495,9 @@ class _QuickCheck:
         try:
             conn = sqlite3.connect(self._uri, uri=True, isolation_level=None)
             try:
+                # It reads every page once: a cache would only leave the worker bigger (the
+                # thread's memory stays with the process), a few MB at 100k jobs.
+                conn.execute(f"PRAGMA cache_size = -{_CHECK_CACHE_KIB}")
                 row = conn.execute("PRAGMA quick_check").fetchone()
             finally:
                 conn.close()
