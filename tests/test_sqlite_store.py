@@ -367,6 +367,75 @@ def test_loading_never_reads_the_output(tmp_path: Path) -> None:
     assert "outputs" not in tables
 
 
+# Each column the load reads packed (`rows.RARE_COLUMNS`), off its default.
+OFF_DEFAULT: dict[str, object] = {
+    "instance_id": "i-1",
+    "deploy_url": "http://deploy",
+    "job_type": jobs.JobType.SERVICE,
+    "port": 8080,
+    "env_vars": {"A": "1"},
+    "timeout_secs": 5,
+    "not_before": 7,
+    "schedule_id": "sched-1",
+    "depends_on": (1,),
+    "dependency": jobs.Dependency.ANY,
+    "priority": 0,
+    "queue": "nightly",
+    "reason": jobs.Reason.EXIT,
+    "dedupe_key": "http:k",
+    "holds_slot": True,
+    "moved_from": "node-z",
+}
+
+
+def typed(job: Job) -> list[tuple[type, object]]:
+    """A job's values with their types: equal is not enough ("run" == JobType.RUN, 1 == True)."""
+    return [(type(value), value) for value in jobs._FIELD_VALUES(job)]
+
+
+def test_the_packed_load_reads_each_rarely_set_field_as_saved(tmp_path: Path) -> None:
+    """The load reads the rarely set columns packed into one value, NULL when all hold their
+    defaults: a job setting any one of them loads as saved, and so does one setting none,
+    value for value and type for type, exactly as the full row reads."""
+    assert set(OFF_DEFAULT) == set(rows.RARE_COLUMNS)
+    path = tmp_path / "jobs.db"
+    plain = finished(1)
+    saved = [plain, jobs.retry(finished(2).evolve(status=jobs.FAILED), "m")]
+    for seq, (name, value) in enumerate(sorted(OFF_DEFAULT.items()), start=3):
+        saved.append(finished(seq).evolve(**{name: value}))
+    saved_store(path, *saved)
+    store = SqliteStore(str(path))
+    loaded = store.load().jobs
+    full_rows = [rows.from_row(row) for row in store._conn.execute(store.SQL.select_jobs)]
+    store.close()
+    assert [typed(job) for job in loaded] == [typed(job.without_output()) for job in saved]
+    assert [typed(job) for job in loaded] == [typed(job) for job in full_rows]
+
+
+@pytest.mark.parametrize("damaged", ["outputs", "jobs"])
+def test_the_load_checks_the_whole_file_naming_a_damaged_page(tmp_path: Path, damaged: str) -> None:
+    """The quick check runs beside the load: a damaged page is found where the load reads
+    (the jobs) and where it never does (the outputs), and named as corruption."""
+    path = tmp_path / "jobs.db"
+    saved_store(path, *(finished(seq, "x" * 1000) for seq in range(1, 50)))
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    query = "SELECT rootpage FROM sqlite_master WHERE name = ?"
+    root = conn.execute(query, (damaged,)).fetchone()[0]
+    conn.close()
+    with open(path, "r+b") as f:  # scribble over the header of the table's root page
+        f.seek((root - 1) * page_size)
+        f.write(b"\x00" * 16)
+    sqlite.check(str(path))  # the master's check opens it: the pages are the load's to find
+    store = SqliteStore(str(path))
+    try:
+        with pytest.raises(StoreOpenError, match=f"^job database '{path}' is corrupt: "):
+            store.load()
+    finally:
+        store.close()
+
+
 def test_a_read_stopped_early_leaves_no_snapshot_behind(tmp_path: Path) -> None:
     """A listing whose client went away must not keep the write-ahead log from being folded
     back into the file (it would grow without end)."""

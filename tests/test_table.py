@@ -436,3 +436,62 @@ def test_a_delayed_job_counts_and_moves_only_once_it_is_due() -> None:
     assert table.movable(["node-b"], T0, 10) == []
     assert table.node_loads(["node-a"], T0 + 100) == {"node-a": (1, 0)}
     assert seqs(table.movable(["node-b"], T0 + 100, 10)) == [2]
+
+
+def indexed_one_by_one(loaded: Iterable[Job]) -> JobTable:
+    """A table of stored jobs made the way the start-up used to make one: every job through
+    `_index` in id order, the finished ones ordered by their end."""
+    table = JobTable()
+    for job in sorted(loaded, key=lambda job: job.seq):
+        table._jobs[job.seq] = job
+    for job in table._jobs.values():
+        table._index(job, None)
+    ended = sorted(
+        (job for job in table._jobs.values() if job.is_final),
+        key=lambda job: job.finished_at or job.created_at,
+    )
+    table._finished.extend(job.seq for job in ended)
+    table._last_seq = table._jobs.keys()[-1]
+    return table
+
+
+def stored_mix() -> list[Job]:
+    """One job of every kind a start-up finds, on two nodes and two queues."""
+    done = make(1, status=jobs.DONE, exit_code=0, running_at=T0, finished_at=T0 + 50)
+    return [
+        done,
+        make(2, "node-b", status=jobs.DONE, exit_code=0, finished_at=T0 + 20, dedupe_key="k"),
+        make(3, status=jobs.FAILED, reason=jobs.Reason.EXIT, finished_at=None),  # older file
+        make(
+            4,
+            "node-b",
+            status=jobs.FAILED,
+            reason=jobs.Reason.TIMEOUT,
+            finished_at=T0 + 30,
+            running_at=T0,
+            holds_slot=True,
+        ),
+        make(5, status=jobs.RUNNING, running_at=T0, queue="q"),
+        make(6, "node-b", status=jobs.RUNNING, job_type=jobs.SERVICE, running_at=T0),
+        make(7, priority=90, queue="q"),
+        make(8, "node-b", not_before=T0 + 10**12),
+        make(9, depends_on=(5,)),  # blocked: job 5 is running
+        make(10, depends_on=(1,)),  # its dependency is done: due
+        make(11, "node-b", dedupe_key="k2"),
+    ]
+
+
+@pytest.mark.parametrize("order", ["by id", "shuffled", "every end known"])
+def test_a_loaded_table_is_indexed_as_one_job_after_another(order: str) -> None:
+    """The start-up indexes in bulk; every index must come out as indexing each job did."""
+    mix = stored_mix()
+    if order == "every end known":
+        mix = [job for job in mix if job.seq != 3]
+    given = mix[5:] + mix[:5] if order == "shuffled" else mix
+    loaded = JobTable(given, last_seq=3)
+    reference = indexed_one_by_one(mix)
+    mine, theirs = vars(loaded), vars(reference)
+    for name in ("_lock", "_idle"):
+        del mine[name], theirs[name]
+    assert mine == theirs
+    assert [seq for seq in loaded._finished if seq != 3] == [2, 4, 1]

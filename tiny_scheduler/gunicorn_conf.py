@@ -5,8 +5,9 @@ Settings and the database are checked here, in the master, so a bad variable or 
 database file stops start-up with one clear line instead of a worker traceback: first what
 `preflight` can tell without creating anything (the listen address, the database's place),
 then the store opens the file. Once gunicorn listens, the master logs the start-up banner.
-What only the worker can find (a row that cannot be read, another scheduler that took the file
-since the check) stops it with one line too (`worker_app`).
+What only the worker can find (a row that cannot be read, a damaged page: SQLite's check of
+the whole file runs beside the worker's load, not before it; another scheduler that took the
+file since the check) stops it with one line too (`worker_app`).
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ a job's output lives in rows of its own, one per attempt that printed something
 (`output_rows`), so that loading the jobs never reads it. Values that SQL has no type for (the
 environment, the earlier attempts without their output) are stored as JSON text, enums as
 their plain values. Rows are read back by selecting the columns *by name* in the declaration's
-order, so a column added anywhere in a table (by a migration) can never shift another. Shared
-by every backend.
+order, so a column added anywhere in a table (by a migration) can never shift another. The
+start-up load may read the columns most rows leave at their defaults packed into one value
+(`jobs_from_packed`); `from_row` stays the one reading of a full row. Shared by every backend.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from sys import intern
 from typing import Any
@@ -70,7 +71,12 @@ _MEMBERS = {
         ("dependency", Dependency),
     )
 }
-_JOB_TYPES, _STATUSES, _REASONS = _MEMBERS["job_type"], _MEMBERS["status"], _MEMBERS["reason"]
+STATUS_CODES = {member.value: code for code, member in enumerate(Status)}
+"""The small number the start-up load reads in place of each status's text (see
+`sql.select_packed_jobs`): Python shares small ints, where each text would be a new object."""
+_JOB_TYPES, _REASONS = _MEMBERS["job_type"], _MEMBERS["reason"]
+# By stored value or by load code.
+_STATUSES = {**_MEMBERS["status"], **{code: Status(v) for v, code in STATUS_CODES.items()}}
 _DEPENDENCIES = _MEMBERS["dependency"]
 
 
@@ -96,11 +102,89 @@ def from_row(row: Sequence[Any]) -> Job:
     job.depends_on = tuple(orjson.loads(job.depends_on)) if job.depends_on is not None else ()
     if job.env_vars is not None:
         job.env_vars = orjson.loads(job.env_vars)
-    if job.attempts is not None:
-        job.attempts = tuple(_attempt(item) for item in orjson.loads(job.attempts))
-    else:
-        job.attempts = ()
+    job.attempts = () if job.attempts is None else _attempts(job.attempts)
     return job
+
+
+# --- the start-up load: the columns every row sets, and the rest packed ----------------------
+
+LOAD_COLUMNS = (
+    "seq",
+    "node_id",
+    "command",
+    "status",
+    "retry_count",
+    "exit_code",
+    "created_at",
+    "running_at",
+    "finished_at",
+    "attempts",
+)
+"""The columns the start-up load reads one by one: those most rows set."""
+
+RARE_COLUMNS = tuple(name for name in COLUMNS if name not in LOAD_COLUMNS)
+"""The columns most rows hold at their defaults (a node's instance, a queue, a priority, ...):
+the load reads them packed into one JSON array, NULL when every one is at its default, because
+each column a row brings costs a million-job start-up about 0.1 s in the sqlite3 module."""
+
+
+def stored_default(name: str) -> object:
+    """A column's value, as stored, in a job that never set its field."""
+    field = next(field for field in _FIELDS if field.name == name)
+    encode = _encoder(name, _DECLARED[name])
+    return encode(field.default) if encode is not None else field.default
+
+
+# A packed row's values in `COLUMNS` order: the loaded ones, then the rare ones.
+_UNPACK = tuple((LOAD_COLUMNS + RARE_COLUMNS).index(name) for name in COLUMNS)
+
+
+def _compile_load() -> Callable[[Iterable[Sequence[Any]]], list[Job]]:
+    """`jobs_from_packed`, written out from the declaration once, at import: per row one
+    `Job(...)` call with the loaded values and the defaults in place (as `jobs.Job.to_wire`
+    is written out, and for the same reason: a loop over the fields costs a million-job load
+    seconds)."""
+    scope: dict[str, Any] = {
+        "Job": Job,
+        "intern": intern,
+        "_STATUSES": _STATUSES,
+        "_attempts": _attempts,
+        "_unpacked": _unpacked,
+    }
+    # The fields a loaded column needs converted, and how (as `from_row` does).
+    converted = {
+        "node_id": "intern(node_id)",
+        "status": "_STATUSES[status]",
+        "attempts": "() if attempts is None else _attempts(attempts)",
+    }
+    arguments = []
+    for field in _FIELDS:
+        if field.name in LOAD_COLUMNS:
+            arguments.append(converted.get(field.name, field.name))
+        else:
+            scope[f"_default_{field.name}"] = field.default
+            arguments.append(f"_default_{field.name}")
+    source = "\n".join(
+        [
+            "def jobs_from_packed(found):",
+            "    loaded = []",
+            "    append = loaded.append",
+            f"    for {', '.join(LOAD_COLUMNS)}, rare in found:",
+            "        if rare is None:",
+            f"            append(Job({', '.join(arguments)}))",
+            "        else:",
+            f"            append(_unpacked(({', '.join(LOAD_COLUMNS)}), rare))",
+            "    return loaded",
+        ]
+    )
+    exec(source, scope)  # our own text, made from the declaration
+    return scope["jobs_from_packed"]  # type: ignore[no-any-return]
+
+
+def _unpacked(loaded: tuple[Any, ...], rare: str) -> Job:
+    # A row that sets a rare field: its whole row, through `from_row`.
+    values = (*loaded, *orjson.loads(rare))
+    return from_row([values[index] for index in _UNPACK])
 
 
 def problem(row: Sequence[Any]) -> str | None:
@@ -195,6 +279,10 @@ _ENCODERS = tuple(
 )
 
 
+def _attempts(text: str) -> tuple[Attempt, ...]:
+    return tuple(_attempt(item) for item in orjson.loads(text))
+
+
 def _attempt(item: Any) -> Attempt:
     # Stored by name, without the output (schema version 4 moved it to rows of its own, and
     # rewrote the oldest files' attempts, lists in the declaration's order, as objects).
@@ -231,3 +319,9 @@ def schedule_from_row(row: Sequence[Any]) -> Schedule:
     fields["catch_up"] = bool(fields["catch_up"])
     fields["paused"] = bool(fields["paused"])
     return Schedule(**fields)
+
+
+jobs_from_packed = _compile_load()
+"""Jobs without their output from rows of `LOAD_COLUMNS` values followed by the
+`RARE_COLUMNS` packed as a JSON array (NULL when all are at `stored_default`), in the rows'
+order; exactly what `from_row` makes of the same jobs' full rows."""

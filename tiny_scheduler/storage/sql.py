@@ -65,6 +65,37 @@ def _names(columns: Iterable[str]) -> str:
     return ", ".join(f'"{c}"' for c in columns)
 
 
+def _literal(value: object) -> str:
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, int):
+        return str(value)
+    raise TypeError(f"no SQL literal for {value!r}")
+
+
+def select_packed_jobs(json_array: str) -> str:
+    """Every job in seq order, as `rows.jobs_from_packed` reads them: the `LOAD_COLUMNS` (the
+    status by its `rows.STATUS_CODES`), then the `RARE_COLUMNS` packed by the dialect's
+    `json_array` function, or NULL when every one of them holds its default (most rows: the
+    database does the test, in C)."""
+    defaults = []
+    for name in rows.RARE_COLUMNS:
+        default = rows.stored_default(name)
+        test = "IS NULL" if default is None else f"= {_literal(default)}"
+        defaults.append(f'"{name}" {test}')
+    packed = (
+        f"CASE WHEN {' AND '.join(defaults)} THEN NULL "
+        f"ELSE {json_array}({_names(rows.RARE_COLUMNS)}) END"
+    )
+    # The status as a small number (any other text as it is, for the load to refuse).
+    codes = " ".join(f"WHEN {_literal(v)} THEN {code}" for v, code in rows.STATUS_CODES.items())
+    loaded = [
+        f'CASE "status" {codes} ELSE "status" END' if name == "status" else f'"{name}"'
+        for name in rows.LOAD_COLUMNS
+    ]
+    return f"SELECT {', '.join(loaded)}, {packed} FROM jobs ORDER BY seq"
+
+
 class Statements:
     """The statements of one dialect, written once with its placeholder and maximum."""
 
