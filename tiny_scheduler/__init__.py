@@ -114,14 +114,31 @@ def _app_class() -> type[Flask]:
     """The app's class, made on first use so that importing the package does not import
     Flask."""
     from flask import Flask
+    from flask.sessions import NullSession, SessionInterface
+
+    class _NoSessions(SessionInterface):
+        """No cookie sessions (nothing here uses them): Flask's default opens one, finds no
+        secret key, makes a null session and checks it again on the way out, per request."""
+
+        null = NullSession()  # refuses every write, so one serves every request
+
+        def open_session(self, app: Flask, request: Any) -> NullSession:
+            return self.null
+
+        def save_session(self, app: Flask, session: Any, response: Any) -> None:
+            pass
+
+        def is_null_session(self, obj: object) -> bool:
+            return True
 
     class _App(Flask):
         """Flask, minus a per-request cost this app does not need, plus the question the
         worker asks before it sends `100 Continue`."""
 
-        # The worker may run plain GETs in its event loop: the app sends the ones that would
-        # wait to a thread (inline.py).
+        # The worker may run plain requests in its event loop: the app sends the ones that
+        # would wait to a thread (inline.py).
         inline_requests = True
+        session_interface = _NoSessions()
 
         def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
             # Flask asks of every hook and view, on every request, whether it is a coroutine
