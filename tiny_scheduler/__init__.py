@@ -8,6 +8,7 @@ started by `start_background(app)`, which the gunicorn worker hook calls.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import gc
 import logging
@@ -65,9 +66,7 @@ def create_app(
         node_records: list[NodeRecord] = loaded.nodes
         last_seq = loaded.last_seq
         del loaded
-        # The loaded jobs live as long as the process: move them out of the cycle collector's
-        # sight, or every full collection walks a million objects (a latency spike each time).
-        gc.freeze()
+        _settle_loaded()
         log.info("loaded %d jobs from %s (last id job-%d)", len(table), store.location, last_seq)
     else:
         # A standby holds no jobs and no schedules: each term as leader loads them.
@@ -155,6 +154,27 @@ def _app_class() -> type[Flask]:
     return _App
 
 
+def _settle_loaded() -> None:
+    """After a load of the jobs: move them out of the cycle collector's sight (they live as long
+    as the process; else every full collection walks a million objects, a latency spike each
+    time), and give back the heap the load freed (`_give_back_freed_memory`)."""
+    gc.freeze()
+    _give_back_freed_memory()
+
+
+def _give_back_freed_memory() -> None:
+    """Return to the system the heap the load freed (its row tuples and temporary lists):
+    glibc keeps freed memory for reuse unless asked, and after a load it would stay in the
+    worker's resident size for good (~15 MB at 1M jobs). A no-op where the C library is not
+    glibc."""
+    try:
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
+
+
 def _leadership(settings: Settings, backend: storage.JobStore) -> Leadership | None:
     """With PostgreSQL, this daemon's part in the election (None with SQLite)."""
     from . import storage
@@ -177,7 +197,7 @@ def _run_terms(leadership: Leadership, service: Scheduler, background: Backgroun
 
     def elected(epoch: int) -> None:
         service.take_over()
-        gc.freeze()  # as for SQLite's load above
+        _settle_loaded()
         # The previous leader ran the schedules until at most a lease (and a look) ago: fire
         # times since then are due, not missed. A fire it committed moved its schedule on.
         gap = leadership.lease_secs + 2 * SCHEDULE_TICK_SECS
