@@ -30,7 +30,7 @@ test: install ## run the tests (browser and PostgreSQL tests are skipped, with a
 soak: install ## run the long crash-and-restart tests, which make test leaves out (minutes)
 	$(VENV)/bin/pytest -m slow -n 0  # one at a time: each needs the machine's disk and memory
 
-bench: install ## measure throughput and latency against the Go original (<10 min; BENCH_ARGS=--quick)
+bench: install ## measure throughput and latency against the floor and the Go original (~18 min; BENCH_ARGS=--quick)
 	$(PY) -m benchmarks $(BENCH_ARGS)
 
 lint: install ## check style and common bugs (ruff)
