@@ -770,7 +770,9 @@ class BufferingWorker(gthread.ThreadWorker):
         if end < 0 and not self._verdict_due(buf, scanned):
             conn.buf = buf
             return
-        if end >= 0 and self.fast:
+        # TCP only: for a UNIX socket gunicorn makes SERVER_NAME of the Host header; its own
+        # path stays the one for those.
+        if end >= 0 and self.fast and conn.client.__class__ is tuple:
             head = fasthttp.parse_head(buf, end + 4, self.max_line, self.max_field, self.max_fields)
             if head is not None:
                 self._plain(conn, head, buf[end + 4 :])
