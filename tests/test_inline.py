@@ -4,13 +4,19 @@ must commit runs on a thread, once."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import socket
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from conftest import SchedulerFactory
+from conftest import BASE_ENV, SchedulerFactory
 from helpers import Api, expect_json, wait_for
 
+from tiny_scheduler.daemon_command import SERVE_ARGV
 from tiny_scheduler.dev.registry import FakeRegistry
 
 ONE_THREAD = {"SCHEDULER_THREADS": "1", "REGISTRY_CACHE_SECS": "0"}
@@ -79,3 +85,49 @@ def test_a_poll_that_must_commit_runs_on_a_thread_and_counts_once(
     assert retried["attempts"][0]["stderr"] == "lost by its agent"
     assert polls_timed(api) == before + 1
     api.close()
+
+
+def test_a_daemon_on_a_unix_socket_answers_plain_requests(tmp_path: Path) -> None:
+    """A UNIX socket's client has no (host, port): such connections keep gunicorn's path."""
+    sock_path = tmp_path / "ts.sock"
+    env = {
+        **os.environ,
+        **BASE_ENV,
+        "SCHEDULER_BIND": f"unix:{sock_path}",
+        "SCHEDULER_DB": str(tmp_path / "jobs.db"),
+        "REGISTRY_URL": "builtin",
+    }
+    proc = subprocess.Popen(
+        SERVE_ARGV,
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_for(sock_path.exists, timeout=30, message="the daemon's socket")
+        health = wait_for(lambda: unix_get(sock_path, "/health"), message="an answer")
+        poll = unix_get(sock_path, "/jobs?node_id=n1&status=pending")
+        assert health.startswith(b"HTTP/1.1 200 "), health
+        assert poll.startswith(b"HTTP/1.1 200 ") and poll.endswith(b"\r\n\r\n[]"), poll
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def unix_get(path: Path, target: str) -> bytes | None:
+    """One GET over the UNIX socket at `path` (None while nothing answers there)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return None
+        sock.sendall(
+            f"GET {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode()
+        )
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
