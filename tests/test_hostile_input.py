@@ -123,9 +123,11 @@ def expect_error_in(response: Any, status: int, accept: Any) -> str:
 
 
 def is_int(value: Any) -> bool:
-    """A JSON integer as JSON Schema has it: a number with no fraction (3 and 3.0)."""
+    """A JSON integer as JSON Schema has it: a number with no fraction (3 and 3.0); as a float,
+    only while floats hold every integer exactly (|x| <= 2**53): beyond, `6.7e16` may be the
+    rounding of another integer, and the server refuses it as the wrong type (validation.py)."""
     if isinstance(value, float):
-        return value.is_integer()
+        return value.is_integer() and abs(value) <= 2**53
     return isinstance(value, int) and not isinstance(value, bool)
 
 
