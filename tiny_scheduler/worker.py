@@ -531,7 +531,7 @@ class BufferingWorker(gthread.ThreadWorker):
         self.fast = not self.cfg.accesslog
         self.base_environ: dict[str, Any] = wsgi.base_environ(self.cfg)
         self.script_name = os.environ.get("SCRIPT_NAME", "")
-        # Whether the app answers plain GETs in the loop (set by run: inline.py).
+        # Whether the app answers plain requests in the loop (set by run: inline.py).
         self.inline = False
         # Connections whose next pipelined request has arrived, read at the end of a round
         # of events rather than from inside the answer to the last one.
@@ -937,8 +937,8 @@ class BufferingWorker(gthread.ThreadWorker):
     # --- handing over to a thread and back --------------------------------------------------
 
     def _hand_over(self, conn: _Conn) -> None:
-        """The whole request has arrived: answer it here if it is a plain GET the app answers
-        inline (inline.py), else give it to a thread."""
+        """The whole request has arrived: answer it here if it is a plain request the app
+        answers inline (inline.py), else give it to a thread."""
         req = conn.req
         assert req is not None
         if conn.spool is not None:
