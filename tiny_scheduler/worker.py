@@ -36,7 +36,7 @@ The design, one selector loop and a pool of request threads:
   a peer, the disk), it says so before changing anything, and the request runs again on a
   thread.
 - Plain requests (fasthttp.py: nearly all) are parsed by httptools, in C, and answered
-  without gunicorn's request and response objects (`_plain`, `_answer`), with the same
+  without gunicorn's request and response objects (`_head`, `_answer`), with the same
   environ and the same framing.
 
 The HTTP rules stay gunicorn's: anything fasthttp does not call plain (chunked bodies,
@@ -468,7 +468,7 @@ class _Conn:
         self.idle = False  # between requests on a kept-alive connection
         self.buf: bytes | bytearray = b""  # head bytes so far, or the next pipelined request
         self.scanned = 0  # bytes of buf already searched for the end of the head
-        self.req: Request | None = None  # the parsed head, once it has arrived
+        self.req: Request | fasthttp.Head | None = None  # the head, once it has arrived
         self.req_count = 0
         self.close_after = False
         self.length = 0  # the body's Content-Length
@@ -775,7 +775,9 @@ class BufferingWorker(gthread.ThreadWorker):
         if end >= 0 and self.fast and conn.client.__class__ is tuple:
             head = fasthttp.parse_head(buf, end + 4, self.max_line, self.max_field, self.max_fields)
             if head is not None:
-                self._plain(conn, head, buf[end + 4 :])
+                self._took_head(conn, head)
+                conn.length = conn.need = head.content_length
+                self._to_body(conn, buf[end + 4 :])
                 return
         received = _Received(buf)
         try:
@@ -786,10 +788,7 @@ class BufferingWorker(gthread.ThreadWorker):
         except Exception as exc:  # gunicorn's verdict on the head: its own error page
             self._refuse(conn, exc)
             return
-        conn.buf = b""
-        conn.scanned = 0
-        conn.req = req
-        conn.req_count += 1
+        self._took_head(conn, req)
         reader = req.body.reader
         if isinstance(reader, ChunkedReader):
             conn.chunks = _ChunkScanner(reader.limit_chunk_size_line, reader.limit_trailer_section)
@@ -803,25 +802,22 @@ class BufferingWorker(gthread.ThreadWorker):
         if expects and self._answered_before_body(conn, req):
             self._without_body(conn, req)
             return
-        rest = buf[received.consumed() :]
-        if rest:
-            self._body(conn, rest)
-        elif conn.need == 0:
-            self._hand_over(conn)
-        elif conn not in self.waiting:
-            self._watch(conn)
+        self._to_body(conn, buf[received.consumed() :])
         if expects and conn.state == _READING:
             # On failure the client sends its body after a pause anyway (or it is gone).
             with contextlib.suppress(OSError):
                 conn.out.sendall(_CONTINUE)
 
-    def _plain(self, conn: _Conn, head: fasthttp.Head, rest: bytes | bytearray) -> None:
-        """A plain head has arrived (fasthttp.py): on to its body, if it has one."""
+    def _took_head(self, conn: _Conn, req: Request | fasthttp.Head) -> None:
+        """A whole head was read: gunicorn's (Request) or a plain one (fasthttp.py)."""
         conn.buf = b""
         conn.scanned = 0
-        conn.req = head
+        conn.req = req
         conn.req_count += 1
-        conn.length = conn.need = head.content_length
+
+    def _to_body(self, conn: _Conn, rest: bytes | bytearray) -> None:
+        """After a head (its framing set): what arrived beyond it is the body's; a request
+        without one goes to be answered, one whose body is still to come waits for it."""
         if rest:
             self._body(conn, rest)
         elif conn.need == 0:
