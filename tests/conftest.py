@@ -38,11 +38,12 @@ import pytest
 
 if TYPE_CHECKING:
     from flask import Flask
+    from test_ha import Ha
 
 # The checks in helpers.py are plain asserts: have pytest explain them when they fail.
 pytest.register_assert_rewrite("helpers")
 
-from helpers import DEFAULT_NODES, Api, set_nodes, unique_node  # noqa: E402
+from helpers import DEFAULT_NODES, Agent, Api, set_nodes, unique_node  # noqa: E402
 
 from tiny_scheduler import Settings, create_app, stop_background  # noqa: E402
 from tiny_scheduler.dev.daemon import PortReservation, SchedulerProcess  # noqa: E402
@@ -202,6 +203,14 @@ def node(registry: FakeRegistry) -> str:
     node_id = unique_node()
     set_nodes(registry, [node_id])
     return node_id
+
+
+@pytest.fixture
+def agent(scheduler: SchedulerProcess, node: str) -> Iterator[Agent]:
+    """The agent of the test's own node, on the module's scheduler."""
+    played = Agent(scheduler.url, node)
+    yield played
+    played.close()
 
 
 @pytest.fixture
@@ -372,6 +381,18 @@ def postgres_database(postgres_url: str) -> Iterator[PostgresDatabases]:
     databases = PostgresDatabases(postgres_url)
     yield databases
     databases.close()
+
+
+@pytest.fixture
+def ha(
+    tmp_path: Path, registry: FakeRegistry, postgres_database: PostgresDatabases
+) -> Iterator[Ha]:
+    """Daemons sharing one fresh PostgreSQL database (test_ha.Ha), stopped when the test ends."""
+    from test_ha import Ha  # here: conftest is imported before any test module
+
+    cluster = Ha(postgres_database.create(), tmp_path, registry.url)
+    yield cluster
+    cluster.stop()
 
 
 def database_url(server_url: str, name: str) -> str:

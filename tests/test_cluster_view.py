@@ -7,33 +7,20 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 import requests
 from click.testing import CliRunner
-from conftest import PostgresDatabases, SchedulerFactory
+from conftest import SchedulerFactory
 from helpers import expect_error, expect_json, wait_for
 from test_ha import LONG_LEASE, Ha, leader_reply
 
 from tiny_scheduler.cli import main
-from tiny_scheduler.dev.registry import FakeRegistry
 
 KEY = "cluster-sekrit"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 FIELDS = ["id", "url", "role", "version", "started_at", "last_seen_at"]
 TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
-
-
-@pytest.fixture
-def ha(
-    tmp_path: Path, registry: FakeRegistry, postgres_database: PostgresDatabases
-) -> Iterator[Ha]:
-    cluster = Ha(postgres_database.create(), tmp_path, registry.url)
-    yield cluster
-    cluster.stop()
 
 
 def cluster_of(url: str) -> dict[str, Any]:

@@ -18,13 +18,12 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-from conftest import BASE_ENV, START_TIMEOUT, PostgresDatabases
+from conftest import BASE_ENV, START_TIMEOUT
 from helpers import Api, compact, expect_error, expect_json, set_nodes, wait_for
 from pg_proxy import SilentProxy
 from test_ha import LIVENESS_SECS, LONG_LEASE, SHORT_LEASE, Ha, all_jobs, leader_reply
@@ -35,15 +34,6 @@ from tiny_scheduler.dev.registry import FakeRegistry
 
 KEY = "fwd-sekrit"
 OTHER_HOST = "127.0.0.2"
-
-
-@pytest.fixture
-def ha(
-    tmp_path: Path, registry: FakeRegistry, postgres_database: PostgresDatabases
-) -> Iterator[Ha]:
-    cluster = Ha(postgres_database.create(), tmp_path, registry.url)
-    yield cluster
-    cluster.stop()
 
 
 def start_on(ha: Ha, host: str, env: dict[str, str] | None = None) -> SchedulerProcess:

@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import psycopg
 import pytest
 import requests
 from click.testing import CliRunner
-from conftest import PostgresDatabases, start_scheduler, stop_scheduler
+from conftest import start_scheduler, stop_scheduler
 from helpers import Api, compact, expect_error, expect_json, set_nodes, wait_for
 from pg_proxy import SilentProxy
 
@@ -100,15 +100,6 @@ class Ha:
             message="exactly one leader",
         )
         return found[0]
-
-
-@pytest.fixture
-def ha(
-    tmp_path: Path, registry: FakeRegistry, postgres_database: PostgresDatabases
-) -> Iterator[Ha]:
-    cluster = Ha(postgres_database.create(), tmp_path, registry.url)
-    yield cluster
-    cluster.stop()
 
 
 class FollowingClient:
