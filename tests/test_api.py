@@ -7,7 +7,6 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,14 +33,6 @@ SCHEDULER_ENV = {"MAX_REQUEST_BYTES": str(MAX_REQUEST_BYTES)}
 TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 JOB_ID = re.compile(r"^job-[1-9]\d*$")
 LINK = re.compile(r'^<(/jobs\?[^>]+)>; rel="next"$')
-
-
-@pytest.fixture
-def agent(scheduler: SchedulerProcess, node: str) -> Iterator[Agent]:
-    """The agent of the test's own node."""
-    client = Agent(scheduler.url, node)
-    yield client
-    client.close()
 
 
 def claim(api: Api, job_id: str) -> dict[str, Any]:

@@ -57,13 +57,6 @@ def keyed(scheduler: SchedulerProcess) -> Iterator[Api]:
     api.close()
 
 
-@pytest.fixture
-def agent(scheduler: SchedulerProcess, node: str) -> Iterator[Agent]:
-    played = Agent(scheduler.url, node)
-    yield played
-    played.close()
-
-
 def spawn(scheduler: SchedulerProcess, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "SCHEDULER_URL": scheduler.url, "TINYAWS_API_KEY": KEY}
     return subprocess.Popen(

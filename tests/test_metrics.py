@@ -63,13 +63,6 @@ def keyed_api(scheduler: SchedulerProcess) -> Iterator[Api]:
     client.close()
 
 
-@pytest.fixture
-def agent(scheduler: SchedulerProcess, node: str) -> Iterator[Agent]:
-    client = Agent(scheduler.url, node)
-    yield client
-    client.close()
-
-
 def test_metrics_follow_the_life_of_jobs(
     scheduler: SchedulerProcess, keyed_api: Api, agent: Agent
 ) -> None:

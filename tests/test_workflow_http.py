@@ -25,13 +25,6 @@ def api(scheduler: SchedulerProcess) -> Iterator[Api]:
     client.close()
 
 
-@pytest.fixture
-def agent(scheduler: SchedulerProcess, node: str) -> Iterator[Agent]:
-    client = Agent(scheduler.url, node)
-    yield client
-    client.close()
-
-
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
