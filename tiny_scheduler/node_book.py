@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+from . import inline
 from .clock import Clock
 from .errors import PlacementError
 from .nodes import HEALTHY, Nodes, NodeSource
@@ -98,6 +99,10 @@ class NodeBook:
         """Of the jobs the scheduler has running on a node, those its heartbeats have left
         out twice in a row now (one heartbeat may have been built before the agent started
         a job it had just claimed); the count of the others starts again."""
+        if any(job_id not in listed for job_id in job_ids):
+            # A miss is counted, and may fail a job: never in a pass that may run again on a
+            # thread (inline.py), or one heartbeat's miss would be counted twice.
+            inline.may_wait()
         lost = []
         with self._lock:
             for job_id in job_ids:

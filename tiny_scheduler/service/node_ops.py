@@ -17,7 +17,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from .. import errors, inline, jobs
+from .. import errors, jobs
 from ..node_book import Beat, NodeBook, NodeRecord
 from ..node_requests import NODE_NOT_FOUND, Heartbeat
 from ..nodes import Nodes
@@ -151,10 +151,6 @@ class NodeOps:
 
     def _reconcile(self, node_id: str, listed: frozenset[str]) -> None:
         running = self._core.table.running_on(node_id)
-        if any(job.job_id not in listed for job in running):
-            # The miss is counted below, and may fail a job: never in a pass that may have to
-            # run again on a thread (inline.py), or the count would be taken twice.
-            inline.may_wait()
         lost = self.book.missing([job.job_id for job in running], listed)
         for job_id in lost:
             seq = jobs.parse_job_id(job_id)
