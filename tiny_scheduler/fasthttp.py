@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
 import httptools
+from gunicorn import util
 
 SERVER = "gunicorn"
 """The `Server` header gunicorn sends (clients and tests see no difference)."""
@@ -206,10 +206,10 @@ _date = ["", 0]
 
 
 def http_date() -> str:
-    """The `Date` header's value, formatted once a second."""
+    """The `Date` header's value (gunicorn's formatting), made once a second, not per answer."""
     now = int(time.time())
     if _date[1] != now:
-        _date[0] = formatdate(now, usegmt=True)
+        _date[0] = util.http_date(now)
         _date[1] = now
     return _date[0]
 
