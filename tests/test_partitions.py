@@ -29,7 +29,7 @@ import pytest
 import requests
 from conftest import BASE_ENV, START_TIMEOUT, PostgresDatabases, unavailable
 from helpers import compact, expect_error, expect_json, set_nodes, wait_for
-from netns import Namespace, NamespacedScheduler, why_unavailable
+from netns import Link, Namespace, NamespacedScheduler, why_unavailable
 from test_ha import LIVENESS_SECS, SHORT_LEASE, Ha, all_jobs, leader_reply
 
 from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, parse_poll_reply, report_update
@@ -69,6 +69,21 @@ def relayed(url: str, hostport: str) -> str:
     parts = urlsplit(url)
     user = parts.netloc.rpartition("@")[0]
     return urlunsplit(parts._replace(netloc=f"{user}@{hostport}" if user else hostport))
+
+
+def peers_through(
+    ha: Ha, registry: FakeRegistry, namespace: Namespace, database: Link, clients: Link
+) -> tuple[str, str]:
+    """The database's and the registry's URLs as a daemon inside `namespace` reaches them:
+    PostgreSQL relayed over `database`, the registry over `clients` (each cut on its own)."""
+    pg = urlsplit(ha.db_url)
+    db_url = relayed(
+        ha.db_url,
+        namespace.relay(database, free_port(), (pg.hostname or "127.0.0.1", pg.port or 5432)),
+    )
+    registry_port = urlsplit(registry.url).port or 80
+    registry_url = "http://" + namespace.relay(clients, free_port(), ("127.0.0.1", registry_port))
+    return db_url, registry_url
 
 
 def start_inside(
@@ -218,13 +233,7 @@ def test_a_leader_cut_from_the_database_stops_acknowledging_and_comes_back_a_sta
     set_nodes(registry, nodes)
     database = namespace.link()  # the leader's way to PostgreSQL: cut below
     clients = namespace.link()  # the way clients, the other daemon and the registry go
-    pg = urlsplit(ha.db_url)
-    db_url = relayed(
-        ha.db_url,
-        namespace.relay(database, free_port(), (pg.hostname or "127.0.0.1", pg.port or 5432)),
-    )
-    registry_port = urlsplit(registry.url).port or 80
-    registry_url = "http://" + namespace.relay(clients, free_port(), ("127.0.0.1", registry_port))
+    db_url, registry_url = peers_through(ha, registry, namespace, database, clients)
     first = start_inside(ha, namespace, clients.ns_addr, db_url, registry_url)
     assert ha.wait_leader() is first
     second = start_outside(ha, clients.root_addr)  # the daemons reach each other on `clients`
@@ -301,13 +310,7 @@ def test_a_standby_cut_from_the_leader_answers_503_not_a_stale_read(
     database = namespace.link()
     peer = namespace.link()  # the standby's way to the leader: cut below
     clients = namespace.link()
-    pg = urlsplit(ha.db_url)
-    db_url = relayed(
-        ha.db_url,
-        namespace.relay(database, free_port(), (pg.hostname or "127.0.0.1", pg.port or 5432)),
-    )
-    registry_port = urlsplit(registry.url).port or 80
-    registry_url = "http://" + namespace.relay(clients, free_port(), ("127.0.0.1", registry_port))
+    db_url, registry_url = peers_through(ha, registry, namespace, database, clients)
     # The leader, in the root namespace, is advertised at its address on the peer link (the
     # only way the standby has to it); the test calls it on loopback (the peer link's address
     # is gone from the root namespace too while the link is down).
