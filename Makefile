@@ -5,10 +5,10 @@ STAMP   := $(VENV)/.installed
 PYTHON  ?= python3
 
 .DEFAULT_GOAL := help
-.PHONY: help install run demo test lint bench soak clean
+.PHONY: help install run demo test test-stress lint bench soak clean
 
 help: ## list these targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 install: $(STAMP) ## set up .venv/ with the scheduler and its test tools (quick when nothing changed)
 
@@ -26,6 +26,9 @@ demo: install ## see it work: a dev cluster runs a handful of jobs live, then st
 
 test: install ## run the tests (browser and PostgreSQL tests are skipped, with a note, without those)
 	$(VENV)/bin/pytest
+
+test-stress: install ## the tests with two CPU-burning processes beside them (a busy machine)
+	bash tests/stress.sh $(VENV)/bin/pytest
 
 soak: install ## run the long crash-and-restart tests, which make test leaves out (minutes)
 	$(VENV)/bin/pytest -m slow -n 0  # one at a time: each needs the machine's disk and memory

@@ -2,7 +2,11 @@
 and restarted on the same database; nothing it acknowledged may be lost.
 
 Client threads submit jobs (some with an Idempotency-Key) and cancel some, agent threads poll,
-claim and finish them (two agents per node, so claims race), a reader lists jobs. Every reply
+claim and finish them (two agents per node, so claims race), a reader lists jobs. The agents
+stand for this project's agent, which runs several jobs at once and polls while they run: so
+they poll with an `Authorization` header, as it does. (A keyless poll is the tiny-aws agent's,
+which runs one job inline and polls nothing meanwhile: a keyless poll a second after a claim
+proves that claim lost, docs/reliability.md, and the server rightly fails the held job.) Every reply
 a client got is written down in a `Ledger`: a 201, a 200 to a claim, a finish or a cancel, and
 also every job a read showed (reads only ever show committed state, so what was seen must
 survive too). Then the process group is killed while requests are in flight, the database file
@@ -64,6 +68,9 @@ CREATION_FIELDS = (
     "timeout_secs",
     "created_at",
 )
+AGENT_AUTH = {"Authorization": "Bearer multi-job-agent"}
+"""A poll with a key is never taken as proof that a held claim was lost (auth is off here, so
+any key is let in): the agents here hold jobs while they poll, as this project's agent does."""
 RANK = {"pending": 0, "running": 1, "done": 2, "failed": 2, "cancelled": 2}
 CONNECTION_LOST = (
     requests.ConnectionError,
@@ -258,7 +265,7 @@ class Load:
         if finishing is not None:  # a job claimed in this or an earlier life of the server
             self.finish(api, rng, finishing)
             return
-        reply = api.get("/jobs", params={"node_id": node, "status": "pending"})
+        reply = api.get("/jobs", params={"node_id": node, "status": "pending"}, headers=AGENT_AUTH)
         if reply.status_code != 200:
             self.ledger.problem(f"poll answered {reply.status_code}: {reply.text!r}")
             return

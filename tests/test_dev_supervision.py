@@ -59,7 +59,8 @@ def leader_of(url: str) -> tuple[int, str | None]:
 
 def test_a_killed_daemon_is_started_again_as_a_standby(tmp_path: Path, postgres_url: str) -> None:
     work = tmp_path / "dev"
-    argv = [CLI, "dev", "--quick", "--agents", "1", "--standby", "1"]
+    # --port 0: free ports, so anything else listening on 9001 cannot fail the test.
+    argv = [CLI, "dev", "--quick", "--agents", "1", "--standby", "1", "--port", "0"]
     argv += ["--postgres", postgres_url, "--work-dir", str(work)]
     dev = subprocess.Popen(
         argv,

@@ -58,10 +58,10 @@ def _run_until_interrupted(what: str, body: Callable[[], None], stop: Callable[[
 )
 @click.option(
     "--port",
-    type=click.IntRange(1, 65535),
+    type=click.IntRange(0, 65535),
     default=9001,
     show_default=True,
-    help="The scheduler's port on 127.0.0.1.",
+    help="The scheduler's port on 127.0.0.1 (standbys take the next ones); 0 picks free ones.",
 )
 @click.option(
     "--registry-port",
@@ -162,7 +162,7 @@ def dev(
     }
     settings: dict[str, Any] = {
         "agents": agents,
-        "scheduler_port": port,
+        "scheduler_port": port or None,
         "registry_port": registry_port,
         "api_key": os.environ.get("TINYAWS_API_KEY") or None,
         "work_dir": work_dir,
