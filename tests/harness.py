@@ -138,12 +138,33 @@ class Harness:
     def poll(self, node: str, from_agent: bool = False) -> list[str]:
         return [job.job_id for job in self.service.poll(node, from_agent)]
 
-    def claim(self, job_id: str) -> Job:
-        return self.service.update(job_id, JobUpdate(status=jobs.RUNNING))
+    def claim(self, job_id: str, node: str | None = None, attempt: int | None = None) -> Job:
+        """The claim; with `node`/`attempt`, one that names its attempt (our agent's)."""
+        update = JobUpdate(status=jobs.RUNNING, node_id=node, attempt=attempt)
+        return self.service.update(job_id, update)
 
-    def report(self, job_id: str, exit_code: int = 0, stdout: str = "", stderr: str = "") -> Job:
-        status = jobs.DONE if exit_code == 0 else jobs.FAILED
-        update = JobUpdate(status=status, exit_code=exit_code, stdout=stdout, stderr=stderr)
+    def report(
+        self,
+        job_id: str,
+        exit_code: int = 0,
+        stdout: str = "",
+        stderr: str = "",
+        node: str | None = None,
+        attempt: int | None = None,
+        timed_out: bool = False,
+    ) -> Job:
+        """A final report; with `node`/`attempt`, one that names its attempt; `timed_out`:
+        the agent stopped the job at its timeout."""
+        status = jobs.DONE if exit_code == 0 and not timed_out else jobs.FAILED
+        update = JobUpdate(
+            status=status,
+            exit_code=exit_code,
+            stdout=stdout,
+            stderr=stderr,
+            node_id=node,
+            attempt=attempt,
+            timed_out=timed_out,
+        )
         return self.service.update(job_id, update)
 
     def heartbeat(

@@ -188,6 +188,47 @@ def test_logs_follow_says_how_many_bytes_the_cap_dropped(
     assert text.endswith(out.split("\n", 1)[1])  # the tail, from its first whole line
 
 
+def test_logs_follow_goes_on_with_a_retry_under_its_header_and_logs_shows_running_output(
+    scheduler_factory: SchedulerFactory,
+) -> None:
+    """Issue 31: `logs -f` of a job that fails and is retried prints the first attempt's
+    output, then a header line for the retry, then the retry's output from its start (not
+    the first attempt's offsets again); `logs` of a running job shows its output so far."""
+    scheduler = scheduler_factory(
+        {**SCHEDULER_ENV, "MAX_JOB_RETRIES": "1", "REGISTRY_URL": "builtin"}
+    )
+    api = Api(scheduler.url, KEY)
+    try:
+        for node in ("node-x", "node-y"):
+            beat = {"cpu_count": 2, "running": []}
+            assert api.request("PUT", f"/nodes/{node}", json=beat).status_code == 200
+        job_id = api.submit(command="flaky")["job_id"]
+        follow = spawn(scheduler, "logs", "-f", job_id)
+        try:
+            first = api.patch(f"/jobs/{job_id}", {"status": "running"}).json()
+            assert api.post(f"/jobs/{job_id}/output", {"stdout": "try one\n"}).status_code == 204
+            assert follow.stdout is not None and follow.stdout.readline() == "try one\n"
+            shown = ok(cli(scheduler, "logs", job_id))
+            assert "try one" in shown and "(no output)" not in shown, shown
+            failed = {"status": "failed", "exit_code": 3, "stdout": "try one\n"}
+            retried = api.patch(f"/jobs/{job_id}", failed).json()
+            assert (retried["status"], retried["retry_count"]) == ("pending", 1)
+            assert retried["node_id"] != first["node_id"]
+            assert api.patch(f"/jobs/{job_id}", {"status": "running"}).status_code == 200
+            assert api.post(f"/jobs/{job_id}/output", {"stdout": "try two\n"}).status_code == 204
+            assert follow.stdout.readline() == "try two\n"
+            done = {"status": "done", "exit_code": 0, "stdout": "try two\n"}
+            assert api.patch(f"/jobs/{job_id}", done).status_code == 200
+            out, err = follow.communicate(timeout=60)
+        finally:
+            follow.kill()
+    finally:
+        api.close()
+    assert follow.returncode == 0, err
+    assert out == ""
+    assert err == f"=== attempt 2/2 on {retried['node_id']} (retry after exit 3) ===\n"
+
+
 # --- --wait and the event stream --------------------------------------------------------------
 
 

@@ -192,3 +192,46 @@ def test_every_change_arrives_in_order_and_a_resume_misses_nothing(live: Api) ->
 
 def test_a_resume_from_too_long_ago_starts_with_a_reset(live: Api) -> None:
     assert events(live, 1, last_id="1") == [("reset", "", "{}")]
+
+
+def test_each_attempt_keeps_its_output_and_stale_reports_get_409(live: Api) -> None:
+    """Over HTTP (issue 31): output read by attempt with X-Attempt, a report or output post
+    naming an old attempt refused with the spec's 409, its output kept on that attempt."""
+    job_id = live.submit(command="sleep 600")["job_id"]
+    claim = {**RUNNING, "node_id": "n1", "attempt": 0}
+    expect_json(live.patch(f"/jobs/{job_id}", claim), 200)
+    named = {"node_id": "n1", "attempt": 0}
+    assert live.post(f"/jobs/{job_id}/output", {"stdout": "one\n", **named}).status_code == 204
+    first = read(live, job_id)
+    assert (first.content, first.headers["X-Attempt"]) == (b"one\n", "0")
+    # A cancel keeps what it printed, with the cancel's note as the last stderr line.
+    cancelled = expect_json(live.post(f"/jobs/{job_id}/cancel"), 200)
+    assert (cancelled["stdout"], cancelled["stderr"]) == ("one\n", "job cancelled")
+    # The stopped job's late report brings the rest of its output.
+    late = {"status": "failed", "exit_code": 143, "stdout": "one\ntwo\n", **named}
+    after = expect_json(live.patch(f"/jobs/{job_id}", late), 200)
+    assert (after["status"], after["reason"], after["stdout"]) == (
+        "failed",
+        "cancelled",
+        "one\ntwo\n",
+    )
+    # A report about an attempt the job never had is stale.
+    wrong = {**late, "attempt": 1}
+    expect_error(
+        live.patch(f"/jobs/{job_id}", wrong), 409, f"stale report: {job_id} is on attempt 1 on n1"
+    )
+    expect_error(
+        live.post(f"/jobs/{job_id}/output", {"stdout": "x", "node_id": "n2"}),
+        409,
+        f"stale report: {job_id} is on attempt 1 on n1",
+    )
+    assert read(live, job_id, attempt=0).content == b"one\ntwo\n"
+    missing = live.get(f"/jobs/{job_id}/output", params={"attempt": 1})
+    expect_error(missing, 404, "attempt not found")
+    expect_error(
+        live.get(f"/jobs/{job_id}/output", params={"attempt": "x"}),
+        400,
+        "attempt must be a whole number, 0 for the first attempt",
+    )
+    bad = {**late, "attempt": -1}
+    expect_error(live.patch(f"/jobs/{job_id}", bad), 400, "failed to decode update")

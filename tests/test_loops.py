@@ -137,10 +137,11 @@ def test_run_job_times_out_fails_without_retry_and_is_published(make_cluster) ->
             "reason": "timeout",
         }
     ]
-    # The agent's late report ends the same attempt: accepted, and the job stays as it was.
+    # The agent's late report ends the same attempt: accepted, the job's state stays as it
+    # was, and what the attempt printed is kept on it (the timeout's note its last line).
     late = cluster.patch(job["job_id"], {"status": "done", "exit_code": 0, "stdout": "late"})
-    assert (late.status_code, late.json()) == (200, failed)
-    assert cluster.job(job["job_id"]) == failed
+    assert (late.status_code, late.json()) == (200, {**failed, "stdout": "late"})
+    assert cluster.job(job["job_id"]) == {**failed, "stdout": "late"}
     assert cluster.patch(job["job_id"], {"status": "running"}).status_code == 409
 
 
@@ -352,7 +353,8 @@ def test_a_timed_out_job_keeps_its_slot_until_its_late_report(
     assert slow in row and "still running" in row, "the node shows busy, the job named"
 
     late = h.report(slow, exit_code=137, stderr="killed")
-    assert late.to_wire() == timed_out.to_wire()
+    # Its state unchanged; what it printed kept, the timeout's note still the last line.
+    assert late.to_wire() == {**timed_out.to_wire(), "stderr": "killed\njob timed out"}
     assert h.poll("node-a") == [waiting], "the late report freed the slot"
     assert slow not in overview_row(dashboard.get("/ui/").get_data(as_text=True), "node-a")
     assert "late failed report" in caplog.text

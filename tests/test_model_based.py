@@ -342,12 +342,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         status = "done" if exit_code == 0 else "failed"
         body = {"status": status, "exit_code": exit_code, "stdout": stdout, "stderr": stderr}
         reply = self.patch(job.job_id, body)
-        late = job.reason == "timeout" or (job.reason == "cancelled" and job.running_at)
+        late = job.reason in ("timeout", "cancelled", "node_lost") and job.running_at
         if job.status == "failed" and late:
-            # The late end of the attempt that timed out, or was cancelled while it ran:
-            # accepted, the job unchanged, and the slot it kept is free again.
+            # The late end of the attempt that timed out, was cancelled while it ran, or was
+            # lost for good: accepted, the job's state unchanged, the slot it kept free again,
+            # and what the attempt printed kept on it, the scheduler's note its last line.
             assert reply.status_code == 200, reply.text
+            before, _, note = job.stderr.rpartition("\n")
+            job.stdout = stdout or job.stdout
+            job.stderr = f"{stderr or before}\n{note}" if (stderr or before) else note
+            job.frozen = None
             job.check(reply.get_json() | self._attempts_of(job))
+            job.frozen = self.served(job.job_id)
             job.holds_slot = False
             return
         if job.status != "running":

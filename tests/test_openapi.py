@@ -42,6 +42,7 @@ from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.placement import NO_HEALTHY_NODES
 from tiny_scheduler.registry import DECODE_FAILED, INSTANCE_NOT_FOUND, REACH_FAILED
+from tiny_scheduler.service.output_ops import ATTEMPT_NOT_FOUND
 from tiny_scheduler.validation import (
     MAX_PAGE,
     MAX_RUNNING_MESSAGE,
@@ -176,6 +177,8 @@ WHERE = {
     output.STREAM_MESSAGE: [("400", "get", OUTPUT)],
     output.OFFSET_MESSAGE: [("400", "get", OUTPUT)],
     output.WAIT_MESSAGE: [("400", "get", OUTPUT)],
+    output.ATTEMPT_MESSAGE: [("400", "get", OUTPUT)],
+    ATTEMPT_NOT_FOUND: [("404", "get", OUTPUT)],
     events.LAST_EVENT_ID_MESSAGE: [("400", "get", "/events")],
     TOO_MANY_WAITERS: [("503", "get", OUTPUT), ("503", "get", "/events")],
     errors.DECODE_UPDATE: [("400", "patch", "/jobs/{job_id}")],

@@ -385,6 +385,7 @@ OFF_DEFAULT: dict[str, object] = {
     "dedupe_key": "http:k",
     "holds_slot": True,
     "moved_from": "node-z",
+    "named_claim": True,
 }
 
 

@@ -90,6 +90,8 @@ JOB_ID_PREFIX = "job-"
 TIMED_OUT_STDERR = "job timed out"
 NODE_LOST_STDERR = "node lost"
 CANCELLED_STDERR = "job cancelled"
+LOST_BY_AGENT = "lost by its agent"
+"""The stderr of an attempt failed because its own agent's reports show it runs it no more."""
 CANCEL = "cancelled"
 """What a cancel asks a job to become, as 409 texts name it (`… cannot become cancelled`)."""
 
@@ -99,6 +101,9 @@ _SCHEDULER_STDERR = {
     Reason.NODE_LOST: NODE_LOST_STDERR,
     Reason.CANCELLED: CANCELLED_STDERR,
 }
+
+SCHEDULER_NOTES = frozenset((TIMED_OUT_STDERR, NODE_LOST_STDERR, CANCELLED_STDERR, LOST_BY_AGENT))
+"""The lines the scheduler adds as the last of stderr when it ends an attempt itself."""
 
 # How a field appears in the Job's JSON object (the `wire` metadata of each field below).
 ALWAYS = "always"  # always present, even when empty
@@ -209,6 +214,9 @@ class Job:
     # The node the job was last moved away from while it waited (stolen by an idle node, or
     # taken off a lost one); cleared when it is placed afresh for a retry. For the job page.
     moved_from: str = _field(HIDDEN, "")
+    # The current attempt was claimed by a report that named it (`node_id` and `attempt`, this
+    # project's agent): it takes only reports that name it too (`fencing.stale_report`).
+    named_claim: bool = _field(HIDDEN, False)
 
     @property
     def job_id(self) -> str:
@@ -306,9 +314,11 @@ def check_update(job: Job, status: str) -> None:
         raise TransitionError(job, status)
 
 
-def start(job: Job, now: int) -> Job:
+def start(job: Job, now: int, named: bool = False) -> Job:
+    """The claim. `named`: the claim named its attempt (node and attempt number), so the
+    attempt takes only reports that name it too."""
     check_update(job, RUNNING)
-    return job.evolve(status=RUNNING, running_at=now)
+    return job.evolve(status=RUNNING, running_at=now, named_claim=named)
 
 
 def finish(
@@ -333,12 +343,16 @@ def finish(
     )
 
 
-def fail_by_scheduler(job: Job, reason: Reason, now: int, stderr: str | None = None) -> Job:
-    """End the running attempt from the scheduler's side (`timeout` or `node_lost`): exit -1
-    and `stderr`, by default the reason's fixed text. A timed-out attempt's process goes on
-    until its agent stops it (see `is_late_report`): it keeps its slot meanwhile."""
+def fail_by_scheduler(
+    job: Job, reason: Reason, now: int, stderr: str | None = None, live: Output = _NO_OUTPUT
+) -> Job:
+    """End the running attempt from the scheduler's side (`timeout` or `node_lost`): exit -1,
+    the output it printed so far (`live`) kept, and `stderr` as the last line of its stderr, by
+    default the reason's fixed text. A timed-out attempt's process goes on until its agent
+    stops it (see `is_late_report`): it keeps its slot meanwhile."""
     text = _SCHEDULER_STDERR[reason] if stderr is None else stderr
-    failed = finish(job, FAILED, -1, "", text, now, reason)
+    ended = ended_output(live, text)
+    failed = finish(job, FAILED, -1, ended.stdout, ended.stderr, now, reason)
     if reason == Reason.TIMEOUT and job.takes_slot:
         failed = failed.evolve(holds_slot=True)
     return failed
@@ -346,14 +360,13 @@ def fail_by_scheduler(job: Job, reason: Reason, now: int, stderr: str | None = N
 
 def is_late_report(job: Job, status: str) -> bool:
     """Whether a `done`/`failed` report is the late end of an attempt the scheduler already
-    ended while it ran (timed out, or cancelled while running). It is answered 200 with the
-    job unchanged (the scheduler's end is final), and it frees the slot the attempt kept
+    ended while it ran (timed out, cancelled while running, or lost with its node for good).
+    It is answered 200 with the job's state unchanged (the scheduler's end is final); its
+    output is kept on the attempt (`late_output`), and it frees the slot the attempt kept
     (`release_slot`)."""
-    if status not in (DONE, FAILED) or job.status != FAILED:
+    if status not in (DONE, FAILED) or job.status != FAILED or job.running_at is None:
         return False
-    return job.reason == Reason.TIMEOUT or (
-        job.reason == Reason.CANCELLED and job.running_at is not None
-    )
+    return job.reason in (Reason.TIMEOUT, Reason.CANCELLED, Reason.NODE_LOST)
 
 
 def release_slot(job: Job) -> Job:
@@ -385,6 +398,7 @@ def retry(job: Job, node_id: str) -> Job:
         reason=None,
         node_id=node_id,
         moved_from="",
+        named_claim=False,
         retry_count=job.retry_count + 1,
         exit_code=None,
         stdout="",
@@ -401,17 +415,20 @@ def can_cancel(job: Job) -> bool:
     return job.status in (PENDING, RUNNING)
 
 
-def cancel(job: Job, now: int) -> Job:
+def cancel(job: Job, now: int, live: Output = _NO_OUTPUT) -> Job:
     """A cancelled job ends as a failure every existing client understands: `failed`, reason
-    `cancelled`, exit -1, stderr `job cancelled`; it is never retried. A running one keeps
-    its process on the node until its agent stops it and reports (`holds_slot`)."""
+    `cancelled`, exit -1, stderr `job cancelled` (after what a running one printed so far,
+    `live`); it is never retried. A running one keeps its process on the node until its agent
+    stops it and reports (`holds_slot`)."""
     if not can_cancel(job):
         raise TransitionError(job, CANCEL)
+    ended = ended_output(live, CANCELLED_STDERR)
     return job.evolve(
         status=FAILED,
         reason=Reason.CANCELLED,
         exit_code=-1,
-        stderr=CANCELLED_STDERR,
+        stdout=ended.stdout,
+        stderr=ended.stderr,
         finished_at=now,
         holds_slot=job.status == RUNNING,
     )
@@ -471,6 +488,34 @@ def parse_time(text: str) -> int:
     moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
     delta = moment - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
     return delta // datetime.timedelta(microseconds=1)
+
+
+def with_last_line(text: str, line: str) -> str:
+    """`text` with `line` as its last line (once: a text that ends with it already is kept)."""
+    if not text:
+        return line
+    if text.rstrip("\n").rpartition("\n")[2] == line:
+        return text
+    separator = "" if text.endswith("\n") else "\n"
+    return f"{text}{separator}{line}"
+
+
+def ended_output(live: Output, note: str) -> Output:
+    """The output of an attempt the scheduler ended while it ran: what it printed so far (its
+    live output), and the scheduler's note as the last line of stderr."""
+    return Output(live.stdout, with_last_line(live.stderr, note))
+
+
+def late_output(stored: Output, report: Output) -> Output:
+    """An ended attempt's output once its agent's own report of it arrives after the end (a
+    late or stale report): the report's text, which holds all the attempt printed (what came
+    live too), with the scheduler's note, if it wrote one, still the last line of stderr."""
+    head, _, last = stored.stderr.rpartition("\n")
+    note = last if last in SCHEDULER_NOTES else ""
+    before_note = head if note else stored.stderr
+    stdout = report.stdout or stored.stdout
+    stderr = report.stderr or before_note
+    return Output(stdout, with_last_line(stderr, note) if note else stderr)
 
 
 def cap_output(text: str, max_bytes: int) -> str:

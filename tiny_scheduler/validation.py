@@ -60,6 +60,11 @@ class JobUpdate:
     exit_code: int | None = None
     stdout: str = ""
     stderr: str = ""
+    # The attempt the report is about (this project's agent names it; see `fencing`).
+    node_id: str | None = None
+    attempt: int | None = None
+    # `timeout`: the agent stopped the job at its timeout (a failure that is not retried).
+    timed_out: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -331,7 +336,15 @@ def read_update(read: Callable[[int], bytes], max_output_bytes: int) -> JobUpdat
 
     # The longest status is all a status value needs; exit_code only needs its type when it
     # is a string.
-    keep = {"status": 16, "exit_code": 0, "stdout": max_output_bytes, "stderr": max_output_bytes}
+    keep = {
+        "status": 16,
+        "exit_code": 0,
+        "stdout": max_output_bytes,
+        "stderr": max_output_bytes,
+        "node_id": _MAX_NAME_BYTES,
+        "attempt": 0,
+        "reason": 16,
+    }
     try:
         data = jsonstream.read_object(rest, keep)
     except jsonstream.DecodeError:
@@ -353,11 +366,39 @@ def _update_from(data: Mapping[str, Any], max_output_bytes: int | None) -> JobUp
         or (stderr is not None and not isinstance(stderr, str))
     ):
         raise errors.BadRequest(errors.DECODE_UPDATE)
+    node_id, number = report_names(data, errors.DECODE_UPDATE)
+    reason = data.get("reason")
+    if reason is not None and (not isinstance(reason, str) or reason not in _REPORTED_REASONS):
+        raise errors.BadRequest(errors.DECODE_UPDATE)
     if status not in jobs.UPDATE_STATUSES:
         raise errors.BadRequest(errors.INVALID_STATUS)
     return JobUpdate(
-        status=jobs.Status(status), exit_code=exit_code, stdout=stdout or "", stderr=stderr or ""
+        status=jobs.Status(status),
+        exit_code=exit_code,
+        stdout=stdout or "",
+        stderr=stderr or "",
+        node_id=node_id,
+        attempt=number,
+        timed_out=reason == jobs.Reason.TIMEOUT and status == jobs.FAILED,
     )
+
+
+def report_names(data: Mapping[str, Any], message: str) -> tuple[str | None, int | None]:
+    """The attempt a report or an output post names: (`node_id`, `attempt`), each None when
+    not given; BadRequest(`message`) when one is of the wrong type."""
+    node_id, attempt = data.get("node_id"), data.get("attempt")
+    number = None if attempt is None else _integer(attempt)
+    if (node_id is not None and (not isinstance(node_id, str) or not node_id)) or (
+        attempt is not None and (number is None or not 0 <= number < _INT64)
+    ):
+        raise errors.BadRequest(message)
+    return node_id, number
+
+
+_REPORTED_REASONS = frozenset((jobs.Reason.EXIT.value, jobs.Reason.TIMEOUT.value))
+"""The reasons an agent's final report may give: its own timeout, or the command's exit."""
+_MAX_NAME_BYTES = 256
+"""A node id named in a report longer than this is not one (the stream keeps no more)."""
 
 
 def _output(value: Any, max_bytes: int | None) -> Any:

@@ -23,6 +23,7 @@ DECODE_OUTPUT = "failed to decode output"
 STRINGS_MESSAGE = "stdout and stderr must be strings"
 STREAM_MESSAGE = "stream must be stdout or stderr"
 OFFSET_MESSAGE = "offset must be a whole number of bytes, 0 or more"
+ATTEMPT_MESSAGE = "attempt must be a whole number, 0 for the first attempt"
 WAIT_MESSAGE = f"wait must be a number of seconds from 0 to {MAX_WAIT_SECS}"
 
 
@@ -32,19 +33,20 @@ def append_output(job_id: str) -> Response:
     stdout, stderr = data.get("stdout") or "", data.get("stderr") or ""
     if not isinstance(stdout, str) or not isinstance(stderr, str):
         raise errors.BadRequest(STRINGS_MESSAGE)
-    scheduler().append_output(job_id, stdout, stderr)
+    node_id, attempt = validation.report_names(data, DECODE_OUTPUT)
+    scheduler().append_output(job_id, stdout, stderr, node_id, attempt)
     return Response(status=204)
 
 
 @bp.get("/jobs/<job_id>/output")
 def read_output(job_id: str) -> Response:
-    stream, offset, wait = _query()
+    stream, offset, wait, attempt = _query()
     service = scheduler()
     seen = service.output_signal.count  # before the look: a change after it wakes the wait
-    read = service.read_output(job_id, stream, offset)
+    read = service.read_output(job_id, stream, offset, attempt)
     now = SYSTEM.monotonic()
     deadline = request.environ.get(WAITED_KEY) or now + wait
-    if not read.data and read.status == "running" and now < deadline:
+    if not read.data and read.current and read.status == "running" and now < deadline:
         service.waiters.enter()
         if request.environ.get(PARK_KEY):
             # Parked in the worker's loop: this request runs again when something happens.
@@ -54,12 +56,16 @@ def read_output(job_id: str) -> Response:
             wait_in_thread(service.output_signal, deadline - now)
         finally:
             service.waiters.leave()
-        read = service.read_output(job_id, stream, offset)
-    headers = {"X-Output-Offset": str(read.next_offset), "X-Job-Status": read.status}
+        read = service.read_output(job_id, stream, offset, attempt)
+    headers = {
+        "X-Output-Offset": str(read.next_offset),
+        "X-Job-Status": read.status,
+        "X-Attempt": str(read.attempt),
+    }
     return Response(read.data, 200, headers, content_type="text/plain; charset=utf-8")
 
 
-def _query() -> tuple[str, int, float]:
+def _query() -> tuple[str, int, float, int | None]:
     args = request.args
     stream = args.get("stream", "stdout")
     if stream not in ("stdout", "stderr"):
@@ -74,4 +80,9 @@ def _query() -> tuple[str, int, float]:
         wait = -1.0
     if not 0 <= wait <= MAX_WAIT_SECS:
         raise errors.BadRequest(WAIT_MESSAGE)
-    return stream, int(raw_offset), wait
+    raw_attempt = args.get("attempt")
+    if raw_attempt is not None and (
+        not raw_attempt.isascii() or not raw_attempt.isdigit() or len(raw_attempt) > 9
+    ):
+        raise errors.BadRequest(ATTEMPT_MESSAGE)
+    return stream, int(raw_offset), wait, None if raw_attempt is None else int(raw_attempt)

@@ -33,7 +33,7 @@ from ..display import describe, waiting_text
 from ..jobs import DONE, FAILED, JOB_ID_PREFIX, RUN, RUNNING, SERVICE, STATUSES
 from ..validation import MAX_PAGE
 from .delays import delay_fields, delay_options
-from .follow import follow_output
+from .follow import follow_output, live_output
 from .output import CliError, echo_json, jobs_table, print_attempts, print_status, print_streams
 
 DEFAULT_LIMIT = 100
@@ -438,7 +438,8 @@ def logs(ctx: click.Context, job_id: str, follow: bool, as_json: bool) -> None:
             click.echo(f"\nstopped following; {_job_id(job_id)} goes on without us", err=True)
             sys.exit(130)
         sys.exit(exit_status(job))
-    job = client_from(ctx).job(_job_id(job_id))
+    client = client_from(ctx)
+    job = client.job(_job_id(job_id))
     latest = {
         name: job[name]
         for name in (
@@ -447,6 +448,9 @@ def logs(ctx: click.Context, job_id: str, follow: bool, as_json: bool) -> None:
         )
         if name in job
     }
+    if job["status"] == RUNNING:
+        # A running attempt's output so far is not part of the job: it is the live output.
+        latest.update(live_output(client, job["job_id"]))
     # An earlier attempt is one that failed and was retried; the API does not repeat that.
     earlier = [{**attempt, "status": FAILED} for attempt in job.get("attempts", [])]
     attempts = [*earlier, {**latest, "status": job["status"]}]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from .. import errors, jobs
+from .. import errors, fencing, jobs
 from ..jobs import Job, Reason
 from ..validation import JobRequest, JobUpdate
 from . import dependencies
@@ -107,17 +107,27 @@ class Lifecycle:
 
     def update(self, job_id: str, update: JobUpdate) -> Job:
         """Apply an agent's report: the claim (running), or the end of an attempt. The late
-        end of an attempt that timed out leaves the job as it is and frees its slot."""
+        end of an attempt the scheduler ended leaves the job as it is, keeps the attempt's
+        output and frees its slot; a report about another attempt than the current one is
+        refused (Conflict), its output kept on its own attempt."""
         core = self._core
         with core.table.changing(job_seq(job_id)) as job:
+            claim = update.status == jobs.RUNNING
+            stale = fencing.stale_report(job, update.node_id, update.attempt, claim)
+            if stale is not None:
+                if not claim:
+                    self._keep_stale_output(job, update)
+                log.warning("job %s: %s (report from %s)", job.job_id, stale, update.node_id)
+                raise errors.Conflict(stale)
             late = jobs.is_late_report(job, update.status)
             if late:
                 new = self._late_report(job, update)
             else:
                 now = core.now()
                 try:
-                    if update.status == jobs.RUNNING:
-                        new = jobs.start(job, now)
+                    if claim:
+                        named = update.node_id is not None or update.attempt is not None
+                        new = jobs.start(job, now, named)
                     else:
                         new = self._end_attempt(job, update, now)
                 except jobs.TransitionError as exc:
@@ -135,26 +145,66 @@ class Lifecycle:
         return new
 
     def _late_report(self, job: Job, update: JobUpdate) -> Job:
-        """(Busy marker held.) The agent ended an attempt the scheduler had timed out."""
+        """(Busy marker held.) The agent ended an attempt the scheduler had ended already
+        (timed out, cancelled, lost): its state stays, its output is kept on the attempt."""
         log.info(
-            "job %s: late %s report (exit %s) from node %s after its timeout; job unchanged",
+            "job %s: late %s report (exit %s) from node %s after its %s; job unchanged",
             job.job_id,
             update.status,
             update.exit_code,
             job.node_id,
+            job.reason,
         )
-        if not job.holds_slot:
-            return job  # a repeated report, or the node was counted as lost meanwhile
-        freed = jobs.release_slot(job)
-        self._core.commit(freed, becomes_final=False)
-        log.info("job %s: node %s's slot freed", job.job_id, job.node_id)
-        return freed
+        stored = self._attempt_output(job, job.retry_count)
+        kept = self._merged(stored, update)
+        new = job.evolve(stdout=kept.stdout, stderr=kept.stderr) if kept != stored else job
+        if job.holds_slot:
+            new = jobs.release_slot(new)
+            log.info("job %s: node %s's slot freed", job.job_id, job.node_id)
+        if new is job:
+            return job  # a repeated report with nothing new
+        self._core.commit(new, becomes_final=False)
+        return new.without_output()
+
+    def _keep_stale_output(self, job: Job, update: JobUpdate) -> None:
+        """(Busy marker held.) A stale final report about an earlier attempt of this job: its
+        output goes on that attempt, which the scheduler had ended (lost, most likely)."""
+        number = update.attempt
+        if number is None or number >= len(job.attempts):
+            return
+        attempt = job.attempts[number]
+        if update.node_id is not None and update.node_id != attempt.node_id:
+            return  # not that attempt's node: not its output either
+        stored = self._attempt_output(job, number)
+        kept = self._merged(stored, update)
+        if kept == stored:
+            return
+        attempts = list(job.attempts)
+        attempts[number] = attempt.with_output(kept)
+        self._core.commit(job.evolve(attempts=tuple(attempts)), becomes_final=False)
+
+    def _attempt_output(self, job: Job, number: int) -> jobs.Output:
+        """What the store holds of one attempt's output (live output, or its end's)."""
+        found = self._core.store.read_outputs(job.seq) or {}
+        return found.get(number) or jobs.Output("", "")
+
+    def _merged(self, stored: jobs.Output, update: JobUpdate) -> jobs.Output:
+        cap = self._core.settings.max_output_bytes
+        merged = jobs.late_output(stored, jobs.Output(update.stdout, update.stderr))
+        return jobs.Output(jobs.cap_output(merged.stdout, cap), jobs.cap_output(merged.stderr, cap))
+
+    def _live_output(self, job: Job) -> jobs.Output:
+        """The running attempt's output so far (what its agent sent live), which the
+        scheduler's end of the attempt keeps; none for a job that is not running."""
+        if job.status != jobs.RUNNING:
+            return jobs.Output("", "")
+        return self._attempt_output(job, job.retry_count)
 
     def cancel(self, job_id: str) -> Job:
         core = self._core
         with core.table.changing(job_seq(job_id)) as job:
             try:
-                new = jobs.cancel(job, core.now())
+                new = self._capped(jobs.cancel(job, core.now(), self._live_output(job)))
             except jobs.TransitionError as exc:
                 raise errors.Conflict(str(exc)) from None
             core.commit(new)
@@ -169,7 +219,8 @@ class Lifecycle:
         with core.table.changing(seq) as job:
             if job.status != jobs.RUNNING:
                 return None
-            new = self._maybe_retry(jobs.fail_by_scheduler(job, reason, core.now(), stderr))
+            failed = jobs.fail_by_scheduler(job, reason, core.now(), stderr, self._live_output(job))
+            new = self._maybe_retry(self._capped(failed))
             core.commit(new)
         core.announce(new)
         return new
@@ -198,6 +249,11 @@ class Lifecycle:
 
     def _end_attempt(self, job: Job, update: JobUpdate, now: int) -> Job:
         cap = self._core.settings.max_output_bytes
+        if update.timed_out:
+            # The agent stopped it at its timeout: final, as the scan's timeout is.
+            stderr = jobs.with_last_line(update.stderr, jobs.TIMED_OUT_STDERR)
+            new = jobs.finish(job, jobs.FAILED, -1, update.stdout, stderr, now, jobs.Reason.TIMEOUT)
+            return self._capped(new)
         new = jobs.finish(
             job,
             update.status,
@@ -207,6 +263,14 @@ class Lifecycle:
             now,
         )
         return self._maybe_retry(new)
+
+    def _capped(self, job: Job) -> Job:
+        """The version with its current output within MAX_OUTPUT_BYTES (a note added after
+        a capped output can pass it by a line)."""
+        cap = self._core.settings.max_output_bytes
+        return job.evolve(
+            stdout=jobs.cap_output(job.stdout, cap), stderr=jobs.cap_output(job.stderr, cap)
+        )
 
     def _maybe_retry(self, failed: Job) -> Job:
         core = self._core

@@ -36,7 +36,7 @@ CLAIM_EVIDENCE_SECS = 1.0
 job does not run: the agent polls again only after its poll interval (3 s), and a report it
 sent just before its poll has been committed by then."""
 
-LOST_BY_AGENT = "lost by its agent"
+LOST_BY_AGENT = jobs.LOST_BY_AGENT
 """The stderr of an attempt that the node's agent shows it is not running."""
 
 

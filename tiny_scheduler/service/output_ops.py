@@ -18,12 +18,14 @@ import collections
 import dataclasses
 import threading
 
-from .. import errors, jobs
+from .. import errors, fencing, jobs
 from ..jobs import Job
 from ..notify import Signal
 from .core import Core, Event, job_seq
 
 STREAMS = ("stdout", "stderr")
+
+ATTEMPT_NOT_FOUND = "attempt not found"
 
 TOTALS_KEPT = 10_000
 """Jobs whose stream totals are remembered (the most recently written)."""
@@ -35,7 +37,9 @@ class OutputRead:
 
     data: bytes
     next_offset: int
-    status: str  # the job's status when read
+    status: str  # the status of the attempt read: the job's for its current attempt
+    attempt: int  # the attempt read (its retry_count, from 0)
+    current: bool  # whether that is the job's current attempt (the only one that can grow)
 
 
 class OutputOps:
@@ -55,12 +59,23 @@ class OutputOps:
         if event in (Event.STARTED, Event.RETRIED, Event.FINISHED):
             self.signal.fire()
 
-    def append(self, job_id: str, stdout: str, stderr: str) -> None:
-        """Add to the running attempt's output; Conflict when the job is not running."""
+    def append(
+        self,
+        job_id: str,
+        stdout: str,
+        stderr: str,
+        node_id: str | None = None,
+        attempt: int | None = None,
+    ) -> None:
+        """Add to the running attempt's output; Conflict when the job is not running, or the
+        output names another attempt than the current one (`fencing.stale_report`)."""
         core = self._core
         cap = core.settings.max_output_bytes
         seq = job_seq(job_id)
         with core.table.changing(seq) as job:
+            stale = fencing.stale_report(job, node_id, attempt, claim=False)
+            if stale is not None:
+                raise errors.Conflict(stale)
             if job.status != jobs.RUNNING:
                 raise errors.Conflict(f"job {job_id} is {job.status}, not running: no output")
             stored = core.store.read_outputs(seq) or {}
@@ -78,16 +93,24 @@ class OutputOps:
                 totals[1] += len(added[1])
         self.signal.fire()
 
-    def read(self, job_id: str, stream: str, offset: int) -> OutputRead:
-        """The bytes of `stream` of the job's current attempt from `offset`."""
+    def read(self, job_id: str, stream: str, offset: int, attempt: int | None = None) -> OutputRead:
+        """The bytes of `stream` of one attempt of the job (its current one by default) from
+        `offset`. An earlier attempt (one that failed and was retried) is read whole as it
+        ended, with its own status, `failed`."""
         core = self._core
         seq = job_seq(job_id)
         job = core.table.get(seq)
         if job is None:
             raise errors.NotFound(errors.JOB_NOT_FOUND)
+        if attempt is not None and attempt > job.retry_count:
+            raise errors.NotFound(ATTEMPT_NOT_FOUND)
         stored = core.store.read_outputs(seq)
         if stored is None:
             raise errors.NotFound(errors.JOB_NOT_FOUND)
+        if attempt is not None and attempt < job.retry_count:
+            ended = getattr(stored.get(attempt) or jobs.Output("", ""), stream).encode("utf-8")
+            chunk = ended[offset:] if offset < len(ended) else b""
+            return OutputRead(chunk, max(offset, len(ended)), str(jobs.FAILED), attempt, False)
         output = stored.get(job.retry_count) or jobs.Output("", "")
         if job.status == jobs.PENDING:
             output = jobs.Output("", "")  # a retried job's new attempt has printed nothing
@@ -98,7 +121,7 @@ class OutputOps:
         total = max(total, len(data))
         start = total - len(data)
         chunk = data[max(0, offset - start) :] if offset < total else b""
-        return OutputRead(chunk, total, str(job.status))
+        return OutputRead(chunk, total, str(job.status), job.retry_count, True)
 
     def _totals_of(self, seq: int, attempt: int, current: jobs.Output) -> list[int]:
         """(Lock held.) The stream totals of an attempt, remembered from its kept output

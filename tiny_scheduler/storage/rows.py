@@ -96,6 +96,7 @@ def from_row(row: Sequence[Any]) -> Job:
     if job.reason is not None:
         job.reason = _REASONS[job.reason]
     job.holds_slot = bool(job.holds_slot)
+    job.named_claim = bool(job.named_claim)
     job.moved_from = intern(job.moved_from)
     job.dependency = _DEPENDENCIES[job.dependency]
     job.queue = intern(job.queue)

@@ -52,7 +52,7 @@ from .readers import ReaderPool
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 _SCHEMA_V1 = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -197,6 +197,12 @@ ALTER TABLE jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 50;
 ALTER TABLE jobs ADD COLUMN queue TEXT NOT NULL DEFAULT 'default'
 """
 
+# Version 9: whether the current attempt was claimed by a report that named it (issue 31);
+# rows written before were claimed by reports without names.
+_SCHEMA_V9 = """
+ALTER TABLE jobs ADD COLUMN named_claim INTEGER NOT NULL DEFAULT 0
+"""
+
 MIGRATIONS: dict[int, str] = {
     1: _SCHEMA_V1,
     2: _SCHEMA_V2,
@@ -206,6 +212,7 @@ MIGRATIONS: dict[int, str] = {
     6: _SCHEMA_V6,
     7: _SCHEMA_V7,
     8: _SCHEMA_V8,
+    9: _SCHEMA_V9,
 }
 """Each entry upgrades a file to version N from the one before it. A new schema version adds
 one; a file is taken through every entry above its version, in order."""

@@ -1,0 +1,85 @@
+"""Fencing: at most one copy of a job runs at once, and only the current copy's word counts.
+
+Two rules, both pure, with their tests in `tests/test_fencing.py`:
+
+- **Which report a job takes** (`stale_report`). An attempt is named by its node and its
+  number (`retry_count`, counted from 0 on the wire): the attempt number is the fencing token.
+  A report (a claim, a final report, live output) that names an attempt other than the job's
+  current one is stale: it gets 409 and is never taken as the current attempt's result. An
+  attempt claimed by a report that named it (this project's agent) takes only reports that
+  name it too; one claimed without (the tiny-aws agent, whose reports carry no names) takes
+  reports without names, as before.
+- **When a node's work may be given up** (`fence_secs_auto`, `fence_refusal`, `lost_at`). An
+  agent stops its own jobs once no heartbeat answer from the leader has come for its fence
+  (`--fence-secs`); the scheduler fails a lost node's running jobs (and runs them elsewhere)
+  only once that fence has surely passed: `fence_secs` plus two heartbeat periods after the
+  node's last heartbeat, and never before `NODE_LOST_SECS`. So the retried copy starts after
+  the first copy was stopped.
+"""
+
+from __future__ import annotations
+
+from .jobs import RUNNING, Job
+
+FENCE_CAP_SECS = 30.0
+"""The longest fence `auto` picks: jobs of a node cut off from every scheduler stop within
+half a minute, even when the scheduler waits far longer before it calls the node lost."""
+
+
+def stale_report(job: Job, node_id: str | None, attempt: int | None, claim: bool) -> str | None:
+    """Why a report is not for the job's current attempt (the 409's text), or None when it
+    is. `node_id`/`attempt`: what the report names (None: not named); `claim`: the report is
+    the claim (`PATCH running`), which may name the pending job's next attempt."""
+    named = node_id is not None or attempt is not None
+    if not named:
+        # The tiny-aws agent's report: taken as before, but never for an attempt that a
+        # naming agent claimed (a stray unnamed report must not end that attempt).
+        if job.named_claim and job.status == RUNNING and not claim:
+            return _stale(job)
+        return None
+    if (attempt is not None and attempt != job.retry_count) or (
+        node_id is not None and node_id != job.node_id
+    ):
+        return _stale(job)
+    return None
+
+
+def _stale(job: Job) -> str:
+    # People count attempts from 1 (the wire from 0): this text is for people.
+    return f"stale report: {job.job_id} is on attempt {job.retry_count + 1} on {job.node_id}"
+
+
+def fence_secs_auto(node_lost_secs: float, heartbeat_secs: float) -> float:
+    """The fence an agent takes by default: as long as it may be (so a short outage of the
+    scheduler stops nothing) while still ending before the scheduler calls the node lost,
+    with two heartbeat periods and a second to spare; at most `FENCE_CAP_SECS`; never below
+    one heartbeat period (a scheduler set to lose nodes faster than that gets no guarantee)."""
+    room = node_lost_secs - 2 * heartbeat_secs - 1
+    return max(min(FENCE_CAP_SECS, room), heartbeat_secs)
+
+
+def fence_refusal(asked_secs: float, node_lost_secs: float, heartbeat_secs: float) -> str | None:
+    """Why an agent's explicit `--fence-secs` cannot keep its promise with this scheduler
+    (its jobs could still run when the scheduler starts them elsewhere), or None."""
+    limit = fence_secs_auto(node_lost_secs, heartbeat_secs)
+    if asked_secs <= limit:
+        return None
+    return (
+        f"--fence-secs {asked_secs:g} is longer than this scheduler allows ({limit:g}: "
+        f"NODE_LOST_SECS {node_lost_secs:g} less two heartbeat periods of "
+        f"{heartbeat_secs:g}s and a second)"
+    )
+
+
+def lost_at(
+    last_beat: float, fence_secs: float | None, heartbeat_secs: float, node_lost_secs: float
+) -> float:
+    """The earliest moment (on the clock of `last_beat`, the node's last heartbeat) at which
+    the scheduler may fail a silent node's running jobs: `NODE_LOST_SECS` after it, and for a
+    node that fences, not before its fence has passed with two heartbeat periods to spare (its
+    agent counts the fence from the last answer it got, which is no earlier than that
+    heartbeat)."""
+    wait = node_lost_secs
+    if fence_secs is not None:
+        wait = max(wait, fence_secs + 2 * heartbeat_secs)
+    return last_beat + wait
