@@ -168,9 +168,15 @@ class Harness:
         return self.service.update(job_id, update)
 
     def heartbeat(
-        self, node: str, running: Iterable[str] = (), cpu_count: int = 2, version: str = "t"
+        self,
+        node: str,
+        running: Iterable[str] = (),
+        cpu_count: int = 2,
+        version: str = "t",
+        **fields: Any,
     ) -> Orders:
-        beat = Heartbeat(cpu_count, frozenset(running), version)
+        """One heartbeat; `fields` are the other Heartbeat fields (fence_secs=30, ...)."""
+        beat = Heartbeat(cpu_count, frozenset(running), version, **fields)
         return self.service.heartbeat(node, beat)
 
     def cancel(self, job_id: str) -> Job:

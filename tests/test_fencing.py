@@ -195,3 +195,66 @@ def test_the_agents_own_timeout_is_final_and_keeps_the_output() -> None:
     )
     assert ended.stderr == "warming up\njob timed out"
     assert not ended.holds_slot, "the agent stopped it: its slot is free"
+
+
+# --- the service: heartbeats of fencing agents ------------------------------------------
+
+
+def test_a_silent_nodes_jobs_wait_for_its_fence_before_they_run_elsewhere() -> None:
+    """A node whose agent fences for longer than the loss time: its running job is given up
+    only once the fence plus two heartbeat periods have passed since its last heartbeat."""
+    h = Harness(builtin=True, node_lost_secs=10, node_heartbeat_secs=1, max_job_retries=1)
+    h.heartbeat("node-a", fence_secs=30)
+    job_id = h.submit().job_id  # node-a is the only node so far
+    h.heartbeat("node-b")
+    h.claim(job_id, node="node-a", attempt=0)
+    h.heartbeat("node-a", [job_id], fence_secs=30)
+    for _ in range(31):  # node-b keeps beating; node-a is silent from here
+        h.advance(1)
+        h.heartbeat("node-b")
+        h.scan.tick()
+        assert h.job(job_id).status == jobs.RUNNING, "given up before node-a's fence passed"
+    h.advance(1)
+    h.heartbeat("node-b")
+    h.scan.tick()
+    retried = h.job(job_id)
+    assert (retried.status, retried.node_id, retried.retry_count) == (jobs.PENDING, "node-b", 1)
+
+
+def test_a_second_agent_with_the_same_node_id_is_refused() -> None:
+    h = Harness(builtin=True, node_lost_secs=10)
+    h.heartbeat("node-a", agent_id="first")
+    with pytest.raises(errors.Conflict) as refused:
+        h.heartbeat("node-a", agent_id="second")
+    assert refused.value.message == "node node-a is served by another agent"
+    assert h.heartbeat("node-a", agent_id="first").node_id == "node-a"
+    # Once the first has been silent for the loss time, another may take the node over.
+    h.advance(11)
+    assert h.heartbeat("node-a", agent_id="second").node_id == "node-a"
+
+
+def test_an_agent_that_refuses_work_gets_none_and_says_why() -> None:
+    h = Harness(builtin=True)
+    h.heartbeat("node-a", refusing_work="spool not writable: read-only file system")
+    h.heartbeat("node-b")
+    placed = {h.submit().node_id for _ in range(4)}
+    assert placed == {"node-b"}
+    [view] = [node for node in h.service.nodes() if node.node_id == "node-a"]
+    assert view.to_wire()["refusing_work"] == "spool not writable: read-only file system"
+    h.heartbeat("node-a")  # it can again
+    assert "node-a" in {h.submit().node_id for _ in range(4)}
+
+
+def test_an_agent_running_an_older_attempt_is_told_to_stop_it() -> None:
+    h = Harness(builtin=True)
+    h.heartbeat("node-a")
+    job_id = h.submit().job_id
+    h.claim(job_id, node="node-a", attempt=0)
+    orders = h.heartbeat("node-a", [job_id], attempts=((job_id, 0),))
+    assert orders.stop == []
+    wire = orders.to_wire()
+    assert (wire["node_lost_secs"], wire["job_timeout_secs"]) == (
+        h.settings.node_lost_secs,
+        h.settings.job_timeout_secs,
+    )
+    assert h.heartbeat("node-a", [job_id], attempts=((job_id, 3),)).stop == [job_id]

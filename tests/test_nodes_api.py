@@ -35,7 +35,14 @@ def _json(body: object) -> bytes:
 
 def test_a_heartbeat_makes_a_node_that_jobs_go_to(nodes_api: Api) -> None:
     orders = beat(nodes_api, "n1", labels={"zone": "a"})
-    assert orders == {"node_id": "n1", "heartbeat_secs": 5, "drain": False, "stop": []}
+    assert orders == {
+        "node_id": "n1",
+        "heartbeat_secs": 5,
+        "drain": False,
+        "stop": [],
+        "node_lost_secs": 60,
+        "job_timeout_secs": 3600,
+    }
     job = nodes_api.submit(command="echo hi")
     assert job["node_id"] == "n1"
     listed = expect_json(nodes_api.get("/nodes"), 200)

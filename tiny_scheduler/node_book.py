@@ -9,7 +9,8 @@ drains; and the two node sources built on it.
   is healthy while its last heartbeat is at most `HEALTHY_BEATS` periods old, unhealthy after
   that, and gone (not listed) after `NODE_LOST_SECS` without one.
 - `Drains` wraps any node source (the registry or the built-in one) and marks the drained
-  nodes in the lists it gives: healthy, but taking no new work.
+  nodes, and those whose agent refuses work, in the lists it gives: healthy, but taking no
+  new work.
 
 Health from heartbeats is read at the instant asked, from the clock handed in; nothing here
 calls a peer, so every read is instant.
@@ -56,6 +57,9 @@ class Beat:
     running: frozenset[str]  # job ids the agent says it runs
     version: str = ""
     labels: tuple[tuple[str, str], ...] = ()
+    fence_secs: float | None = None  # None: the node's agent does not fence
+    agent_id: str = ""
+    refusing_work: str = ""  # why the agent takes no new work ("": it takes work)
 
 
 class NodeBook:
@@ -122,6 +126,24 @@ class NodeBook:
     def drained(self) -> frozenset[str]:
         return self._drained
 
+    def closed(self) -> frozenset[str]:
+        """The nodes that take no new work: drained by an operator, or whose agent says it
+        cannot keep its promises (`refusing_work`) as of its last heartbeat."""
+        with self._lock:
+            refusing = {node for node, beat in self._beats.items() if beat.refusing_work}
+        return self._drained | refusing if refusing else self._drained
+
+    def other_agent(self, node_id: str, agent_id: str) -> bool:
+        """Whether another agent than `agent_id` served this node within its loss time (two
+        agents with one node id would each run its jobs)."""
+        if not agent_id:
+            return False
+        with self._lock:
+            last = self._beats.get(node_id)
+        if last is None or not last.agent_id or last.agent_id == agent_id:
+            return False
+        return self.clock.monotonic() - last.at <= self.lost_secs
+
     def beats(self) -> dict[str, Beat]:
         with self._lock:
             return dict(self._beats)
@@ -174,11 +196,11 @@ class Drains:
         self._book = book
 
     def nodes(self) -> Nodes:
-        return self.source.nodes().draining(self._book.drained())
+        return self.source.nodes().draining(self._book.closed())
 
     def cached_nodes(self) -> Nodes | None:
         nodes = self.source.cached_nodes()
-        return None if nodes is None else nodes.draining(self._book.drained())
+        return None if nodes is None else nodes.draining(self._book.closed())
 
     def last_outcome(self) -> str | None:
         return self.source.last_outcome()

@@ -21,6 +21,10 @@ MAX_TEXT = 256
 RUNNING_MESSAGE = f"running must be a list of at most {MAX_RUNNING_LISTED} job ids"
 VERSION_MESSAGE = f"version must be a string of at most {MAX_TEXT} characters"
 LABELS_MESSAGE = f"labels must be an object of at most {MAX_LABELS} strings"
+FENCE_MESSAGE = "fence_secs must be a number of seconds above 0"
+AGENT_ID_MESSAGE = f"agent_id must be a string of at most {MAX_TEXT} characters"
+REFUSING_MESSAGE = f"refusing_work must be a string of at most {4 * MAX_TEXT} characters"
+ATTEMPTS_MESSAGE = "attempts must map job ids (job-N) to attempt numbers (0 or more)"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -31,6 +35,12 @@ class Heartbeat:
     running: frozenset[str]
     version: str = ""
     labels: tuple[tuple[str, str], ...] = ()
+    # Round four (issue 31), each optional: the agent's fence (None: it does not fence), its
+    # id (one agent per node), why it takes no new work, and the attempt of each job it runs.
+    fence_secs: float | None = None
+    agent_id: str = ""
+    refusing_work: str = ""
+    attempts: tuple[tuple[str, int], ...] = ()
 
 
 def parse_heartbeat(body: bytes) -> Heartbeat:
@@ -55,7 +65,33 @@ def parse_heartbeat(body: bytes) -> Heartbeat:
     for key, value in labels.items():
         if not isinstance(value, str) or len(key) > MAX_TEXT or len(value) > MAX_TEXT:
             raise errors.BadRequest(f"labels must map names to strings ({key!r:.60} does not)")
-    return Heartbeat(cpu_count, frozenset(running), version, tuple(sorted(labels.items())))
+    fence_secs = data.get("fence_secs")
+    if fence_secs is not None and (
+        isinstance(fence_secs, bool) or not isinstance(fence_secs, int | float) or fence_secs <= 0
+    ):
+        raise errors.BadRequest(FENCE_MESSAGE)
+    agent_id = data.get("agent_id") or ""
+    if not isinstance(agent_id, str) or len(agent_id) > MAX_TEXT:
+        raise errors.BadRequest(AGENT_ID_MESSAGE)
+    refusing = data.get("refusing_work") or ""
+    if not isinstance(refusing, str) or len(refusing) > 4 * MAX_TEXT:
+        raise errors.BadRequest(REFUSING_MESSAGE)
+    attempts = data.get("attempts") or {}
+    if not isinstance(attempts, dict) or len(attempts) > MAX_RUNNING_LISTED:
+        raise errors.BadRequest(ATTEMPTS_MESSAGE)
+    for job_id, attempt in attempts.items():
+        if jobs.parse_job_id(job_id) is None or not _is_int(attempt) or attempt < 0:
+            raise errors.BadRequest(ATTEMPTS_MESSAGE)
+    return Heartbeat(
+        cpu_count,
+        frozenset(running),
+        version,
+        tuple(sorted(labels.items())),
+        None if fence_secs is None else float(fence_secs),
+        agent_id,
+        refusing,
+        tuple(sorted(attempts.items())),
+    )
 
 
 def parse_drain(body: bytes) -> bool:

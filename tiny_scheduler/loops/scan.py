@@ -6,7 +6,8 @@
   Services have no scheduler timeout.
 - Lost nodes: a pending job whose node is gone from the registry or unhealthy is placed again
   on a healthy node (instance-pinned jobs stay: their instance lives there). A running job
-  whose node has been gone or unhealthy for longer than NODE_LOST_SECS fails as an attempt
+  whose node has been gone or unhealthy for longer than NODE_LOST_SECS (and, when its agent
+  fences, whose fence has surely stopped it: `fencing.lost_at`) fails as an attempt
   with exit -1 and `node lost`, and the retry rule sends it elsewhere (reason `node_lost` when
   no retry is left); a timed-out job's slot there is freed. When the registry cannot be
   reached nothing moves: an outage of the registry is not an outage of every node.
@@ -74,7 +75,12 @@ class Scan:
             log.warning("lost-node scan skipped: %s", exc.message)
             return
         verdict = judge_nodes(
-            busy, nodes, self._down_since, self.clock.monotonic(), self.settings.node_lost_secs
+            busy,
+            nodes,
+            self._down_since,
+            self.clock.monotonic(),
+            self.settings.node_lost_secs,
+            self.service.fence_holds(),
         )
         self._down_since = verdict.down_since
         for node in verdict.replace:

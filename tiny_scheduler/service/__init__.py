@@ -115,6 +115,7 @@ class Scheduler:
         self.set_drain = node_ops.set_drain
         self.nodes = node_ops.nodes
         self.node = node_ops.node
+        self.fence_holds = node_ops.fence_holds
 
         queue_ops = QueueOps(core)
         self.list_queues = queue_ops.list_queues

@@ -80,13 +80,20 @@ def judge_nodes(
     down_since: Mapping[str, float],
     now: float,
     lost_secs: float,
+    held_until: Mapping[str, float] | None = None,
 ) -> NodeVerdict:
     """Which busy nodes are down (unhealthy or gone from the list), since when (a node that
     came back, or has no work any more, starts afresh), which of them give up their pending
     jobs (all, when some node is healthy to take them), and which count as lost: down for
-    longer than `lost_secs`."""
+    longer than `lost_secs`, and past the moment `held_until` names for a node whose agent
+    fences (before it, the node's own fence may not have stopped its jobs yet)."""
+    held = held_until or {}
     down = sorted(node for node in busy if not nodes.is_healthy(node))
     since = {node: down_since.get(node, now) for node in down}
     replace = tuple(down) if nodes.healthy else ()
-    lost = tuple(node for node in down if now - since[node] > lost_secs)
+    lost = tuple(
+        node
+        for node in down
+        if now - since[node] > lost_secs and now >= held.get(node, float("-inf"))
+    )
     return NodeVerdict(since, replace, lost)

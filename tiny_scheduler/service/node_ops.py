@@ -17,7 +17,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from .. import errors, jobs
+from .. import errors, fencing, jobs
 from ..node_book import Beat, NodeBook, NodeRecord
 from ..node_requests import NODE_NOT_FOUND, Heartbeat
 from ..nodes import Nodes
@@ -44,6 +44,7 @@ class NodeView:
     cpu_count: int | None = None
     labels: dict[str, str] | None = None
     version: str = ""
+    refusing_work: str = ""
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -63,6 +64,8 @@ class NodeView:
             out["labels"] = self.labels
         if self.version:
             out["version"] = self.version
+        if self.refusing_work:
+            out["refusing_work"] = self.refusing_work
         return out
 
 
@@ -74,15 +77,24 @@ class Orders:
     heartbeat_secs: float
     drain: bool
     stop: list[str]
+    # What an agent needs for its fence and its own timeouts (round four).
+    node_lost_secs: float = 0.0
+    job_timeout_secs: int = 0
 
     def to_wire(self) -> dict[str, Any]:
-        secs = self.heartbeat_secs
         return {
             "node_id": self.node_id,
-            "heartbeat_secs": int(secs) if secs == int(secs) else secs,
+            "heartbeat_secs": _number(self.heartbeat_secs),
             "drain": self.drain,
             "stop": self.stop,
+            "node_lost_secs": _number(self.node_lost_secs),
+            "job_timeout_secs": self.job_timeout_secs,
         }
+
+
+def _number(secs: float) -> float | int:
+    """Whole seconds as an integer on the wire (5, not 5.0)."""
+    return int(secs) if secs == int(secs) else secs
 
 
 class NodeOps:
@@ -117,6 +129,9 @@ class NodeOps:
     def heartbeat(self, node_id: str, beat: Heartbeat) -> Orders:
         core = self._core
         book = self.book
+        if book.other_agent(node_id, beat.agent_id):
+            # Checked before anything changes: the second agent must run nothing here.
+            raise errors.Conflict(f"node {node_id} is served by another agent")
         now_us = core.now()
         old = self._records.get(node_id)
         record = NodeRecord(
@@ -139,14 +154,20 @@ class NodeOps:
                 beat.running,
                 beat.version,
                 beat.labels,
+                beat.fence_secs,
+                beat.agent_id,
+                beat.refusing_work,
             ),
         )
         self._reconcile(node_id, beat.running)
+        settings = core.settings
         return Orders(
             node_id,
-            core.settings.node_heartbeat_secs,
+            settings.node_heartbeat_secs,
             node_id in book.drained(),
-            self._stop_orders(node_id, beat.running),
+            self._stop_orders(node_id, beat.running, dict(beat.attempts)),
+            settings.node_lost_secs,
+            settings.job_timeout_secs,
         )
 
     def _reconcile(self, node_id: str, listed: frozenset[str]) -> None:
@@ -159,18 +180,39 @@ class NodeOps:
             if failed is not None:
                 log.warning("job %s: node %s's agent no longer runs it", job_id, node_id)
 
-    def _stop_orders(self, node_id: str, listed: frozenset[str]) -> list[str]:
+    def _stop_orders(
+        self, node_id: str, listed: frozenset[str], attempts: dict[str, int]
+    ) -> list[str]:
         """What the node must stop: each job its agent runs that is not running there as far
         as the scheduler knows: ended by the scheduler while it ran (cancelled, timed out),
-        failed as lost and retried elsewhere, or forgotten altogether."""
+        failed as lost and retried elsewhere (or here: the agent runs an older attempt than
+        the current one), or forgotten altogether."""
         table = self._core.table
         stop = []
         for job_id in listed:
             seq = jobs.parse_job_id(job_id)
             job = table.get(seq) if seq is not None else None
-            if job is None or job.node_id != node_id or job.status != jobs.RUNNING:
+            if (
+                job is None
+                or job.node_id != node_id
+                or job.status != jobs.RUNNING
+                or attempts.get(job_id, job.retry_count) != job.retry_count
+            ):
                 stop.append(job_id)
         return sorted(stop, key=lambda job_id: jobs.parse_job_id(job_id) or 0)
+
+    def fence_holds(self) -> dict[str, float]:
+        """For each node whose agent fences: the moment (the book's monotonic clock) before
+        which its running jobs may not be given up, because its fence may not have stopped
+        them yet (`fencing.lost_at`)."""
+        settings = self._core.settings
+        return {
+            node_id: fencing.lost_at(
+                beat.at, beat.fence_secs, settings.node_heartbeat_secs, settings.node_lost_secs
+            )
+            for node_id, beat in self.book.beats().items()
+            if beat.fence_secs is not None
+        }
 
     # --- drains --------------------------------------------------------------------------
 
@@ -240,4 +282,5 @@ class NodeOps:
             cpu_count=beat.cpu_count if beat is not None else None,
             labels=dict(beat.labels) if beat is not None and beat.labels else None,
             version=beat.version if beat is not None else "",
+            refusing_work=beat.refusing_work if beat is not None else "",
         )
