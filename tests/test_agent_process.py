@@ -311,7 +311,7 @@ def test_a_standby_sends_the_agent_to_the_leader_with_its_key(
         stop_scheduler(leader)
 
 
-def test_sigterm_lets_the_running_job_finish_and_claims_nothing_new(
+def test_sigterm_with_drain_on_exit_lets_the_running_job_finish_and_claims_nothing_new(
     tmp_path: Path,
     sched: SchedulerProcess,
     registry: FakeRegistry,
@@ -326,6 +326,7 @@ def test_sigterm_lets_the_running_job_finish_and_claims_nothing_new(
         node,
         sched.url,
         *("--slots", "2", "--registry", registry.url, "--registry-heartbeat-secs", "0.05"),
+        "--drain-on-exit",
     )
     api = Api(sched.url)
     go = tmp_path / "go"
@@ -356,7 +357,11 @@ def test_a_job_that_outstays_the_drain_is_killed_with_its_children_and_reported(
     tmp_path: Path, sched: SchedulerProcess, node: str, agents: list[AgentProcess]
 ) -> None:
     agent = start_agent(
-        agents, tmp_path, node, sched.url, "--drain-secs", "0.5", "--kill-grace-secs", "0.5"
+        agents,
+        tmp_path,
+        node,
+        sched.url,
+        *("--drain-secs", "0.5", "--kill-grace-secs", "0.5", "--drain-on-exit"),
     )
     api = Api(sched.url)
     child_pid = tmp_path / "child.pid"
@@ -370,23 +375,6 @@ def test_a_job_that_outstays_the_drain_is_killed_with_its_children_and_reported(
     failed = api.job(job["job_id"])
     assert failed["status"] == "failed", failed
     assert "stopped while draining" in failed["stderr"]
-    api.close()
-
-
-def test_a_restarted_agent_kills_the_jobs_its_crashed_run_left(
-    tmp_path: Path, sched: SchedulerProcess, node: str, agents: list[AgentProcess]
-) -> None:
-    agent = start_agent(agents, tmp_path, node, sched.url)
-    api = Api(sched.url)
-    child_pid = tmp_path / "child.pid"
-    api.submit(command=f"sleep 600 & echo $! > {shlex.quote(str(child_pid))}; wait")
-    wait_for(lambda: child_pid.exists() and child_pid.read_text().strip(), message="the child")
-    pid = int(child_pid.read_text())
-    os.kill(agent.pid, signal.SIGKILL)  # the agent alone: its jobs have sessions of their own
-    agent.wait_exit()
-    assert _alive(pid), "the job should outlive the agent's crash"
-    start_agent(agents, tmp_path, node, sched.url)
-    wait_for(lambda: not _alive(pid), message="the restarted agent to kill the orphaned job")
     api.close()
 
 
@@ -482,12 +470,13 @@ def test_the_agent_does_not_load_the_server() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_the_systemd_unit_runs_and_drains_the_agent(
+def test_the_systemd_unit_runs_the_agent_and_stops_it(
     tmp_path: Path, sched: SchedulerProcess, node: str
 ) -> None:
     settings, env = unit_settings("tiny-scheduler-agent.service")
-    # Its stop: SIGTERM to the agent only, and time enough for the whole drain.
-    assert settings["KillMode"] == "mixed"
+    # Its stop: signals to the agent only (its jobs' owners stay), and time enough for the
+    # whole drain when AGENT_DRAIN_ON_EXIT asks for one.
+    assert settings["KillMode"] == "process"
     drain = float(env["AGENT_DRAIN_SECS"]) + float(env["KILL_GRACE_SECS"]) + main.FLUSH_SECS
     assert float(settings["TimeoutStopSec"]) > drain
     # Its command, as systemd runs it: the state directory in, the env file's settings added.

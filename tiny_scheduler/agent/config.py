@@ -21,6 +21,8 @@ __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
     "DEFAULT_POLL_SECS",
     "DEFAULT_REGISTRY_HEARTBEAT_SECS",
+    "DEFAULT_SPOOL_MAX_BYTES",
+    "DEFAULT_SPOOL_MAX_FILES",
     "AgentConfig",
     "default_work_dir",
 ]
@@ -30,6 +32,10 @@ DEFAULT_POLL_SECS = 3.0
 
 DEFAULT_DRAIN_SECS = 60.0
 """Seconds running jobs get to finish after SIGTERM before they are stopped."""
+
+DEFAULT_SPOOL_MAX_FILES = 1000
+DEFAULT_SPOOL_MAX_BYTES = 1024**3
+"""At these the spool is full: the agent takes no new work until reports leave it."""
 
 DEFAULT_REGISTRY_HEARTBEAT_SECS = 10.0
 """Seconds between two registry heartbeats (dev registry: unhealthy after 30 s)."""
@@ -57,6 +63,12 @@ class AgentConfig:
     drain_secs: float = DEFAULT_DRAIN_SECS
     kill_grace_secs: float = DEFAULT_KILL_GRACE_SECS
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    # None: `auto`, from the scheduler's NODE_LOST_SECS (see `fencing.fence_secs_auto`).
+    fence_secs: float | None = None
+    # SIGTERM drains (the jobs finish or are stopped) instead of detaching from them.
+    drain_on_exit: bool = False
+    spool_max_files: int = DEFAULT_SPOOL_MAX_FILES
+    spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
     # Dev only: the dev registry to heartbeat to and register services with.
     registry_url: str | None = None
     registry_heartbeat_secs: float = DEFAULT_REGISTRY_HEARTBEAT_SECS

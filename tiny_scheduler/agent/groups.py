@@ -14,6 +14,8 @@ import threading
 import time
 from collections.abc import Iterable
 
+from . import owner
+
 CHILDREN_FILE = "children.pids"
 """File in the work directory listing the process group of every live job, one a line."""
 
@@ -65,8 +67,26 @@ def kill_recorded_children(work_dir: str, only_inside: bool = False) -> list[int
     groups = recorded_groups(work_dir)
     if only_inside:
         groups = [pgid for pgid in groups if _works_in(pgid, work_dir)]
+    groups += owned_jobs(work_dir)  # each job is a session of its own, apart from its owner
     kill_groups(groups, grace=0)
     return groups
+
+
+def owned_jobs(work_dir: str) -> list[int]:
+    """The process groups of the jobs whose owners recorded them in `work_dir`'s job folders
+    and that still run (checked by start time, so a reused pid is left alone)."""
+    jobs_dir = os.path.join(work_dir, "jobs")
+    try:
+        folders = os.listdir(jobs_dir)
+    except OSError:
+        return []
+    found = []
+    for name in folders:
+        for record_name in (owner.OWNER_PID, owner.JOB_PID):
+            record = owner.read_pid(os.path.join(jobs_dir, name), record_name)
+            if record is not None and owner.alive(record):
+                found.append(record[0])
+    return found
 
 
 def _works_in(pid: int, folder: str) -> bool:

@@ -7,6 +7,12 @@ holds: live processes, and ended jobs whose final report waits in the spool. A s
 is listed because the scheduler fails a `running` job that two heartbeats in a row leave out
 ("lost by its agent") and runs it again, while its outcome is on this disk, on its way.
 
+Round four adds, each optional: `fence_secs` (the node stops its own jobs when no answer
+has come for that long), `agent_id` (one agent per node id: another agent's heartbeat gets
+409), `refusing_work` (why the agent takes no new work) and `attempts` (the attempt of each
+listed job). The answer adds `node_lost_secs` and `job_timeout_secs`, from which the agent's
+automatic fence and its jobs' default timeout come.
+
 The reply may set a new period (`heartbeat_secs`), flag a drain, and list jobs to `stop`.
 A scheduler without the endpoint answers 404 or 405: `beat()` then says so (`supported` is
 false) and the agent keeps polling and running work as a tiny-aws agent would.
@@ -16,8 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Mapping
 from importlib import metadata
+from typing import Any
 from urllib.parse import quote
 
 from .wire import Unreachable, Wire
@@ -41,11 +48,41 @@ class Beat:
     heartbeat_secs: float | None = None
     drain: bool = False
     stop: tuple[str, ...] = ()
+    node_lost_secs: float | None = None  # None: a scheduler from before fencing
+    job_timeout_secs: float | None = None
+    text: str = ""  # the answer's text, when it was not 2xx
 
 
-def beat(wire: Wire, node_id: str, cpu_count: int, running: Iterable[str], version: str) -> Beat:
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What a heartbeat tells about this node."""
+
+    cpu_count: int
+    attempts: Mapping[str, int | None]  # the jobs it runs, each with its attempt if known
+    version: str
+    agent_id: str = ""
+    fence_secs: float | None = None
+    refusing_work: str = ""
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "cpu_count": self.cpu_count,
+            "running": sorted(self.attempts),
+            "version": self.version,
+            "attempts": {job: n for job, n in sorted(self.attempts.items()) if n is not None},
+        }
+        if self.agent_id:
+            body["agent_id"] = self.agent_id
+        if self.fence_secs is not None:
+            body["fence_secs"] = self.fence_secs
+        if self.refusing_work:
+            body["refusing_work"] = self.refusing_work
+        return body
+
+
+def beat(wire: Wire, node_id: str, facts: Facts) -> Beat:
     """Send one heartbeat; never raises for what the network or the scheduler does."""
-    body = {"cpu_count": cpu_count, "running": sorted(running), "version": version}
+    body = facts.body()
     try:
         reply = wire.call("PUT", f"/nodes/{quote(node_id, safe='')}", json=body)
     except Unreachable:
@@ -53,7 +90,7 @@ def beat(wire: Wire, node_id: str, cpu_count: int, running: Iterable[str], versi
     if reply.status_code in (404, 405):
         return Beat(answered=True, supported=False, status=reply.status_code)
     if not reply.ok:
-        return Beat(answered=True, status=reply.status_code)
+        return Beat(answered=True, status=reply.status_code, text=reply.text.strip()[:300])
     try:
         data = json.loads(reply.content)
     except ValueError:
@@ -71,4 +108,12 @@ def beat(wire: Wire, node_id: str, cpu_count: int, running: Iterable[str], versi
         heartbeat_secs=float(period) if period is not None else None,
         drain=data.get("drain") is True,
         stop=stop_ids,
+        node_lost_secs=_seconds(data.get("node_lost_secs")),
+        job_timeout_secs=_seconds(data.get("job_timeout_secs")),
     )
+
+
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        return None
+    return float(value)

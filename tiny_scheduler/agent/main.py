@@ -14,37 +14,51 @@ drains and returns. Its threads:
   or a job that is no longer running).
 - spool: retries the final reports that no scheduler acknowledged yet, with backoff.
 
-Reports are never lost: each final report is written to the spool (fsynced) before it is
-sent, and removed once a scheduler answers it 2xx, or refuses it for good (4xx such as 409:
-the job is no longer that attempt's). Otherwise it is retried with backoff, across every URL,
-at once when a scheduler answers again after an outage, and after a restart of the agent.
-Before a report that waited (or whose job ran through an outage) is sent, the job is looked
-up: a report that the scheduler has since replaced by another attempt (it gave the job up as
-lost and ran it again) is dropped instead of being taken for the new attempt's outcome.
+Each job is owned by a process of its own (`runner`, `owner`), not by the agent: a restarted
+agent takes its running jobs back (`_adopt`), their live output going on and their ends
+reported, and lists them in its first heartbeat (with their attempts), so none is taken for
+lost. The **fence**: after every heartbeat the leader answers, the agent moves each job's
+fence on by `fence_secs`; when no answer comes for that long (the node is cut off, or the
+agent is dead or frozen), the jobs' owners stop them, so that the copy the scheduler then
+starts elsewhere is the only one.
 
-Drain (SIGTERM): no new claims; running jobs get `drain_secs` to finish, then are stopped
+Reports are never lost: a job's result stays in its folder until a scheduler has it, and each
+final report is also written to the spool (fsynced) before it is sent, and removed once a
+scheduler answers it 2xx, or refuses it for good (4xx such as 409 `stale report`: the job is
+no longer that attempt's). Otherwise it is retried with backoff, across every URL, at once
+when a scheduler answers again after an outage, and after a restart of the agent. Reports,
+claims and live output name their attempt (`node_id`, `attempt`). An agent that cannot write
+its spool, or whose spool is full, takes no new work and says why in its heartbeat.
+
+SIGTERM detaches: no new claims, the jobs stay with their owners (a new agent takes them
+back; without one, the fence stops them), and `run()` returns within seconds. With
+`drain_on_exit` it drains instead: running jobs get `drain_secs` to finish, then are stopped
 (SIGTERM to their group, SIGKILL after `kill_grace_secs`) and reported as failed; the reports
-are flushed (what no scheduler takes stays in the spool for the next start); then `run()`
-returns.
+are flushed (what no scheduler takes stays in the spool for the next start).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
+import secrets
+import shutil
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
+from .. import fencing
 from ..dev.agent_protocol import RUNNING_UPDATE, PolledJob, parse_poll_reply, report_update
+from ..jobs import TIMED_OUT_STDERR, with_last_line
 from .config import AgentConfig
 from .dev_registry import DevRegistry
-from .groups import Groups, kill_recorded_children
-from .heartbeat import Beat, agent_version, beat
+from .groups import Groups
+from .heartbeat import Beat, Facts, agent_version, beat
 from .runner import Outcome, PrepareError, Runner
 from .spool import Report, Spool
 from .wire import Unreachable, Wire
@@ -68,6 +82,12 @@ FLUSH_TIMEOUT = (2.0, 5.0)
 
 REFUSED_FOR_GOOD = frozenset({400, 404, 409, 410, 413, 422})
 """Answers to a final report that no retry would change: the report is dropped."""
+
+AGENT_ID_FILE = "agent_id"
+"""File in the work directory: this agent's id, the same across its restarts."""
+
+DETACH_SECS = 5.0
+"""Seconds a detaching agent spends on delivering the reports in hand before it exits."""
 
 
 class Agent:
@@ -103,20 +123,24 @@ class Agent:
         self._threads: list[threading.Thread] = []
         self._poller: threading.Thread | None = None
         self._parent = os.getppid() if config.exit_with_parent else None
+        self.agent_id = _agent_id(config.work_dir)
+        self._fence_secs: float | None = None  # known once a heartbeat answer says enough
+        self._fence_deadline: float | None = None  # monotonic; None: no fence (yet)
+        self._job_timeout_secs = 0.0  # JOB_TIMEOUT_SECS, as the scheduler's answer says
+        self._spool_fault = ""  # why the spool cannot be written, while it cannot
+        self._other_agent = ""  # the scheduler's 409: another agent serves this node
+        self._beat_status = 200  # the heartbeat's last answer, to log changes only
+        self.fatal = ""  # set when the agent must exit (and say why)
 
     # --- lifecycle --------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Run until a drain is asked for, then drain; returns when the agent is done."""
-        leftovers = kill_recorded_children(self.config.work_dir, only_inside=True)
-        if leftovers:
-            # An earlier run of this agent died without stopping its jobs; nobody will report
-            # them, so they must not run on unseen (the scheduler gives them up as lost).
-            log.warning("killed %d job process groups left by an earlier run", len(leftovers))
+        """Run until asked to stop, then detach (or drain); returns when the agent is done."""
         for report in self.spool.entries():
             self._hold(report, next_try=0.0)
         if self._held:
             log.info("%d reports in the spool from an earlier run", len(self._held))
+        self._adopt()
         log.info(
             "%s: %d slots, polling %s every %gs",
             self.config.node_id,
@@ -130,15 +154,72 @@ class Agent:
         self._spawn(self._spool_loop, "spool")
         if self.registry is not None:
             self._spawn(self._registry_loop, "registry")
+        drain = self.config.drain_on_exit
         while not self._draining.wait(1.0):
             if self._parent is not None and os.getppid() != self._parent:
                 log.warning("the process that started the agent is gone: draining")
+                drain = True
                 self._draining.set()
-        self._drain()
+        if drain and not self.fatal:
+            self._drain()
+        else:
+            self._detach()
 
     def request_drain(self) -> None:
-        """Ask the agent to drain and end; safe in a signal handler (it only sets a flag)."""
+        """Ask the agent to end (SIGTERM): it detaches from its jobs, or drains them with
+        `drain_on_exit`; safe in a signal handler (it only sets a flag)."""
         self._draining.set()
+
+    def _adopt(self) -> None:
+        """Take back the jobs an earlier run of this agent started: each job folder holds a
+        job whose owner still runs it, or has left its result, or died before it could."""
+        jobs_dir = os.path.join(self.config.work_dir, "jobs")
+        if not os.path.isdir(jobs_dir):
+            return
+        spooled = {report.folder for report in self._held.values() if report.folder}
+        taken = 0
+        for name in sorted(os.listdir(jobs_dir)):
+            folder = os.path.join(jobs_dir, name)
+            if folder in spooled or not os.path.isdir(folder):
+                continue
+            runner = Runner.adopt(
+                folder, self.config.node_id, self.groups, self.config.max_output_bytes
+            )
+            if runner is None or runner.job_id in self._held:
+                # Never started (no spec), or its report is in the spool already: the
+                # folder's job is over and reported from there.
+                if runner is None:
+                    shutil.rmtree(folder, ignore_errors=True)
+                continue
+            with self._lock:
+                self._runners[runner.job_id] = runner
+            self._job_thread(runner, runner.attempt, adopted=True)
+            taken += 1
+        if taken:
+            log.info("took back %d jobs an earlier run of this agent started", taken)
+
+    def _detach(self) -> None:
+        """End the agent, leaving the running jobs to their owners."""
+        if self._poller is not None:
+            self._poller.join()  # a claim under way starts its job before we go
+        left = len(self._live())
+        self._done.set()
+        self._spool_wake.set()
+        for thread in self._threads:
+            thread.join(DETACH_SECS)
+        deadline = time.monotonic() + DETACH_SECS
+        with self._lock:
+            reports = list(self._held.values())
+        for report in reports:
+            if time.monotonic() > deadline:
+                break
+            self._deliver(report, check=True, timeout=FLUSH_TIMEOUT)
+        self.wire.close()
+        log.info(
+            "stopped; %d jobs left running with their owners (the next agent takes them "
+            "back; without one, they stop at the fence)",
+            left,
+        )
 
     def _drain(self) -> None:
         # The poll loop ends at the flag; a claim it had under way when the flag came must
@@ -152,7 +233,6 @@ class Agent:
         left = self._live()
         for runner in left:
             runner.stop(
-                self.config.kill_grace_secs,
                 note=(
                     "\n[tiny-scheduler agent: stopped while draining, after "
                     f"{self.config.drain_secs:g}s]\n"
@@ -193,8 +273,26 @@ class Agent:
 
     def running_ids(self) -> set[str]:
         """The jobs whose outcome this node holds: live ones, and reports not yet taken."""
+        return set(self.running_attempts())
+
+    def running_attempts(self) -> dict[str, int | None]:
+        """The jobs whose outcome this node holds, each with its attempt (when known)."""
         with self._lock:
-            return set(self._runners) | set(self._held)
+            found = {job_id: report.retry_count for job_id, report in self._held.items()}
+            found.update({job_id: r.attempt for job_id, r in self._runners.items()})
+        return found
+
+    def refusing_work(self) -> str:
+        """Why this agent takes no new work now ("" when it does): a promise it could not
+        keep (its spool cannot be written, or is full)."""
+        if self._spool_fault:
+            return f"spool not writable: {self._spool_fault}"
+        files, size = self.spool.usage()
+        if files >= self.config.spool_max_files:
+            return f"spool full: {files} files"
+        if size >= self.config.spool_max_bytes:
+            return f"spool full: {size} bytes"
+        return ""
 
     def _note_reach(self, reached: bool) -> None:
         """Track whether a scheduler answers; when one does again, retry reports at once."""
@@ -233,6 +331,8 @@ class Agent:
         # node), comes after a heartbeat that was answered.
         if not self._beaten.is_set() and not self.heartbeat_once():
             return
+        if self._other_agent or self.refusing_work():
+            return  # another agent serves this node, or this one cannot keep its promises
         params = {"node_id": self.config.node_id, "status": "pending"}
         try:
             reply = self.wire.call("GET", "/jobs", params=params)
@@ -275,8 +375,9 @@ class Agent:
 
     def _claim(self, job: PolledJob) -> dict[str, Any] | None:
         """PATCH running; the job as the scheduler answered, or None when not claimed."""
+        body = {**RUNNING_UPDATE, **self._names(job.retry_count)}
         try:
-            reply = self.wire.call("PATCH", f"/jobs/{quote(job.job_id)}", json=RUNNING_UPDATE)
+            reply = self.wire.call("PATCH", f"/jobs/{quote(job.job_id)}", json=body)
         except Unreachable:
             self._note_reach(False)
             return None
@@ -299,8 +400,10 @@ class Agent:
             log.warning("%s claimed again: its earlier spooled report is dropped", job.job_id)
             self.spool.remove(job.job_id)
         retry_count = claimed.get("retry_count")
-        runner = Runner(
+        attempt = retry_count if isinstance(retry_count, int) else job.retry_count
+        runner = Runner.new(
             job,
+            attempt,
             self.config.node_id,
             self.config.work_dir,
             self.groups,
@@ -309,45 +412,85 @@ class Agent:
         with self._lock:
             self._runners[job.job_id] = runner
         log.info("claimed %s (%s)", job.job_id, job.job_type or "run")
+        self._job_thread(runner, attempt, adopted=False)
+
+    def _job_thread(self, runner: Runner, attempt: int | None, adopted: bool) -> None:
         thread = threading.Thread(
-            target=self._run_job,
-            args=(runner, retry_count if isinstance(retry_count, int) else None),
-            name=job.job_id,
-            daemon=True,
+            target=self._run_job, args=(runner, attempt, adopted), name=runner.job_id, daemon=True
         )
         self._job_threads = [t for t in self._job_threads if t.is_alive()]
         self._job_threads.append(thread)
         thread.start()
 
+    def _names(self, attempt: int | None) -> dict[str, Any]:
+        """What names an attempt in a report: this node, and the attempt when known."""
+        names: dict[str, Any] = {"node_id": self.config.node_id}
+        if attempt is not None:
+            names["attempt"] = attempt
+        return names
+
     # --- running and reporting --------------------------------------------------------------
 
-    def _run_job(self, runner: Runner, retry_count: int | None) -> None:
+    def _run_job(self, runner: Runner, attempt: int | None, adopted: bool) -> None:
         outages_at_claim = self.wire.outages
-        try:
-            runner.start()
-        except PrepareError as exc:
-            outcome = Outcome(-1, stderr=str(exc))
-        except OSError as exc:
-            outcome = Outcome(-1, stderr=f"start failed: {exc}")
-        else:
-            if runner.is_service and self.registry is not None:
-                self.registry.register_service(runner.job_id, runner.job.port)
+        if adopted:
             outcome = runner.wait()
-        body = report_update(outcome.exit_code, outcome.stdout, outcome.stderr)
-        report = Report(runner.job_id, body, retry_count)
-        try:
-            self.spool.put(report)
-        except OSError as exc:
-            log.error("cannot spool the report of %s (%s): sending it anyway", runner.job_id, exc)
+        else:
+            timeout = runner.job.timeout_secs or self._job_timeout_secs
+            try:
+                runner.start(timeout, self.config.kill_grace_secs, self._fence_deadline)
+            except PrepareError as exc:
+                outcome = Outcome(-1, stderr=str(exc))
+            except OSError as exc:
+                outcome = Outcome(-1, stderr=f"start failed: {exc}")
+            else:
+                if runner.is_service and self.registry is not None:
+                    self.registry.register_service(runner.job_id, runner.job.port)
+                outcome = runner.wait()
+        if runner.live_output:
+            self._send_output(runner)  # what came since the last send, before the report
+        body = {**report_update(outcome.exit_code, outcome.stdout, outcome.stderr)}
+        if outcome.why == "timeout":
+            # Stopped at its timeout where it ran: final, as the scheduler's own timeout is.
+            body.update(status="failed", exit_code=-1, reason="timeout")
+            body["stderr"] = with_last_line(body["stderr"], TIMED_OUT_STDERR)
+        body.update(self._names(attempt))
+        if outcome.usage:
+            body["usage"] = outcome.usage
+        report = Report(runner.job_id, body, attempt, runner.folder)
+        self._spool(report)
         # Held before the runner goes, so that every heartbeat lists the job one way or the
         # other until a scheduler has its report.
         self._hold(report, next_try=math.inf)
         with self._lock:
             self._runners.pop(runner.job_id, None)
-        runner.cleanup()
-        log.info("%s ended: %s, exit %d", runner.job_id, body["status"], outcome.exit_code)
+        log.info(
+            "%s ended: %s, exit %d%s",
+            runner.job_id,
+            body["status"],
+            outcome.exit_code,
+            "" if outcome.why == "exit" else f" ({outcome.why})",
+        )
         # A scheduler out of reach while the job ran may have given it up meanwhile.
-        self._deliver(report, check=self.wire.outages != outages_at_claim)
+        self._deliver(report, check=adopted or self.wire.outages != outages_at_claim)
+
+    def _spool(self, report: Report) -> None:
+        """Keep the report on disk. When the spool cannot take it, the job's result is still
+        in its folder (the next start reports it from there), but the agent takes no new
+        work until the spool can be written again, and says why."""
+        try:
+            self.spool.put(report)
+        except OSError as exc:
+            fault = exc.strerror or str(exc)
+            if not self._spool_fault:
+                log.error(
+                    "cannot write the spool %s (%s): taking no new work until it can be "
+                    "written; the report of %s is kept in its job folder",
+                    self.spool.folder,
+                    fault,
+                    report.job_id,
+                )
+            self._spool_fault = fault
 
     def _hold(self, report: Report, next_try: float) -> None:
         with self._lock:
@@ -419,7 +562,10 @@ class Agent:
         return same and (job.get("status") == "running" or late)
 
     def _settle(self, report: Report) -> None:
-        self.spool.remove(report.job_id)
+        with contextlib.suppress(OSError):
+            self.spool.remove(report.job_id)
+        if report.folder:
+            shutil.rmtree(report.folder, ignore_errors=True)
         with self._lock:
             if self._held.get(report.job_id) is report:
                 del self._held[report.job_id]
@@ -436,6 +582,9 @@ class Agent:
 
     def _spool_loop(self) -> None:
         while not self._done.is_set():
+            if self._spool_fault and self.spool.writable() is None:
+                log.info("the spool can be written again: taking work again")
+                self._spool_fault = ""
             now = time.monotonic()
             with self._lock:
                 due = [self._held[j] for j, when in self._next_try.items() if when <= now]
@@ -458,15 +607,35 @@ class Agent:
     def heartbeat_once(self) -> bool:
         """Send one heartbeat and act on its reply; whether a scheduler answered it."""
         with self._beat_lock:
-            result = beat(
-                self.wire, self.config.node_id, self.config.slots, self.running_ids(), self.version
+            facts = Facts(
+                cpu_count=self.config.slots,
+                attempts=self.running_attempts(),
+                version=self.version,
+                agent_id=self.agent_id,
+                fence_secs=self._fence_secs,
+                refusing_work=self.refusing_work(),
             )
-            self._on_beat(result)
+            sent_at = time.monotonic()
+            result = beat(self.wire, self.config.node_id, facts)
+            self._on_beat(result, sent_at)
             if result.answered:
                 self._beaten.set()
             return result.answered
 
-    def _on_beat(self, result: Beat) -> None:
+    def _on_beat(self, result: Beat, sent_at: float) -> None:
+        if result.status != self._beat_status and result.answered:
+            if result.status // 100 != 2 and result.supported:
+                log.warning("heartbeat answered %d: %s", result.status, result.text)
+            self._beat_status = result.status
+        if result.status == 409:
+            if not self._other_agent:
+                log.error(
+                    "the scheduler says another agent serves node %s (%s): taking no work",
+                    self.config.node_id,
+                    result.text,
+                )
+            self._other_agent = result.text or "another agent serves this node"
+            return
         if not result.answered:
             self._note_reach(False)
         elif not result.supported:
@@ -482,26 +651,51 @@ class Agent:
         elif result.status // 100 == 2:
             self._note_reach(True)
             self._heartbeats_unsupported = False
+            if self._other_agent:
+                log.info("the scheduler takes this agent's heartbeats again: taking work")
+                self._other_agent = ""
             if result.heartbeat_secs:
                 self._heartbeat_secs = result.heartbeat_secs
+            if result.job_timeout_secs is not None:
+                self._job_timeout_secs = result.job_timeout_secs
+            self._renew_fence(result, sent_at)
             if result.drain != self._drain_flag:
                 # The scheduler gives a draining node no new work; nothing to do here
                 # but say so.
                 self._drain_flag = result.drain
                 log.info("the scheduler %s this node", "drains" if result.drain else "undrains")
             self._obey_stops(result.stop)
-        else:
-            log.debug("heartbeat answered %d", result.status)
+
+    def _renew_fence(self, result: Beat, sent_at: float) -> None:
+        """After a heartbeat the leader answered: the fence moves on, counted from when the
+        heartbeat was sent (the answer is no older than that)."""
+        if result.node_lost_secs is None:
+            return  # a scheduler from before fencing: it waits NODE_LOST_SECS alone
+        period = result.heartbeat_secs or self._heartbeat_secs
+        asked = self.config.fence_secs
+        if asked is not None:
+            refusal = fencing.fence_refusal(asked, result.node_lost_secs, period)
+            if refusal is not None:
+                self.fatal = refusal
+                log.error("%s: exiting", refusal)
+                self._draining.set()
+                return
+        fence = (
+            asked if asked is not None else fencing.fence_secs_auto(result.node_lost_secs, period)
+        )
+        if fence != self._fence_secs:
+            log.info("fence: the jobs stop when no heartbeat is answered for %gs", fence)
+        self._fence_secs = fence
+        self._fence_deadline = sent_at + fence
+        for runner in self._live():
+            runner.renew_fence(self._fence_deadline)
 
     def _obey_stops(self, job_ids: tuple[str, ...]) -> None:
         with self._lock:
             runners = [self._runners[j] for j in job_ids if j in self._runners]
         for runner in runners:
             log.info("stopping %s at the scheduler's request", runner.job_id)
-            runner.stop(
-                self.config.kill_grace_secs,
-                note="\n[tiny-scheduler agent: stopped at the scheduler's request]\n",
-            )
+            runner.stop(note="\n[tiny-scheduler agent: stopped at the scheduler's request]\n")
 
     def _output_loop(self) -> None:
         while not self._done.wait(OUTPUT_SECS):
@@ -510,10 +704,14 @@ class Agent:
                     self._send_output(runner)
 
     def _send_output(self, runner: Runner) -> None:
-        out, err = runner.stdout.take_unsent(), runner.stderr.take_unsent()
+        out, err = runner.stdout.unsent(), runner.stderr.unsent()
         if not out and not err:
             return
-        body = {"stdout": out.decode("utf-8", "replace"), "stderr": err.decode("utf-8", "replace")}
+        body = {
+            "stdout": out.decode("utf-8", "replace"),
+            "stderr": err.decode("utf-8", "replace"),
+            **self._names(runner.attempt),
+        }
         try:
             reply = self.wire.call("POST", f"/jobs/{quote(runner.job_id)}/output", json=body)
         except Unreachable:
@@ -523,12 +721,32 @@ class Agent:
             # final report carries the output all the same.
             runner.live_output = False
             return
-        if reply is None or not reply.ok:
-            runner.stdout.give_back(out)
-            runner.stderr.give_back(err)
+        if reply is not None and reply.ok:
+            runner.stdout.sent += len(out)
+            runner.stderr.sent += len(err)
+            runner.save_sent()
 
     def _registry_loop(self) -> None:
         assert self.registry is not None
         while not self._done.is_set():
             self.registry.heartbeat()
             self._done.wait(self.config.registry_heartbeat_secs)
+
+
+def _agent_id(work_dir: str) -> str:
+    """This agent's id: random, made once and kept in its work directory, so a restart is
+    the same agent to the scheduler and a second agent on the node id is another."""
+    path = os.path.join(work_dir, AGENT_ID_FILE)
+    try:
+        with open(path) as f:
+            found = f.read().strip()
+        if found:
+            return found
+    except OSError:
+        pass
+    made = secrets.token_hex(8)
+    with contextlib.suppress(OSError):
+        with open(path + ".tmp", "w") as f:
+            f.write(made)
+        os.replace(path + ".tmp", path)
+    return made

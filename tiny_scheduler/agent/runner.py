@@ -1,15 +1,22 @@
-"""One job on the node: its process group, its output tails, and stopping it.
+"""One job on the node, as the agent sees it: its folder, its owner process, its output.
 
-`Runner.start()` prepares the job (fetches and unpacks a deploy zip when it has one) and
-starts `sh -c <command>` (or the zip's `start.sh`) in a scratch directory of its own, in a new
-process group, with the job's `env_vars` added to the agent's environment. A `run` job's
-stdout and stderr are read as they come into `Tail`s that keep at most `max_output_bytes` of
-each, so a job printing gigabytes costs the agent no more memory than one printing a line; a
-`service` job's output goes to a file in its scratch directory (its report carries none, as
-`peers.md` says). `wait()` returns the exit code and the output once the job's shell has
-ended; whatever the shell left running in its group is killed then, so that no stray process
-outlives the job it belonged to. `stop()` ends the job from outside: SIGTERM to the whole
-group, SIGKILL after a grace.
+Each job gets a folder of its own under `WORK_DIR/jobs/` (`job-7.0.xxxx`: job, attempt, a
+random part). `Runner.start()` prepares the job there (fetches and unpacks a deploy zip when
+it has one), writes what to run into `spec.json`, and starts the job's **owner**
+(`owner.py`), a small process of its own session that starts the job, stops it when told (or
+at its timeout, or at the fence), and writes its result; so the job outlives the agent.
+`Runner.adopt()` takes back a job a previous run of the agent started: its owner may still
+run it, or have left its result. `wait()` returns the outcome once the owner is done: the exit
+code, why the job ended, its resource usage, and the tails of its output.
+
+The output goes from the job straight to files in its folder; the agent reads them from
+offsets (`OutputFile`): what is new for live sending, the last `max_output_bytes` of each for
+the final report. So a job printing gigabytes costs the agent no more memory than one printing
+a line, and a restarted agent goes on sending live output where its previous run stopped
+(`sent` remembers how far that was).
+
+A `service` job's output goes to the same files; its report carries none, as `peers.md` says.
+The folder stays until the job's final report is settled (`cleanup()`).
 """
 
 from __future__ import annotations
@@ -17,79 +24,41 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
 import os
+import select
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
-import threading
 import zipfile
-from typing import IO
+from typing import Any
 
 import requests
 
 from ..dev.agent_protocol import PolledJob
 from ..jobs import cap_tail
-from .groups import Groups, group_alive, signal_groups
+from . import owner
+from .groups import Groups, signal_groups
 
 DOWNLOAD_TIMEOUT = (5.0, 60.0)
 """(connect, read) seconds for fetching a `deploy_url` zip."""
 
 KEY_VARIABLE = "TINYAWS_API_KEY"
 
-READ_CHUNK = 64 * 1024
+SENT = "sent"
+"""File in a job's folder: how many bytes of stdout and stderr were sent live."""
 
-READER_JOIN_SECS = 5.0
-"""Seconds to wait for a job's output to end after its group was killed."""
+OWNER_DIED = (
+    "\n[tiny-scheduler agent: the job's owner process died; "
+    "the job was stopped and its exit status is unknown]\n"
+)
+NEVER_STARTED = "\n[tiny-scheduler agent: the agent stopped before the job started]\n"
 
 
 class PrepareError(Exception):
     """The job could not be started; the message is its stderr (`download error: …`)."""
-
-
-class Tail:
-    """The last `limit` bytes of a stream, with how many came in all, plus what was not yet
-    taken for live sending (bounded the same way)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._lock = threading.Lock()
-        self._kept = bytearray()
-        self._unsent = bytearray()
-        self._total = 0
-
-    def add(self, chunk: bytes) -> None:
-        with self._lock:
-            self._total += len(chunk)
-            for buffer in (self._kept, self._unsent):
-                buffer += chunk
-                if len(buffer) > self.limit:
-                    del buffer[: len(buffer) - self.limit]
-
-    def text(self) -> str:
-        """Everything kept: the whole output, or its tail behind the scheduler's own marker
-        saying how many bytes were dropped."""
-        with self._lock:
-            kept, total = bytes(self._kept), self._total
-        if total <= self.limit:
-            return kept.decode("utf-8", "replace")
-        return cap_tail(kept, total, self.limit)
-
-    def take_unsent(self) -> bytes:
-        """What came since the last take, up to the last whole UTF-8 character (the rest of
-        a character cut by a read waits for the next take)."""
-        with self._lock:
-            end = _whole_characters(self._unsent)
-            taken = bytes(self._unsent[:end])
-            del self._unsent[:end]
-        return taken
-
-    def give_back(self, chunk: bytes) -> None:
-        """Put back what could not be sent, before anything that came since."""
-        with self._lock:
-            self._unsent[:0] = chunk
-            if len(self._unsent) > self.limit:
-                del self._unsent[: len(self._unsent) - self.limit]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,95 +66,153 @@ class Outcome:
     exit_code: int
     stdout: str = ""
     stderr: str = ""
+    why: str = "exit"  # exit, timeout (its own), stopped (asked to), fenced
+    usage: dict[str, float] | None = None
+
+
+class OutputFile:
+    """One output stream of a job, in its file: what is new since the last send, and the
+    tail the final report carries."""
+
+    def __init__(self, path: str, limit: int, sent: int = 0) -> None:
+        self.path = path
+        self.limit = limit
+        self.sent = sent
+
+    def size(self) -> int:
+        try:
+            return os.path.getsize(self.path)
+        except OSError:
+            return 0
+
+    def unsent(self) -> bytes:
+        """What came since the last send, up to the last whole UTF-8 character; at most
+        `limit` bytes (the newest: what a reader of the live output would keep)."""
+        size = self.size()
+        if size <= self.sent:
+            return b""
+        start = max(self.sent, size - self.limit)
+        data = self._read(start, size - start)
+        if start > self.sent:
+            self.sent = start  # skipped: more than the scheduler keeps came meanwhile
+        return data[: _whole_characters(data)]
+
+    def text(self) -> str:
+        """Everything kept: the whole output, or its tail behind the scheduler's own marker
+        saying how many bytes were dropped."""
+        size = self.size()
+        start = max(0, size - self.limit)
+        kept = self._read(start, size - start)
+        if size <= self.limit:
+            return kept.decode("utf-8", "replace")
+        return cap_tail(kept, size, self.limit)
+
+    def _read(self, start: int, length: int) -> bytes:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(start)
+                return f.read(length)
+        except OSError:
+            return b""
 
 
 class Runner:
-    """One job's process. Not reusable: start() once, wait() once."""
+    """One job's folder and owner. Not reusable: start() (or adopt()) once, wait() once."""
 
     def __init__(
         self,
         job: PolledJob,
+        attempt: int | None,
         node_id: str,
-        work_dir: str,
+        folder: str,
         groups: Groups,
         max_output_bytes: int,
     ) -> None:
         self.job = job
+        self.attempt = attempt
         self.node_id = node_id
+        self.folder = folder
         self.is_service = job.job_type == "service"
-        self._work_dir = work_dir
         self._groups = groups
-        self.stdout = Tail(max_output_bytes)
-        self.stderr = Tail(max_output_bytes)
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._scratch: str | None = None
-        self._readers: list[threading.Thread] = []
-        self._stop_lock = threading.Lock()
-        self._stop_grace: float | None = None  # set once a stop was asked for
-        self._stop_note = ""
+        sent = _read_sent(folder)
+        self.stdout = OutputFile(os.path.join(folder, owner.STDOUT), max_output_bytes, sent[0])
+        self.stderr = OutputFile(os.path.join(folder, owner.STDERR), max_output_bytes, sent[1])
+        self._proc: subprocess.Popen[bytes] | None = None  # the owner, when we started it
         self.live_output = not self.is_service  # false once the scheduler refused it
+
+    @classmethod
+    def new(
+        cls,
+        job: PolledJob,
+        attempt: int | None,
+        node_id: str,
+        work_dir: str,
+        groups: Groups,
+        max_output_bytes: int,
+    ) -> Runner:
+        jobs_dir = os.path.join(work_dir, "jobs")
+        os.makedirs(jobs_dir, exist_ok=True)
+        label = f"{job.job_id}.{attempt if attempt is not None else 'x'}."
+        folder = tempfile.mkdtemp(prefix=label, dir=jobs_dir)
+        return cls(job, attempt, node_id, folder, groups, max_output_bytes)
+
+    @classmethod
+    def adopt(
+        cls, folder: str, node_id: str, groups: Groups, max_output_bytes: int
+    ) -> Runner | None:
+        """The job a previous run of the agent started in `folder`, or None when the folder
+        holds no job (its spec was never written)."""
+        spec = read_spec(folder)
+        if spec is None:
+            return None
+        job = PolledJob(
+            job_id=spec["job_id"], command="", job_type=spec.get("job_type"), port=spec.get("port")
+        )
+        return cls(job, spec.get("attempt"), node_id, folder, groups, max_output_bytes)
 
     @property
     def job_id(self) -> str:
         return self.job.job_id
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
-
-    def start(self) -> None:
-        """Prepare and start the job; raises PrepareError when it cannot start."""
-        jobs_dir = os.path.join(self._work_dir, "jobs")
-        os.makedirs(jobs_dir, exist_ok=True)
-        self._scratch = tempfile.mkdtemp(prefix=f"{self.job_id}-", dir=jobs_dir)
-        argv, cwd = self._prepare(self._scratch)
+    def start(self, timeout_secs: float, kill_grace_secs: float, fence: float | None) -> None:
+        """Prepare the job and start its owner; raises PrepareError when it cannot start.
+        `fence`: the deadline (monotonic) its owner stops it at unless the agent moves it."""
+        argv, cwd = self._prepare(os.path.join(self.folder, "work"))
         env = {**os.environ, "TINY_NODE_ID": self.node_id, "TINY_JOB_ID": self.job_id}
         # The agent's key is the node's credential, not the job's: a job that needs one says
         # so in its env_vars.
         env.pop(KEY_VARIABLE, None)
         env.update(self.job.env_vars or {})
-        if self.is_service:
-            with open(os.path.join(self._scratch, "service.log"), "wb") as log_file:
-                self._proc = self._popen(argv, cwd, env, log_file, subprocess.STDOUT)
-            return
-        self._proc = self._popen(argv, cwd, env, subprocess.PIPE, subprocess.PIPE)
-        assert self._proc.stdout is not None and self._proc.stderr is not None
-        for stream, tail in ((self._proc.stdout, self.stdout), (self._proc.stderr, self.stderr)):
-            reader = threading.Thread(
-                target=_read_into, args=(stream, tail), name=f"{self.job_id}-out", daemon=True
+        spec = {
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "job_type": self.job.job_type,
+            "port": self.job.port,
+            "argv": argv,
+            "cwd": cwd,
+            "env": env,
+            "timeout_secs": 0 if self.is_service else timeout_secs,
+            "kill_grace_secs": kill_grace_secs,
+        }
+        if fence is not None:
+            self.renew_fence(fence)
+        owner.write_atomically(self.folder, owner.SPEC, json.dumps(spec).encode())
+        with open(os.path.join(self.folder, "owner.log"), "ab") as log:
+            self._proc = subprocess.Popen(
+                # -I -S: the standard library only, nothing from the environment.
+                [sys.executable, "-I", "-S", owner.__file__, self.folder],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                # A session of its own: a signal to the agent's group (Ctrl-C, systemd's
+                # stop of the agent) does not reach it.
+                start_new_session=True,
             )
-            reader.start()
-            self._readers.append(reader)
-
-    def _popen(
-        self,
-        argv: list[str],
-        cwd: str,
-        env: dict[str, str],
-        stdout: int | IO[bytes],
-        stderr: int,
-    ) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            # Its own group (and session): a stop reaches whatever the command forked, and a
-            # Ctrl-C meant for the agent does not reach the jobs.
-            start_new_session=True,
-        )
-        self._groups.add(proc.pid, self.job_id)
-        with self._stop_lock:
-            self._proc = proc
-            grace = self._stop_grace
-        if grace is not None:  # stopped while it was being prepared
-            self._signal_stop(proc.pid, grace)
-        return proc
+        self._groups.add(self._proc.pid, self.job_id)
 
     def _prepare(self, scratch: str) -> tuple[list[str], str]:
         """What to execute and where: (argv, cwd). Fetches and unpacks a deploy zip first."""
+        os.makedirs(scratch, exist_ok=True)
         if not self.job.deploy_url:
             return ["sh", "-c", self.job.command], scratch
         try:
@@ -204,57 +231,120 @@ class Runner:
         return ["sh", "start.sh"], app_dir
 
     def wait(self) -> Outcome:
-        """Wait for the job's shell to end; kill what it left in its group; the outcome."""
-        assert self._proc is not None
-        code = self._proc.wait()
-        pgid = self._proc.pid
-        # The shell is gone: the rest of its group belongs to a job that has ended.
-        signal_groups([pgid], signal.SIGKILL)
-        for reader in self._readers:
-            # EOF comes once every holder of the pipes is gone; a process that left the
-            # group (setsid) could hold them open for ever.
-            reader.join(READER_JOIN_SECS)
-        self._groups.remove(pgid)
-        if code < 0:
-            code = 128 - code  # killed by signal N: report it as a shell would, 128 + N
+        """Wait for the owner to be done; the job's outcome from its result and output."""
+        if self._proc is not None:
+            self._proc.wait()
+            self._groups.remove(self._proc.pid)
+        else:
+            _wait_for(owner.read_pid(self.folder, owner.OWNER_PID))
+        result = read_result(self.folder)
+        if result is None:
+            # The owner died before the job's end was written (or never started): whatever
+            # of the job still runs has nobody to report it; it ends here.
+            job = owner.read_pid(self.folder, owner.JOB_PID)
+            if owner.alive(job):
+                assert job is not None
+                signal_groups([job[0]], signal.SIGKILL)
+            started = job is not None
+            result = {
+                "exit_code": -1,
+                "why": "exit",
+                "note": OWNER_DIED if started else NEVER_STARTED,
+            }
+        code, why = result.get("exit_code", -1), result.get("why", "exit")
+        usage = result.get("usage") if isinstance(result.get("usage"), dict) else None
         if self.is_service:
-            return Outcome(code)
-        stderr = self.stderr.text()
-        if self._stop_note:
-            stderr += self._stop_note
-        return Outcome(code, self.stdout.text(), stderr)
+            return Outcome(code, why=why, usage=usage)
+        stderr = self.stderr.text() + (result.get("note") or "")
+        return Outcome(code, self.stdout.text(), stderr, why, usage)
 
-    def stop(self, grace: float, note: str = "") -> None:
-        """SIGTERM the job's group now and SIGKILL it after `grace` seconds unless it has
-        ended; returns at once. `note` is added to the job's stderr. A job still being
-        prepared (its zip downloading) is stopped as soon as it starts."""
-        with self._stop_lock:
-            if self._stop_grace is not None:
-                return
-            self._stop_grace, self._stop_note = grace, note
-            proc = self._proc
-        if proc is not None:
-            self._signal_stop(proc.pid, grace)
+    @property
+    def ended(self) -> bool:
+        return read_result(self.folder) is not None
 
-    def _signal_stop(self, pgid: int, grace: float) -> None:
-        signal_groups([pgid], signal.SIGTERM)
-        threading.Thread(
-            target=self._kill_later, args=(pgid, grace), name=f"{self.job_id}-kill", daemon=True
-        ).start()
+    def stop(self, note: str = "") -> None:
+        """Have the owner stop the job (SIGTERM to its group, SIGKILL after the grace); `note`
+        is added to the job's stderr. Returns at once. A job still being prepared (its zip
+        downloading) is stopped once its owner starts."""
+        with contextlib.suppress(OSError):
+            owner.write_atomically(self.folder, owner.STOP, note.encode())
+        record = owner.read_pid(self.folder, owner.OWNER_PID)
+        if owner.alive(record):
+            assert record is not None
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(record[0], signal.SIGTERM)
 
-    def _kill_later(self, pgid: int, grace: float) -> None:
-        assert self._proc is not None
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(grace)
-        if group_alive(pgid):
-            signal_groups([pgid], signal.SIGKILL)
+    def renew_fence(self, deadline: float) -> None:
+        """Move the fence on: the owner stops the job once the monotonic clock passes
+        `deadline`. Not fsynced: after a crash of the machine nothing of the job runs."""
+        path = os.path.join(self.folder, owner.FENCE)
+        with contextlib.suppress(OSError):
+            with open(path + ".tmp", "w") as f:
+                f.write(repr(deadline))
+            os.replace(path + ".tmp", path)
+
+    def save_sent(self) -> None:
+        """Remember how far the live output was sent (for a restarted agent)."""
+        with contextlib.suppress(OSError):
+            path = os.path.join(self.folder, SENT)
+            with open(path + ".tmp", "w") as f:
+                f.write(f"{self.stdout.sent} {self.stderr.sent}")
+            os.replace(path + ".tmp", path)
 
     def cleanup(self) -> None:
-        if self._scratch:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _whole_characters(data: bytearray) -> int:
+def read_spec(folder: str) -> dict[str, Any] | None:
+    spec = _read_json(os.path.join(folder, owner.SPEC))
+    if spec is None or not isinstance(spec.get("job_id"), str):
+        return None
+    return spec
+
+
+def read_result(folder: str) -> dict[str, Any] | None:
+    return _read_json(os.path.join(folder, owner.RESULT))
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _read_sent(folder: str) -> tuple[int, int]:
+    try:
+        with open(os.path.join(folder, SENT)) as f:
+            out, err = f.read().split()
+        return int(out), int(err)
+    except (OSError, ValueError):
+        return 0, 0
+
+
+def _wait_for(record: tuple[int, int] | None) -> None:
+    """Wait until the recorded process (not our child) has ended; at once when it has, or
+    when the pid now belongs to another process."""
+    if not owner.alive(record):
+        return
+    assert record is not None
+    try:
+        handle = os.pidfd_open(record[0])
+    except OSError:
+        return  # gone meanwhile
+    try:
+        # The start time is checked again: the pid may have been reused between the look and
+        # the pidfd_open.
+        if owner.start_time(record[0]) != record[1]:
+            return
+        select.select([handle], [], [])
+    finally:
+        os.close(handle)
+
+
+def _whole_characters(data: bytes) -> int:
     """The length of `data` without a UTF-8 sequence left incomplete at its end."""
     for back in range(1, min(4, len(data)) + 1):
         byte = data[-back]
@@ -263,9 +353,3 @@ def _whole_characters(data: bytearray) -> int:
         needed = 1 if byte < 0x80 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
         return len(data) if back >= needed else len(data) - back
     return len(data)
-
-
-def _read_into(stream: IO[bytes], tail: Tail) -> None:
-    with stream:
-        while chunk := stream.read1(READ_CHUNK):  # type: ignore[attr-defined]
-            tail.add(chunk)

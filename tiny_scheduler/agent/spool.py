@@ -31,6 +31,7 @@ class Report:
     job_id: str
     body: dict[str, Any]
     retry_count: int | None = None
+    folder: str | None = None  # the job's folder, removed once the report is settled
 
 
 class Spool:
@@ -68,24 +69,53 @@ class Spool:
         return os.path.exists(self._path(job_id))
 
     def entries(self) -> list[Report]:
-        """Every stored report. A file that does not read as one (which the atomic write
-        should make impossible) is set aside as `*.bad`, logged, and left for a person."""
+        """Every stored report. A file that does not read as one, whatever is in it (which
+        the atomic write should make impossible: a person's edit, a disk's fault), is set
+        aside as `*.bad` with a warning and left for a person; nothing in it can stop the
+        spool."""
         found = []
         for name in sorted(os.listdir(self.folder)):
             if not name.endswith(SUFFIX):
                 continue
             path = os.path.join(self.folder, name)
             try:
+                if os.path.getsize(path) > MAX_ENTRY_BYTES:
+                    raise ValueError(f"over {MAX_ENTRY_BYTES} bytes")
                 with open(path, "rb") as f:
-                    raw = json.loads(f.read())
-                found.append(Report(raw["job_id"], raw["body"], raw.get("retry_count")))
+                    found.append(_report_of(json.loads(f.read())))
             except FileNotFoundError:
                 continue  # delivered meanwhile
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.error("spooled report %s is unreadable (%s); moved aside", path, exc)
+            except Exception as exc:  # any shape at all: set aside, never fatal
+                log.warning("spooled report %s is unreadable (%s); moved aside as .bad", path, exc)
                 with contextlib.suppress(OSError):
                     os.replace(path, path + ".bad")
         return found
+
+    def usage(self) -> tuple[int, int]:
+        """(files, bytes) the reports take in the spool."""
+        files = size = 0
+        with contextlib.suppress(OSError), os.scandir(self.folder) as found:
+            for entry in found:
+                if entry.name.endswith(SUFFIX):
+                    files += 1
+                    with contextlib.suppress(OSError):
+                        size += entry.stat().st_size
+        return files, size
+
+    def writable(self) -> str | None:
+        """None when a file can be written to the spool now, else why not."""
+        try:
+            probe = os.path.join(self.folder, ".probe")
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, b"x" * 4096)  # a full disk refuses data, not always the create
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.remove(probe)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return None
 
     def _sync_folder(self) -> None:
         # The rename or removal is durable only once the directory itself is on disk.
@@ -94,3 +124,27 @@ class Spool:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+MAX_ENTRY_BYTES = 64 * 1024 * 1024
+"""A spool file larger than this is not a report this agent wrote (two output tails and a few
+fields): set aside unread, so that it cannot take the agent's memory."""
+
+
+def _report_of(raw: Any) -> Report:
+    """A report from a spool file's JSON; ValueError when it is not of a report's shape."""
+    if not isinstance(raw, dict):
+        raise ValueError("not a JSON object")
+    job_id, body = raw.get("job_id"), raw.get("body")
+    retry_count, folder = raw.get("retry_count"), raw.get("folder")
+    if not isinstance(job_id, str) or not job_id.startswith("job-"):
+        raise ValueError("job_id is not a job id")
+    if not isinstance(body, dict) or body.get("status") not in ("done", "failed"):
+        raise ValueError("body is not a final report")
+    if retry_count is not None and (
+        isinstance(retry_count, bool) or not isinstance(retry_count, int)
+    ):
+        raise ValueError("retry_count is not a number")
+    if folder is not None and not isinstance(folder, str):
+        raise ValueError("folder is not a path")
+    return Report(job_id, body, retry_count, folder)

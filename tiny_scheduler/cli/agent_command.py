@@ -20,6 +20,28 @@ from ..client import base_url
 from .output import CliError
 
 
+class _Fence(click.ParamType):
+    """`auto`, or a number of seconds above 0."""
+
+    name = "auto|SECONDS"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):
+        if value is None or isinstance(value, float):
+            return value
+        if str(value).strip().lower() == "auto":
+            return None
+        try:
+            seconds = float(str(value))
+        except ValueError:
+            seconds = -1.0
+        if not seconds > 0:
+            self.fail(f"{value!r} is neither auto nor a number of seconds above 0", param, ctx)
+        return seconds
+
+
+FENCE = _Fence()
+
+
 @click.command()
 @click.option(
     "--node-id",
@@ -93,6 +115,40 @@ from .output import CliError
     help="Tail of each output stream kept per job (env MAX_OUTPUT_BYTES).",
 )
 @click.option(
+    "--fence-secs",
+    envvar="AGENT_FENCE_SECS",
+    type=FENCE,
+    default="auto",
+    show_default=True,
+    help="Stop this node's jobs when no heartbeat has been answered for this long (env"
+    " AGENT_FENCE_SECS); auto: the longest the scheduler allows, at most 30.",
+)
+@click.option(
+    "--drain-on-exit",
+    envvar="AGENT_DRAIN_ON_EXIT",
+    is_flag=True,
+    help="On SIGTERM, drain (jobs finish, or are stopped after --drain-secs) instead of"
+    " leaving them running for the next agent to take back (env AGENT_DRAIN_ON_EXIT).",
+)
+@click.option(
+    "--spool-max-files",
+    envvar="AGENT_SPOOL_MAX_FILES",
+    type=click.IntRange(min=1),
+    default=defaults.DEFAULT_SPOOL_MAX_FILES,
+    show_default=True,
+    help="At this many undelivered reports the agent takes no new work"
+    " (env AGENT_SPOOL_MAX_FILES).",
+)
+@click.option(
+    "--spool-max-bytes",
+    envvar="AGENT_SPOOL_MAX_BYTES",
+    type=click.IntRange(min=1),
+    default=defaults.DEFAULT_SPOOL_MAX_BYTES,
+    show_default=True,
+    help="At this many bytes of undelivered reports the agent takes no new work"
+    " (env AGENT_SPOOL_MAX_BYTES).",
+)
+@click.option(
     "--registry",
     "registry_url",
     envvar="AGENT_REGISTRY_URL",
@@ -118,6 +174,10 @@ def agent(
     poll_secs: float,
     heartbeat_secs: float,
     max_output_bytes: int,
+    fence_secs: float | None,
+    drain_on_exit: bool,
+    spool_max_files: int,
+    spool_max_bytes: int,
     registry_url: str | None,
     registry_heartbeat_secs: float,
     exit_with_parent: bool,
@@ -125,8 +185,12 @@ def agent(
     """Run this node's compute agent: poll the scheduler (--url, comma-separated for a leader
     and its standbys) for work, run it, report it; TINYAWS_API_KEY is its bearer key.
 
-    SIGTERM drains: no new work, running jobs finish (or are stopped after --drain-secs),
-    reports are delivered or kept in the spool, then the agent exits 0.
+    Each job is owned by a small process of its own, so it outlives the agent: a restarted
+    agent takes its jobs back. SIGTERM detaches: no new work, the jobs go on, the agent exits
+    0 within seconds (with --drain-on-exit it drains instead: running jobs finish, or are
+    stopped after --drain-secs). When no heartbeat is answered for --fence-secs, the node's
+    jobs are stopped, whether the agent runs or not: the scheduler is about to run them
+    elsewhere.
     """
     # Imported here: the other commands should not pay for loading the agent.
     from ..agent.config import AgentConfig
@@ -155,6 +219,10 @@ def agent(
         drain_secs=drain_secs,
         kill_grace_secs=kill_grace_secs,
         max_output_bytes=max_output_bytes,
+        fence_secs=fence_secs,
+        drain_on_exit=drain_on_exit,
+        spool_max_files=spool_max_files,
+        spool_max_bytes=spool_max_bytes,
         registry_url=registry_url,
         registry_heartbeat_secs=registry_heartbeat_secs,
         exit_with_parent=exit_with_parent,
@@ -166,3 +234,5 @@ def agent(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: node.request_drain())
     node.run()
+    if node.fatal:
+        raise CliError(node.fatal)

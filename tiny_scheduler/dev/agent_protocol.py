@@ -35,6 +35,10 @@ class PolledJob:
     job_type: str | None = None
     port: int | None = None
     env_vars: dict[str, str] | None = None
+    # Read by this project's agent only (the tiny-aws one ignores them): the attempt it is
+    # handed (to name it in its reports) and the job's own timeout (enforced where it runs).
+    retry_count: int | None = None
+    timeout_secs: int = 0
 
 
 def parse_poll_reply(body: bytes | str) -> list[PolledJob]:
@@ -67,6 +71,7 @@ def _parse_job(element: Any) -> PolledJob:
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
     ):
         raise ValueError("env_vars is not a string map")
+    retry_count, timeout = element.get("retry_count"), element.get("timeout_secs")
     return PolledJob(
         job_id=element["job_id"],
         command=element["command"],
@@ -75,4 +80,10 @@ def _parse_job(element: Any) -> PolledJob:
         job_type=element.get("job_type"),
         port=port,
         env_vars=env,
+        retry_count=retry_count if _is_count(retry_count) else None,
+        timeout_secs=timeout if _is_count(timeout) else 0,
     )
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -333,6 +333,8 @@ class DevCluster:
             *("--drain-secs", str(AGENT_DRAIN_SECS)),
             *("--kill-grace-secs", str(AGENT_KILL_GRACE_SECS)),
             *self._agent_options(node_id),
+            # A dev cluster that stops leaves nothing running: its agents drain, not detach.
+            "--drain-on-exit",
             "--exit-with-parent",
         ]
         with open(log_path, "ab") as log_file:
@@ -359,6 +361,14 @@ class DevCluster:
         # With the built-in node list no period is given: the first heartbeat's answer sets
         # it, as in production.
         return options
+
+    def crash_agent(self, node_id: str) -> None:
+        """SIGKILL a node's agent process alone, as a crash (or `systemctl kill`) would: its
+        jobs go on with their owners, for the next agent to take back (`start_agent`)."""
+        agent = self.agents[node_id]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(agent.proc.pid, signal.SIGKILL)
+        agent.proc.wait(10)
 
     def kill_agent(self, node_id: str) -> None:
         """SIGKILL a node: its agent and every job it was running, with no chance to report.

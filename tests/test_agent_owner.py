@@ -1,0 +1,357 @@
+"""One copy at a time (issue 31), with real agents, real job owners and a real scheduler: a job
+outlives its agent and is taken back by the next one; a node whose agent is dead, frozen or cut
+off stops its own jobs at the fence before the scheduler runs them elsewhere; the agent's own
+timeout; the spool that cannot fail silently; one agent per node id; a reused pid left alone.
+
+Every job carries a unique mark in its command line, and a sampler looks at every process on
+the machine every 0.2 s: at no sample may two processes carry the mark (only the job's `sh -c`
+has the command line: its owner's argv names a folder). The pure rules are in test_fencing.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import SchedulerFactory
+from helpers import Api, expect_json, wait_for
+from test_agent_process import AgentProcess, ended, start_agent, status_is
+
+from tiny_scheduler.agent import owner
+
+# Auto fence: NODE_LOST_SECS 4 less two periods of 0.5 s and a second: 2 s.
+FENCED_ENV = {
+    "REGISTRY_URL": "builtin",
+    "NODE_HEARTBEAT_SECS": "0.5",
+    "NODE_LOST_SECS": "4",
+    "TIMEOUT_SCAN_INTERVAL_SECS": "0.25",
+    "MAX_JOB_RETRIES": "1",
+    "MAX_JOBS_PER_NODE": "4",
+}
+FENCE_SECS = 2.0
+
+
+class Copies:
+    """Counts, every 0.2 s, the processes whose command line carries `mark`."""
+
+    def __init__(self, mark: str) -> None:
+        self.mark = mark.encode()
+        self.samples: list[tuple[float, list[int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.samples.append((time.monotonic(), self.now()))
+
+    def now(self) -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                stat = Path(f"/proc/{entry}/stat").read_bytes()
+                if stat.rsplit(b")", 1)[-1].split()[0] == b"Z":
+                    continue
+                if self.mark in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+        return found
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def most(self) -> int:
+        return max((len(pids) for _, pids in self.samples), default=0)
+
+    def first_time(self, predicate) -> float | None:  # type: ignore[no-untyped-def]
+        return next((at for at, pids in self.samples if predicate(pids)), None)
+
+
+@pytest.fixture
+def agents() -> Iterator[list[AgentProcess]]:
+    made: list[AgentProcess] = []
+    yield made
+    for agent in made:
+        if agent.proc is not None and agent.proc.poll() is None:
+            os.kill(agent.proc.pid, signal.SIGCONT)
+        agent.kill()
+
+
+def start_node(
+    agents: list[AgentProcess], folder: Path, node: str, url: str, *options: str
+) -> AgentProcess:
+    """An agent of `node`, once the scheduler (REGISTRY_URL=builtin) lists its node healthy."""
+    agent = start_agent(agents, folder, node, url, *options)
+    api = Api(url)
+
+    def healthy() -> bool:
+        reply = api.get(f"/nodes/{node}")
+        return reply.status_code == 200 and reply.json()["health"] == "healthy"
+
+    try:
+        wait_for(healthy, timeout=30, message=agent.waiting(f"{node} to be healthy"))
+    finally:
+        api.close()
+    return agent
+
+
+def marked(seconds: float, mark: str) -> str:
+    """A job that prints, sleeps and prints its mark at the end."""
+    return f"echo start; sleep {seconds}; echo {mark}"
+
+
+def test_a_restarted_agent_takes_its_running_job_back(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    sched = scheduler_factory(FENCED_ENV)
+    api = Api(sched.url)
+    agent = start_node(agents, tmp_path, "node-a", sched.url)
+    mark = f"MARK{uuid.uuid4().hex}"
+    copies = Copies(mark)
+    try:
+        job = api.submit(command=marked(4, mark))
+        wait_for(lambda: copies.now(), message=agent.waiting("the job to start"))
+        os.kill(agent.pid, signal.SIGKILL)  # the agent alone, as a crash would
+        agent.wait_exit()
+        assert len(copies.now()) == 1, "the job outlived its agent"
+        start_node(agents, tmp_path, "node-a", sched.url)
+        done = wait_for(lambda: ended(api, job["job_id"]), timeout=60, message="the job's end")
+    finally:
+        copies.stop()
+    assert (done["status"], done["retry_count"]) == ("done", 0), done
+    assert done["stdout"] == f"start\n{mark}\n"
+    assert copies.most() == 1
+    api.close()
+
+
+def test_a_dead_agents_job_stops_at_the_fence_before_it_runs_elsewhere(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    sched = scheduler_factory(FENCED_ENV)
+    api = Api(sched.url)
+    agent_a = start_node(agents, tmp_path, "node-a", sched.url)
+    mark = f"MARK{uuid.uuid4().hex}"
+    copies = Copies(mark)
+    try:
+        job = api.submit(command=marked(12, mark))
+        wait_for(lambda: copies.now(), message=agent_a.waiting("the job to start"))
+        first = copies.now()
+        start_node(agents, tmp_path, "node-b", sched.url)
+        wait_for(
+            lambda: api.get(f"/jobs/{job['job_id']}/output").content == b"start\n",
+            message=agent_a.waiting("the job's first line, sent live"),
+        )
+        os.kill(agent_a.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        agent_a.wait_exit()
+        wait_for(lambda: not set(first) & set(copies.now()), timeout=FENCE_SECS + 10)
+        stopped_after = time.monotonic() - killed_at
+        done = wait_for(lambda: ended(api, job["job_id"]), timeout=60, message="the retry")
+    finally:
+        copies.stop()
+    print(f"the dead agent's job stopped {stopped_after:.1f}s after the kill (fence {FENCE_SECS}s)")
+    assert stopped_after < FENCE_SECS + 5
+    assert (done["status"], done["retry_count"], done["node_id"]) == ("done", 1, "node-b")
+    assert copies.most() == 1, "two copies ran at once"
+    # The first attempt's output is kept on it, with why it ended.
+    attempt = api.job(job["job_id"])["attempts"][0]
+    assert attempt["stdout"] == "start\n", attempt
+    api.close()
+
+
+def test_a_frozen_agent_is_fenced_and_its_late_report_is_stale(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    sched = scheduler_factory(FENCED_ENV)
+    api = Api(sched.url)
+    agent_a = start_node(agents, tmp_path, "node-a", sched.url)
+    mark = f"MARK{uuid.uuid4().hex}"
+    copies = Copies(mark)
+    try:
+        job = api.submit(command=marked(8, mark))
+        wait_for(lambda: copies.now(), message=agent_a.waiting("the job to start"))
+        start_node(agents, tmp_path, "node-b", sched.url)
+        os.kill(agent_a.pid, signal.SIGSTOP)
+        wait_for(
+            lambda: (
+                status_is(api, job["job_id"], "running")
+                and api.job(job["job_id"])["node_id"] == "node-b"
+            ),
+            timeout=30,
+            message="the retry to run on node-b",
+        )
+        os.kill(agent_a.pid, signal.SIGCONT)
+        wait_for(
+            lambda: "stale report" in agent_a.log(),
+            timeout=30,
+            message=agent_a.waiting("node-a's report to be refused as stale"),
+        )
+        done = wait_for(lambda: ended(api, job["job_id"]), timeout=60, message="the retry's end")
+    finally:
+        copies.stop()
+    assert (done["status"], done["node_id"], done["retry_count"]) == ("done", "node-b", 1)
+    assert done["stdout"] == f"start\n{mark}\n", "the job's result is the retry's"
+    assert copies.most() == 1, "two copies ran at once"
+    api.close()
+
+
+def test_the_agent_stops_a_job_at_its_timeout_and_keeps_its_output(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    sched = scheduler_factory({**FENCED_ENV, "TIMEOUT_SCAN_INTERVAL_SECS": "3600"})
+    api = Api(sched.url)
+    start_node(agents, tmp_path, "node-a", sched.url, "--kill-grace-secs", "1")
+    job = api.submit(command="echo before; sleep 30; echo never", timeout_secs=3)
+    running = wait_for(lambda: status_is(api, job["job_id"], "running"), message="the job to run")
+    done = wait_for(lambda: ended(api, job["job_id"]), timeout=30, message="the timeout")
+    took = _seconds(done["finished_at"]) - _seconds(running["running_at"])
+    print(f"timeout 3 s: failed {took:.2f}s after it started")
+    assert (done["status"], done["reason"], done["exit_code"]) == ("failed", "timeout", -1)
+    assert done["stdout"] == "before\n"
+    assert done["stderr"].endswith("job timed out")
+    assert 3 <= took < 4.5
+    api.close()
+
+
+def test_a_spool_that_cannot_be_written_stops_new_work_and_loses_nothing(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    sched = scheduler_factory(FENCED_ENV)
+    api = Api(sched.url)
+    agent = start_node(agents, tmp_path, "node-a", sched.url)
+    spool = agent.spool_dir
+    # The spool's folder becomes a file: every write there fails, as on a broken disk (a
+    # read-only mount, which root could still write to through permissions, would not).
+    for entry in spool.iterdir():
+        entry.unlink()
+    spool.rmdir()
+    spool.write_text("not a folder")
+    try:
+        # A job whose report cannot be spooled: the agent says why it takes no more work.
+        first = api.submit(command="echo one")
+        wait_for(
+            lambda: "spool not writable" in json.dumps(expect_json(api.get("/nodes/node-a"), 200)),
+            timeout=30,
+            message=agent.waiting("the node to say its spool is not writable"),
+        )
+        done = wait_for(lambda: ended(api, first["job_id"]), timeout=30, message="its report")
+        assert done["stdout"] == "one\n", "its report still went out"
+        # The only node takes no work: a submission is refused, as when every node drains.
+        refused = api.post("/jobs", {"command": "echo two"})
+        assert refused.status_code == 503, refused.text
+        assert "cannot write the spool" in agent.log()
+    finally:
+        spool.unlink()
+        spool.mkdir()
+    wait_for(
+        lambda: "refusing_work" not in expect_json(api.get("/nodes/node-a"), 200),
+        timeout=30,
+        message=agent.waiting("the node to take work again"),
+    )
+    second = api.submit(command="echo two")
+    done = wait_for(lambda: ended(api, second["job_id"]), timeout=30, message="work again")
+    assert done["stdout"] == "two\n"
+    api.close()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"\x00\xff\xfe binary",
+        b"[1, 2]",
+        b'{"job_id": 7, "body": {}}',
+        b'{"job_id": "job-1"}',
+        b'{"job_id": "job-1", "body": {"status": "running"}}',
+        b'{"job_id": "job-1", "body": {"status": "done"}, "retry_count": "x"}',
+        b'{"job_id": "job-1", "body": "done"}',
+    ],
+    ids=["empty", "binary", "array", "wrong-types", "no-body", "not-final", "bad-count", "text"],
+)
+def test_a_spool_file_of_any_wrong_shape_is_set_aside(
+    content: bytes,
+    tmp_path: Path,
+    scheduler_factory: SchedulerFactory,
+    agents: list[AgentProcess],
+) -> None:
+    sched = scheduler_factory(FENCED_ENV)
+    api = Api(sched.url)
+    spool = tmp_path / "agent-node-a" / "spool"
+    spool.mkdir(parents=True)
+    (spool / "job-1.report.json").write_bytes(content)
+    agent = start_node(agents, tmp_path, "node-a", sched.url)
+    job = api.submit(command="echo works")
+    done = wait_for(lambda: ended(api, job["job_id"]), timeout=30, message=agent.waiting("work"))
+    assert done["stdout"] == "works\n"
+    assert (spool / "job-1.report.json.bad").read_bytes() == content
+    assert "moved aside as .bad" in agent.log()
+    api.close()
+
+
+def test_a_second_agent_with_the_same_node_id_runs_nothing(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    sched = scheduler_factory(FENCED_ENV)
+    api = Api(sched.url)
+    start_node(agents, tmp_path, "node-a", sched.url)
+    second = AgentProcess(tmp_path / "elsewhere", "node-a", sched.url, "--poll-secs", "0.1")
+    (tmp_path / "elsewhere").mkdir()
+    agents.append(second)
+    second.start()
+    wait_for(lambda: "another agent serves node node-a" in second.log(), timeout=30)
+    jobs = [api.submit(command="echo one of many")["job_id"] for _ in range(6)]
+    for job_id in jobs:
+        wait_for(lambda job_id=job_id: ended(api, job_id), timeout=30, message="the jobs")
+    assert "claimed" not in second.log()
+    api.close()
+
+
+def test_a_recorded_pid_now_of_another_process_is_left_alone(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    """An agent takes back a job folder whose recorded owner and job pids belong, by now, to
+    another process (the start time differs): it signals nothing, and reports the job as
+    ended with its owner."""
+    sched = scheduler_factory({**FENCED_ENV, "MAX_JOB_RETRIES": "0"})
+    api = Api(sched.url)
+    # The node, as its earlier agent left it: known to the scheduler, its job claimed.
+    beat = {"cpu_count": 1, "running": []}
+    expect_json(api.request("PUT", "/nodes/node-a", json=beat), 200)
+    job = api.submit(command="echo from an earlier run")
+    claim = {"status": "running", "node_id": "node-a", "attempt": 0}
+    expect_json(api.patch(f"/jobs/{job['job_id']}", claim), 200)
+    stranger = subprocess.Popen(["sleep", "300"])
+    try:
+        folder = tmp_path / "agent-node-a" / "jobs" / f"{job['job_id']}.0.test"
+        folder.mkdir(parents=True)
+        spec = {"job_id": job["job_id"], "attempt": 0, "argv": ["true"], "cwd": "/", "env": {}}
+        (folder / owner.SPEC).write_text(json.dumps(spec))
+        started = owner.start_time(stranger.pid)
+        assert started is not None
+        for name in (owner.OWNER_PID, owner.JOB_PID):
+            (folder / name).write_text(f"{stranger.pid} {started - 1}\n")  # not this process
+        agent = start_node(agents, tmp_path, "node-a", sched.url)
+        done = wait_for(lambda: ended(api, job["job_id"]), timeout=30, message=agent.waiting("it"))
+        assert stranger.poll() is None, "the stranger was signalled"
+        assert done["status"] == "failed" and "owner process died" in done["stderr"]
+    finally:
+        stranger.kill()
+        stranger.wait()
+    api.close()
+
+
+def _seconds(stamp: str) -> float:
+    from tiny_scheduler.jobs import parse_time
+
+    return parse_time(stamp) / 1_000_000

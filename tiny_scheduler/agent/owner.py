@@ -1,0 +1,196 @@
+"""The owner of one running job: a small process that outlives the agent.
+
+The agent starts one owner per job (`python -I -S owner.py JOB_DIR`: no site, no package, the
+standard library only, so it costs a few MiB and starts in milliseconds) and forgets nothing
+if it dies: the owner, not the agent, is the job's parent. It
+
+- starts the job (`sh -c …`, as `spec.json` in JOB_DIR says) in a session and process group of
+  its own, its stdout and stderr going straight to the files `stdout` and `stderr` in JOB_DIR
+  (so its output outlives the agent and the owner too);
+- stops the job's whole group (SIGTERM, SIGKILL after the grace) when the agent asks (SIGTERM
+  to the owner, with the reason in `stop`), when its `timeout_secs` have passed since it
+  started, or when the **fence** has passed: `fence` holds a deadline on the machine's
+  monotonic clock that the agent moves on after every heartbeat the leader answers; a node cut
+  off from the scheduler, or whose agent is dead or frozen, stops its own jobs by then;
+- collects the exit status and the resource usage (`wait4`), kills what the job left in its
+  group, and writes `result.json` (atomically, fsynced), the job's final result, which stays
+  until the agent has had the scheduler acknowledge it.
+
+`owner.pid` and `job.pid` hold "pid start-time" (the start time from /proc, in clock ticks since
+boot): a pid is only ever signalled after its start time was checked, so a pid the system has
+since given to another process is never mistaken for the job's.
+
+Only the job's `sh -c` carries its command line: this process's argv names the folder alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import sys
+import time
+
+SPEC, RESULT, STOP, FENCE = "spec.json", "result.json", "stop", "fence"
+OWNER_PID, JOB_PID = "owner.pid", "job.pid"
+STDOUT, STDERR = "stdout", "stderr"
+
+LOOK_SECS = 0.25
+"""How often the owner looks at its stop order, the timeout and the fence while the job runs."""
+
+_stop_asked = False
+
+
+def start_time(pid: int) -> int | None:
+    """The start time of process `pid` (clock ticks since boot), or None when there is none."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count from its last ')'.
+    fields = stat.rsplit(b")", 1)[-1].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def read_pid(folder: str, name: str) -> tuple[int, int] | None:
+    """(pid, start time) as recorded in `name`, or None when not (yet) recorded."""
+    try:
+        with open(os.path.join(folder, name)) as f:
+            pid, started = f.read().split()
+        return int(pid), int(started)
+    except (OSError, ValueError):
+        return None
+
+
+def alive(record: tuple[int, int] | None) -> bool:
+    """Whether the recorded process still runs: the same pid with the same start time."""
+    return record is not None and start_time(record[0]) == record[1]
+
+
+def write_atomically(folder: str, name: str, data: bytes) -> None:
+    """Write a file whole or not at all, durable once this returns."""
+    path = os.path.join(folder, name)
+    temporary = f"{path}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _record(folder: str, name: str, pid: int) -> None:
+    write_atomically(folder, name, f"{pid} {start_time(pid)}\n".encode())
+
+
+def _read_text(folder: str, name: str) -> str | None:
+    try:
+        with open(os.path.join(folder, name)) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _fence_passed(folder: str, now: float) -> bool:
+    text = _read_text(folder, FENCE)
+    try:
+        return text is not None and now > float(text)
+    except ValueError:
+        return False  # being rewritten, or never meant as one: the next look decides
+
+
+def _on_stop(signum: int, frame: object) -> None:
+    global _stop_asked
+    _stop_asked = True
+
+
+def _spawn(spec: dict, folder: str) -> int:
+    """Fork the job in a session of its own, its output going to the files."""
+    out = os.open(os.path.join(folder, STDOUT), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    err = os.open(os.path.join(folder, STDERR), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    pid = os.fork()
+    if pid == 0:  # the child: becomes the job
+        try:
+            os.setsid()
+            os.chdir(spec["cwd"])
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(out, 1)
+            os.dup2(err, 2)
+            # What Python ignores (SIGPIPE, SIGXFSZ) and what the owner ignores or catches
+            # would be inherited by the job: it gets the defaults, as from a shell.
+            for number in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGHUP):
+                signal.signal(number, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
+        except BaseException as exc:
+            os.write(2, f"cannot start the job: {exc}\n".encode())
+        os._exit(127)
+    os.close(out)
+    os.close(err)
+    return pid
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def run(folder: str) -> int:
+    signal.signal(signal.SIGTERM, _on_stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    with open(os.path.join(folder, SPEC)) as f:
+        spec = json.load(f)
+    _record(folder, OWNER_PID, os.getpid())
+    started = time.monotonic()
+    pid = _spawn(spec, folder)
+    _record(folder, JOB_PID, pid)
+    timeout = spec.get("timeout_secs") or 0
+    grace = float(spec.get("kill_grace_secs", 10))
+    waiter = os.pidfd_open(pid)
+    why, note, kill_at, killed = "exit", "", None, False
+    while not select.select([waiter], [], [], LOOK_SECS)[0]:
+        now = time.monotonic()
+        if kill_at is None:
+            if _stop_asked or os.path.exists(os.path.join(folder, STOP)):
+                why, note = "stopped", _read_text(folder, STOP) or ""
+            elif timeout and now - started >= timeout:
+                why, note = "timeout", ""
+            elif _fence_passed(folder, now):
+                why = "fenced"
+                note = "\n[tiny-scheduler agent: stopped: no word from the scheduler in time]\n"
+            if why != "exit":
+                _kill_group(pid, signal.SIGTERM)
+                kill_at = now + grace
+        elif not killed and now >= kill_at:
+            _kill_group(pid, signal.SIGKILL)
+            killed = True
+    _, status, usage = os.wait4(pid, 0)
+    _kill_group(pid, signal.SIGKILL)  # what the job left behind in its group ends with it
+    code = os.waitstatus_to_exitcode(status)
+    result = {
+        "exit_code": 128 - code if code < 0 else code,  # killed by signal N: 128 + N
+        "why": why,
+        "note": note,
+        "usage": {
+            "cpu_secs": round(usage.ru_utime + usage.ru_stime, 3),
+            "max_rss_mb": round(usage.ru_maxrss / 1024, 1),
+            "wall_secs": round(time.monotonic() - started, 3),
+        },
+    }
+    write_atomically(folder, RESULT, json.dumps(result).encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1]))
