@@ -51,8 +51,9 @@ def test_stale_report(
     [
         (90, 5, 30),  # the defaults: capped at 30 s
         (40, 5, 29),  # 40 - 10 - 1
-        (20, 5, 9),
-        (3, 1, 1),  # nothing left to spare: one heartbeat period, never less
+        (30, 5, 19),
+        (20, 5, 15),  # never below three heartbeat periods...
+        (3, 0.5, 5),  # ...nor 5 s: the scheduler then waits for the fence (lost_at)
     ],
 )
 def test_the_automatic_fence_ends_before_the_scheduler_gives_up(
@@ -63,6 +64,7 @@ def test_the_automatic_fence_ends_before_the_scheduler_gives_up(
 
 def test_an_explicit_fence_too_long_is_refused_naming_both_numbers() -> None:
     assert fencing.fence_refusal(29, 40, 5) is None
+    assert fencing.fence_refusal(5, 3, 0.5) is None  # the floor is allowed
     refusal = fencing.fence_refusal(60, 40, 5)
     assert refusal is not None and "60" in refusal and "29" in refusal and "40" in refusal
 

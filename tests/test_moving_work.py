@@ -81,6 +81,21 @@ def test_an_idle_node_takes_the_oldest_waiting_job_of_a_full_node() -> None:
     assert [h.job(j).node_id for j in waiting[1:]] == ["full", "full"], "the others wait"
 
 
+def test_a_retry_is_not_moved_back_to_the_node_it_failed_on() -> None:
+    """The retry's placement chose another node on purpose (`moves.still_movable`): the failed
+    node, idle again, does not take it back; another idle node may."""
+    h = stealing("a", "b", "c", max_job_retries=1)
+    job_id = h.submit_on("a", "flaky").job_id
+    h.claim(job_id)
+    retried = h.report(job_id, exit_code=3)
+    assert retried.status == jobs.PENDING and retried.node_id != "a"
+    elsewhere = retried.node_id
+    busy(h, elsewhere)  # the retry waits there behind a running job
+    assert h.poll("a") == [], "the node it failed on does not take it back"
+    third = ({"b", "c"} - {elsewhere}).pop()
+    assert h.poll(third) == [job_id]
+
+
 def test_the_answer_is_the_nodes_own_queue_first_then_moved_jobs_oldest_first() -> None:
     h = stealing("first", "second", "idle", max_jobs_per_node="auto")
     busy(h, "first")

@@ -25,6 +25,11 @@ FENCE_CAP_SECS = 30.0
 """The longest fence `auto` picks: jobs of a node cut off from every scheduler stop within
 half a minute, even when the scheduler waits far longer before it calls the node lost."""
 
+FENCE_FLOOR_SECS = 5.0
+"""The shortest fence `auto` picks (or three heartbeat periods, when longer): a fence must
+ride out a restart of the agent and a slow heartbeat or two, or it would stop healthy work.
+Where NODE_LOST_SECS leaves less room, the scheduler waits for the fence (`lost_at`)."""
+
 
 def stale_report(job: Job, node_id: str | None, attempt: int | None, claim: bool) -> str | None:
     """Why a report is not for the job's current attempt (the 409's text), or None when it
@@ -52,10 +57,12 @@ def _stale(job: Job) -> str:
 def fence_secs_auto(node_lost_secs: float, heartbeat_secs: float) -> float:
     """The fence an agent takes by default: as long as it may be (so a short outage of the
     scheduler stops nothing) while still ending before the scheduler calls the node lost,
-    with two heartbeat periods and a second to spare; at most `FENCE_CAP_SECS`; never below
-    one heartbeat period (a scheduler set to lose nodes faster than that gets no guarantee)."""
+    with two heartbeat periods and a second to spare; at most `FENCE_CAP_SECS`, and never
+    below `FENCE_FLOOR_SECS` or three heartbeat periods (a scheduler set to lose nodes faster
+    than that then waits for the fence before it runs their jobs elsewhere: `lost_at`)."""
     room = node_lost_secs - 2 * heartbeat_secs - 1
-    return max(min(FENCE_CAP_SECS, room), heartbeat_secs)
+    floor = max(FENCE_FLOOR_SECS, 3 * heartbeat_secs)
+    return min(FENCE_CAP_SECS, max(room, floor))
 
 
 def fence_refusal(asked_secs: float, node_lost_secs: float, heartbeat_secs: float) -> str | None:
@@ -65,9 +72,8 @@ def fence_refusal(asked_secs: float, node_lost_secs: float, heartbeat_secs: floa
     if asked_secs <= limit:
         return None
     return (
-        f"--fence-secs {asked_secs:g} is longer than this scheduler allows ({limit:g}: "
-        f"NODE_LOST_SECS {node_lost_secs:g} less two heartbeat periods of "
-        f"{heartbeat_secs:g}s and a second)"
+        f"--fence-secs {asked_secs:g} is longer than this scheduler allows ({limit:g}, from "
+        f"its NODE_LOST_SECS {node_lost_secs:g} and heartbeats every {heartbeat_secs:g}s)"
     )
 
 

@@ -91,6 +91,7 @@ class Demo:
         self.phase_one()
         self.phase_two()
         self.phase_three()
+        self.phase_four()
         self.summary()
         return all(shown.ok for shown in self.shown)
 
@@ -231,6 +232,26 @@ class Demo:
         self.follow(lambda: all(settled(s.job) for s in self.shown))
 
     # --- following jobs -----------------------------------------------------------------------
+
+    def phase_four(self) -> None:
+        self.say("\n4) an agent restarted while its job runs: the job goes on and ends once")
+        survivor = self.submit(
+            Shown(
+                "outlives its agent",
+                "done on its first attempt, all of its output kept",
+                lambda j: j["retry_count"] == 0 and _done_with(j, "before\nafter"),
+            ),
+            command="echo before; sleep 3; echo after",
+        )
+        self.follow(lambda: survivor.job["status"] == "running")
+        node = survivor.job["node_id"]
+        self.cluster.crash_agent(node)
+        self.say(
+            f"  killed {node}'s agent (SIGKILL): its job runs on, owned by a process of its own"
+        )
+        self.cluster.start_agent(node)
+        self.say(f"  started {node}'s agent again: it takes the job back")
+        self.follow(lambda: settled(survivor.job))
 
     def follow(self, until: Callable[[], bool]) -> None:
         """Print every change of the demo's jobs until `until()` holds (or the phase times out)."""

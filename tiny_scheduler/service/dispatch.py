@@ -117,7 +117,7 @@ class Dispatch:
             # holds several, but only jobs waiting for dependencies, which never move.)
             for candidate in sorted(candidates, key=_seq_of):
                 job = held.enter_context(table.changing(candidate.seq))
-                if moves.still_movable(job, candidate, table.just_offered(job, now)):
+                if moves.still_movable(job, candidate, table.just_offered(job, now), node_id):
                     moved.append(job.evolve(node_id=node_id, moved_from=job.node_id))
             moved.sort(key=_order)
             if not moved:

@@ -45,10 +45,14 @@ def donors(loads: Iterable[NodeLoad], nodes: Nodes) -> list[str]:
     return [load.node_id for load in loads if Placement.gives_work(load, nodes)]
 
 
-def still_movable(job: Job, candidate: Job, offered_recently: bool) -> bool:
-    """Whether a candidate chosen for moving may still move now that it is held busy: it is
-    where it was when chosen, still pending, and its own node's agent was not just offered
-    it (the claim and the move take turns; exactly one of them may happen)."""
+def still_movable(job: Job, candidate: Job, offered_recently: bool, to_node: str) -> bool:
+    """Whether a candidate chosen for moving to `to_node` may still move now that it is held
+    busy: it is where it was when chosen, still pending, and its own node's agent was not
+    just offered it (the claim and the move take turns; exactly one of them may happen). A
+    retry never moves back to the node its last attempt failed on: its placement chose
+    another node on purpose."""
+    if job.attempts and job.attempts[-1].node_id == to_node:
+        return False
     return job.node_id == candidate.node_id and jobs.can_move(job) and not offered_recently
 
 
