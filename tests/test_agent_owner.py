@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import SchedulerFactory
 from helpers import Api, expect_json, wait_for
+from pg_proxy import SilentProxy
 from test_agent_process import AgentProcess, ended, start_agent, status_is
 
 from tiny_scheduler.agent import owner
@@ -115,6 +116,12 @@ def marked(seconds: float, mark: str) -> str:
 def test_a_restarted_agent_takes_its_running_job_back(
     tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
 ) -> None:
+    restart_case(tmp_path, scheduler_factory, agents)
+
+
+def restart_case(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
     sched = scheduler_factory(FENCED_ENV)
     api = Api(sched.url)
     agent = start_node(agents, tmp_path, "node-a", sched.url)
@@ -137,6 +144,28 @@ def test_a_restarted_agent_takes_its_running_job_back(
 
 
 def test_a_dead_agents_job_stops_at_the_fence_before_it_runs_elsewhere(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    dead_agent_case(tmp_path, scheduler_factory, agents)
+
+
+# `make soak`: the two SIGKILL cases again and again (make test runs each once).
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("round_", range(20))
+@pytest.mark.parametrize("case", ["restart", "dead-agent"])
+def test_soak_sigkilled_agents_never_run_a_job_twice(
+    case: str,
+    round_: int,
+    tmp_path: Path,
+    scheduler_factory: SchedulerFactory,
+    agents: list[AgentProcess],
+) -> None:
+    run = restart_case if case == "restart" else dead_agent_case
+    run(tmp_path, scheduler_factory, agents)
+
+
+def dead_agent_case(
     tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
 ) -> None:
     sched = scheduler_factory(FENCED_ENV)
@@ -207,6 +236,49 @@ def test_a_frozen_agent_is_fenced_and_its_late_report_is_stale(
     api.close()
 
 
+def test_an_agent_cut_off_from_the_scheduler_stops_its_job_at_the_fence(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    """The agent stays alive, but its path to the scheduler goes silent (no reset, no
+    answer): its job stops at the fence, the retry runs elsewhere as the only copy, and once
+    the path is back the old attempt's report arrives, refused as stale, its output kept."""
+    sched = scheduler_factory(FENCED_ENV)
+    api = Api(sched.url)
+    path = SilentProxy(sched.url)
+    mark = f"MARK{uuid.uuid4().hex}"
+    copies = Copies(mark)
+    try:
+        agent_a = start_node(agents, tmp_path, "node-a", path.url)
+        job = api.submit(command=marked(10, mark))
+        wait_for(lambda: copies.now(), message=agent_a.waiting("the job to start"))
+        start_node(agents, tmp_path, "node-b", sched.url)
+        wait_for(
+            lambda: api.get(f"/jobs/{job['job_id']}/output").content == b"start\n",
+            message=agent_a.waiting("the job's first line, sent live"),
+        )
+        path.cut()
+        wait_for(
+            lambda: api.job(job["job_id"])["node_id"] == "node-b",
+            timeout=40,
+            message="the retry on node-b",
+        )
+        path.heal()
+        wait_for(
+            lambda: "stale report" in agent_a.log(),
+            timeout=60,
+            message=agent_a.waiting("node-a's report, refused as stale"),
+        )
+        done = wait_for(lambda: ended(api, job["job_id"]), timeout=60, message="the retry's end")
+    finally:
+        copies.stop()
+        path.close()
+    assert (done["status"], done["node_id"], done["retry_count"]) == ("done", "node-b", 1)
+    assert copies.most() == 1, "two copies ran at once"
+    first = api.job(job["job_id"])["attempts"][0]
+    assert first["stdout"] == "start\n" and "no word from the scheduler" in first["stderr"], first
+    api.close()
+
+
 def test_the_agent_stops_a_job_at_its_timeout_and_keeps_its_output(
     tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
 ) -> None:
@@ -225,20 +297,63 @@ def test_the_agent_stops_a_job_at_its_timeout_and_keeps_its_output(
     api.close()
 
 
+class BrokenSpool:
+    """Makes an agent's spool folder refuse writes, and mends it, in one of three ways: the
+    folder replaced by a file, a full tmpfs mounted on it, a read-only tmpfs mounted on it.
+    (The mounts need root; as root, permission bits would not stop a write.)"""
+
+    def __init__(self, folder: Path, how: str) -> None:
+        self.folder, self.how = folder, how
+
+    def _mount(self, *args: str) -> None:
+        done = subprocess.run(["mount", *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+
+    def prepare(self) -> None:
+        """Before the agent starts: a tmpfs under the spool (for the mount ways)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if self.how != "file":
+            self._mount("-t", "tmpfs", "-o", "size=256k", "tmpfs", str(self.folder))
+
+    def brake(self) -> None:
+        if self.how == "file":
+            for entry in self.folder.iterdir():
+                entry.unlink()
+            self.folder.rmdir()
+            self.folder.write_text("not a folder")
+        elif self.how == "full":
+            with contextlib.suppress(OSError), open(self.folder / "filler", "wb") as f:
+                while True:
+                    f.write(b"x" * 65536)
+        else:
+            self._mount("-o", "remount,ro", str(self.folder))
+
+    def mend(self) -> None:
+        if self.how == "file":
+            self.folder.unlink()
+            self.folder.mkdir()
+        elif self.how == "full":
+            (self.folder / "filler").unlink()
+        else:
+            self._mount("-o", "remount,rw", str(self.folder))
+
+    def close(self) -> None:
+        if self.how != "file":
+            subprocess.run(["umount", "-l", str(self.folder)], capture_output=True)
+
+
+@pytest.mark.parametrize("how", ["file", "full", "read-only"])
 def test_a_spool_that_cannot_be_written_stops_new_work_and_loses_nothing(
-    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+    how: str, tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
 ) -> None:
     sched = scheduler_factory(FENCED_ENV)
     api = Api(sched.url)
-    agent = start_node(agents, tmp_path, "node-a", sched.url)
-    spool = agent.spool_dir
-    # The spool's folder becomes a file: every write there fails, as on a broken disk (a
-    # read-only mount, which root could still write to through permissions, would not).
-    for entry in spool.iterdir():
-        entry.unlink()
-    spool.rmdir()
-    spool.write_text("not a folder")
+    broken = BrokenSpool(tmp_path / "agent-node-a" / "spool", how)
+    broken.prepare()
     try:
+        agent = start_node(agents, tmp_path, "node-a", sched.url)
+        broken.brake()
         # A job whose report cannot be spooled: the agent says why it takes no more work.
         first = api.submit(command="echo one")
         wait_for(
@@ -252,17 +367,56 @@ def test_a_spool_that_cannot_be_written_stops_new_work_and_loses_nothing(
         refused = api.post("/jobs", {"command": "echo two"})
         assert refused.status_code == 503, refused.text
         assert "cannot write the spool" in agent.log()
+        broken.mend()
+        wait_for(
+            lambda: "refusing_work" not in expect_json(api.get("/nodes/node-a"), 200),
+            timeout=30,
+            message=agent.waiting("the node to take work again"),
+        )
+        second = api.submit(command="echo two")
+        done = wait_for(lambda: ended(api, second["job_id"]), timeout=30, message="work again")
+        assert done["stdout"] == "two\n"
     finally:
-        spool.unlink()
-        spool.mkdir()
-    wait_for(
-        lambda: "refusing_work" not in expect_json(api.get("/nodes/node-a"), 200),
-        timeout=30,
-        message=agent.waiting("the node to take work again"),
-    )
-    second = api.submit(command="echo two")
-    done = wait_for(lambda: ended(api, second["job_id"]), timeout=30, message="work again")
-    assert done["stdout"] == "two\n"
+        broken.close()
+    api.close()
+
+
+def test_a_report_neither_spooled_nor_sent_survives_an_agent_crash(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    """The spool cannot be written and the scheduler cannot be reached when the job ends;
+    then the agent is SIGKILLed. The job's result is still in its folder: the next agent
+    reports it, and the job ran once."""
+    sched = scheduler_factory({**FENCED_ENV, "NODE_LOST_SECS": "120"})
+    api = Api(sched.url)
+    path = SilentProxy(sched.url)
+    broken = BrokenSpool(tmp_path / "agent-node-a" / "spool", "file")
+    broken.prepare()
+    go = tmp_path / "go"
+    try:
+        agent = start_node(agents, tmp_path, "node-a", path.url, "--fence-secs", "30")
+        runs = tmp_path / "runs"
+        waits = f"while [ ! -e {go} ]; do sleep 0.05; done"
+        job = api.submit(command=f"{waits}; echo ran; date +%N >> {runs}")
+        wait_for(lambda: status_is(api, job["job_id"], "running"), message="the job to run")
+        broken.brake()
+        path.cut()
+        go.touch()
+        wait_for(
+            lambda: "cannot write the spool" in agent.log(),
+            timeout=30,
+            message=agent.waiting("the end"),
+        )
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait_exit()
+        broken.mend()
+        path.heal()
+        start_node(agents, tmp_path, "node-a", path.url, "--fence-secs", "30")
+        done = wait_for(lambda: ended(api, job["job_id"]), timeout=60, message="the report")
+    finally:
+        path.close()
+    assert (done["status"], done["stdout"], done["retry_count"]) == ("done", "ran\n", 0)
+    assert len((tmp_path / "runs").read_text().split()) == 1, "the job ran more than once"
     api.close()
 
 
