@@ -260,3 +260,29 @@ def test_an_agent_running_an_older_attempt_is_told_to_stop_it() -> None:
         h.settings.job_timeout_secs,
     )
     assert h.heartbeat("node-a", [job_id], attempts=((job_id, 3),)).stop == [job_id]
+
+
+def test_the_scans_timeout_is_only_the_backstop_on_a_fencing_node() -> None:
+    """A fencing agent stops its jobs at their timeout and reports them itself: the scan
+    waits the kill grace and two heartbeat periods more before it times them out."""
+    h = Harness(builtin=True, node_heartbeat_secs=1, kill_grace_secs=4, node_lost_secs=60)
+    h.heartbeat("fences", fence_secs=30)
+    on_fencing = h.submit(timeout_secs=10).job_id
+    h.claim(on_fencing, node="fences", attempt=0)
+    h.heartbeat("plain")
+    h.heartbeat("fences", [on_fencing], fence_secs=30)
+    h.service.set_drain("fences", True)
+    on_plain = h.submit(timeout_secs=10).job_id
+    h.claim(on_plain)
+    h.advance(10)
+    h.heartbeat("fences", [on_fencing], fence_secs=30)
+    h.heartbeat("plain", [on_plain])
+    h.scan.tick()
+    assert (h.job(on_plain).status, h.job(on_fencing).status) == (jobs.FAILED, jobs.RUNNING)
+    h.advance(4 + 2 * 1 - 0.001)
+    h.heartbeat("fences", [on_fencing], fence_secs=30)
+    h.scan.tick()
+    assert h.job(on_fencing).status == jobs.RUNNING
+    h.advance(0.001)
+    h.scan.tick()
+    assert h.job(on_fencing).reason == jobs.Reason.TIMEOUT

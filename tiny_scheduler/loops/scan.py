@@ -1,7 +1,9 @@
 """The periodic scan: run timeouts, lost nodes, and retention, every TIMEOUT_SCAN_INTERVAL_SECS.
 
 - Timeouts: a running `run` job past its `timeout_secs` (or JOB_TIMEOUT_SECS), counted from
-  `running_at`, fails with exit -1, `job timed out` and reason `timeout`, and is not retried.
+  `running_at`, fails with exit -1, `job timed out` and reason `timeout`, and is not retried
+  (on a node whose agent fences, and so stops its jobs at their timeout itself, only after the
+  kill grace and two heartbeat periods more: the scan is the backstop there).
   It keeps its slot (its process still runs on the node) until the agent's late report.
   Services have no scheduler timeout.
 - Lost nodes: a pending job whose node is gone from the registry or unhealthy is placed again
@@ -52,11 +54,18 @@ class Scan:
         self.apply_retention()
 
     def expire_timeouts(self) -> int:
-        """Fail every running job past its deadline; returns how many."""
+        """Fail every running job past its deadline; returns how many. On a node whose agent
+        fences (this project's, which stops its own jobs at their timeout) the scan is only
+        the backstop: it waits the kill grace and two heartbeat periods more, so that the
+        agent's own report, with the job's output, comes first."""
         now = self.clock.now_us()
         expired = 0
+        fencing_nodes = self.service.fence_holds().keys()
+        slack = self.settings.kill_grace_secs + 2 * self.settings.node_heartbeat_secs
         for job in self.service.running():
             deadline = jobs.run_deadline(job, self.settings.job_timeout_secs)
+            if deadline is not None and job.node_id in fencing_nodes:
+                deadline += int(slack * 1_000_000)
             if deadline is None or now < deadline:
                 continue
             if _guarded(self.service.fail_running, job, jobs.Reason.TIMEOUT):
