@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import agents, ha, placement, priorities, profile, report, scenarios, waiters
+from . import agents, ha, owners, placement, priorities, profile, report, scenarios, waiters
 from .history import node_names
 from .procs import RegistryProcess
 
@@ -39,6 +39,7 @@ SCENARIOS = (
     "waiters",
     "priorities",
     "agents1000",
+    "owners",
 )
 
 
@@ -163,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             "waiters": waiters.waiters,
             "priorities": priorities.priorities,
             "agents1000": agents.agents,
+            "owners": owners.owners,
         }
         for name in SCENARIOS:
             if name in args.only:

@@ -178,6 +178,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
     out += _waiters_rows(results)
     out += _priorities_rows(results)
     out += _agents_rows(results.get("agents1000"))
+    out += _owner_rows(results.get("owners"))
 
     restarts = sorted(int(key.split("_")[1]) for key in results if key.startswith("restart_"))
     for size in restarts:
@@ -559,3 +560,21 @@ def markdown_table(table: list[Row]) -> str:
     lines = ["| " + " | ".join(_HEADERS) + " |", "|" + "---|" * len(_HEADERS)]
     lines += ["| " + " | ".join(_cells(row)) + " |" for row in table]
     return "\n".join(lines)
+
+
+def _owner_rows(case: dict[str, Any] | None) -> list[Row]:
+    """Issue 31: the memory of the process that owns one running job, and its start."""
+    if not case:
+        return []
+    from .owners import TARGET_PRIVATE_MIB
+
+    return [
+        Row(
+            f"job owner, {case['count']} running jobs",
+            "private / Pss MiB per job",
+            f"{_num(case['private_mib'], 1)} / {_num(case['pss_mib'], 1)}",
+            target=f"private <= {TARGET_PRIVATE_MIB:g}",
+            met=case["private_mib"] <= TARGET_PRIVATE_MIB,
+        ),
+        Row("", "owner start to job start ms", _num(case["start_ms"], 1)),
+    ]
