@@ -27,7 +27,9 @@ from helpers import Api, expect_json, wait_for
 from pg_proxy import SilentProxy
 from test_agent_process import AgentProcess, ended, start_agent, status_is
 
-from tiny_scheduler.agent import owner
+from tiny_scheduler.agent import owner, spool
+from tiny_scheduler.agent.config import AgentConfig
+from tiny_scheduler.agent.main import Agent
 
 # Auto fence: NODE_LOST_SECS 4 less two periods of 0.5 s and a second is 2 s, below the 5 s
 # floor: the fence is 5 s, and the scheduler waits 5 s + two periods before it gives up a job.
@@ -431,8 +433,12 @@ def test_a_report_neither_spooled_nor_sent_survives_an_agent_crash(
         b'{"job_id": "job-1", "body": {"status": "running"}}',
         b'{"job_id": "job-1", "body": {"status": "done"}, "retry_count": "x"}',
         b'{"job_id": "job-1", "body": "done"}',
+        b" " * (spool.MAX_ENTRY_BYTES + 1),
     ],
-    ids=["empty", "binary", "array", "wrong-types", "no-body", "not-final", "bad-count", "text"],
+    ids=[
+        *("empty", "binary", "array", "wrong-types", "no-body", "not-final", "bad-count"),
+        *("text", "huge"),
+    ],
 )
 def test_a_spool_file_of_any_wrong_shape_is_set_aside(
     content: bytes,
@@ -442,14 +448,14 @@ def test_a_spool_file_of_any_wrong_shape_is_set_aside(
 ) -> None:
     sched = scheduler_factory(FENCED_ENV)
     api = Api(sched.url)
-    spool = tmp_path / "agent-node-a" / "spool"
-    spool.mkdir(parents=True)
-    (spool / "job-1.report.json").write_bytes(content)
+    folder = tmp_path / "agent-node-a" / "spool"
+    folder.mkdir(parents=True)
+    (folder / "job-1.report.json").write_bytes(content)
     agent = start_node(agents, tmp_path, "node-a", sched.url)
     job = api.submit(command="echo works")
     done = wait_for(lambda: ended(api, job["job_id"]), timeout=30, message=agent.waiting("work"))
     assert done["stdout"] == "works\n"
-    assert (spool / "job-1.report.json.bad").read_bytes() == content
+    assert (folder / "job-1.report.json.bad").read_bytes() == content
     assert "moved aside as .bad" in agent.log()
     api.close()
 
@@ -510,3 +516,72 @@ def _seconds(stamp: str) -> float:
     from tiny_scheduler.jobs import parse_time
 
     return parse_time(stamp) / 1_000_000
+
+
+def test_sigterm_detaches_and_the_next_agent_takes_the_job_back(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    sched = scheduler_factory(FENCED_ENV)
+    api = Api(sched.url)
+    agent = start_node(agents, tmp_path, "node-a", sched.url)
+    mark = f"MARK{uuid.uuid4().hex}"
+    copies = Copies(mark)
+    try:
+        job = api.submit(command=marked(3, mark))
+        wait_for(lambda: copies.now(), message=agent.waiting("the job to start"))
+        agent.terminate()
+        began = time.monotonic()
+        assert agent.wait_exit(30) == 0
+        took = time.monotonic() - began
+        assert len(copies.now()) == 1, "the job goes on without its agent"
+        assert "left running with their owners" in agent.log()
+        start_node(agents, tmp_path, "node-a", sched.url)
+        done = wait_for(lambda: ended(api, job["job_id"]), timeout=60, message="the job's end")
+    finally:
+        copies.stop()
+    print(f"the agent exited {took:.2f}s after SIGTERM")
+    assert (done["status"], done["retry_count"], done["stdout"]) == ("done", 0, f"start\n{mark}\n")
+    assert copies.most() == 1
+    api.close()
+
+
+def test_a_fence_longer_than_the_scheduler_allows_is_refused(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    sched = scheduler_factory(FENCED_ENV)
+    agent = AgentProcess(tmp_path, "node-a", sched.url, "--fence-secs", "100")
+    agents.append(agent)
+    agent.start()
+    assert agent.wait_exit(30) == 1
+    said = agent.log()
+    assert "--fence-secs 100 is longer than this scheduler allows (5, " in said, said
+    assert "NODE_LOST_SECS 4" in said
+
+
+def test_a_full_spool_refuses_work_by_files_and_by_bytes(tmp_path: Path) -> None:
+    """The agent's own account of its spool (no scheduler needed): at either cap it says
+    why it takes no work, in the words its heartbeat carries."""
+    config = AgentConfig(
+        urls=("http://127.0.0.1:9",),
+        node_id="node-a",
+        slots=1,
+        work_dir=str(tmp_path),
+        spool_dir=str(tmp_path / "spool"),
+        spool_max_files=2,
+        spool_max_bytes=10_000,
+    )
+    agent = Agent(config)
+    try:
+        assert agent.refusing_work() == ""
+        agent.spool.put(spool.Report("job-1", {"status": "done", "exit_code": 0}, 0))
+        assert agent.refusing_work() == ""
+        agent.spool.put(spool.Report("job-2", {"status": "done", "exit_code": 0}, 0))
+        assert agent.refusing_work() == "spool full: 2 files"
+        agent.spool.remove("job-1")
+        agent.spool.remove("job-2")
+        big = {"status": "failed", "exit_code": 1, "stderr": "x" * 20_000}
+        agent.spool.put(spool.Report("job-3", big, 0))
+        assert agent.refusing_work().startswith("spool full: ")
+        assert agent.refusing_work().endswith(" bytes")
+    finally:
+        agent.wire.close()
