@@ -128,7 +128,11 @@ class Ledger:
         if known is None or RANK[job["status"]] > RANK[known["status"]]:
             self.latest[job_id] = job
         elif RANK[job["status"]] == 2 and job != known:
-            self.problems.append(f"{job_id} finished twice, differently: {known} then {job}")
+            later = late_output_version(known, job)
+            if later is None:
+                self.problems.append(f"{job_id} finished twice, differently: {known} then {job}")
+            else:
+                self.latest[job_id] = later
 
     def created_job(self, job: dict[str, Any], token: str) -> None:
         with self.lock:
@@ -302,7 +306,13 @@ class Load:
         job = reply.json()
         if job.get("reason") == "cancelled":
             # Cancelled while it ran (the canceller saw it pending): this report is the late
-            # end of that attempt, 200 with the job unchanged.
+            # end of that attempt, 200 with the job's state unchanged and the report's output
+            # kept, before the cancel's note.
+            if (job.get("stdout"), job["stderr"]) != (
+                body["stdout"],
+                f"{body['stderr']}\njob cancelled" if body["stderr"] else "job cancelled",
+            ):
+                self.ledger.problem(f"late report of {job_id} answered {job}")
             self.ledger.changed(job)
             return
         if (job["status"], job.get("exit_code"), job.get("stdout")) != (
@@ -312,6 +322,30 @@ class Load:
         ):
             self.ledger.problem(f"finish of {job_id} answered {job}")
         self.ledger.changed(job)
+
+
+SCHEDULER_ENDS = ("job cancelled", "job timed out")
+
+
+def late_output_version(one: dict[str, Any], other: dict[str, Any]) -> dict[str, Any] | None:
+    """Of two versions of a finished job, the later one when they differ as the agent's late
+    report makes them differ, else None. A job the scheduler ended while it ran (a cancel
+    here) is final at once with the scheduler's note as its stderr; the agent's late report
+    then adds the attempt's own output before that note, and changes nothing else (issue 31:
+    no output is thrown away). Reads and replies may come to the ledger in either order."""
+    fields = set(one) | set(other)
+    changed = {name for name in fields if one.get(name) != other.get(name)}
+    if not changed <= {"stdout", "stderr"} or one.get("reason") != "cancelled":
+        return None
+
+    def bare(job: dict[str, Any]) -> bool:  # as the scheduler ended it, before the report
+        return "stdout" not in job and job.get("stderr") in SCHEDULER_ENDS
+
+    if bare(one) and not bare(other):
+        return other
+    if bare(other) and not bare(one):
+        return one
+    return None
 
 
 def awkward_text(rng: random.Random) -> str:
@@ -381,7 +415,11 @@ def check_against_server(api: Api, ledger: Ledger) -> dict[str, dict[str, Any]]:
         now = served[job_id]
         assert RANK[now["status"]] >= RANK[known["status"]], (known, now)
         if RANK[known["status"]] == 2:
-            assert now == known, f"finished {job_id} changed: {known} -> {now}"
+            # The one change a finished job may still see: a late report's output, whose
+            # answer the crash may have cut off.
+            assert now == known or late_output_version(known, now) is now, (
+                f"finished {job_id} changed: {known} -> {now}"
+            )
         elif known["status"] == "running":
             assert now["running_at"] == known["running_at"], (known, now)
     tokens = collections.Counter(job["command"].split()[1] for job in served.values())
