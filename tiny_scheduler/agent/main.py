@@ -207,13 +207,7 @@ class Agent:
         self._spool_wake.set()
         for thread in self._threads:
             thread.join(DETACH_SECS)
-        deadline = time.monotonic() + DETACH_SECS
-        with self._lock:
-            reports = list(self._held.values())
-        for report in reports:
-            if time.monotonic() > deadline:
-                break
-            self._deliver(report, check=True, timeout=FLUSH_TIMEOUT)
+        self._flush(DETACH_SECS)
         self.wire.close()
         log.info(
             "stopped; %d jobs left running with their owners (the next agent takes them "
@@ -246,14 +240,15 @@ class Agent:
         self._spool_wake.set()
         for thread in self._threads:
             thread.join()
-        self._flush()
+        self._flush(FLUSH_SECS)
         self.wire.close()
         with self._lock:
             kept = len(self._held)
         log.info("stopped; %d reports left in the spool", kept)
 
-    def _flush(self) -> None:
-        deadline = time.monotonic() + FLUSH_SECS
+    def _flush(self, seconds: float) -> None:
+        """Try once to deliver each report in hand, for at most `seconds`."""
+        deadline = time.monotonic() + seconds
         with self._lock:
             reports = list(self._held.values())
         for report in reports:

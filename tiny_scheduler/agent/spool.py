@@ -18,6 +18,8 @@ import logging
 import os
 from typing import Any
 
+from .owner import write_atomically
+
 log = logging.getLogger(__name__)
 
 SUFFIX = ".report.json"
@@ -48,17 +50,8 @@ class Spool:
 
     def put(self, report: Report) -> None:
         """Store `report` durably (raises OSError when the disk refuses)."""
-        path = self._path(report.job_id)
         data = json.dumps(dataclasses.asdict(report), separators=(",", ":")).encode()
-        temporary = path + ".tmp"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temporary, path)
-        self._sync_folder()
+        write_atomically(self.folder, os.path.basename(self._path(report.job_id)), data)
 
     def remove(self, job_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):
