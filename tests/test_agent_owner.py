@@ -585,3 +585,28 @@ def test_a_full_spool_refuses_work_by_files_and_by_bytes(tmp_path: Path) -> None
         assert agent.refusing_work().endswith(" bytes")
     finally:
         agent.wire.close()
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [b'{"job_id": "garbage"}', b'{"job_id": "job-3", "attempt": "x"}', b"\x00 not json"],
+    ids=["not-a-job-id", "bad-attempt", "binary"],
+)
+def test_a_job_folder_of_a_wrong_shape_never_reaches_the_heartbeat(
+    spec: bytes, tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    """A folder in the agent's jobs folder that does not hold a job the agent started is
+    cleared away: its contents never reach a heartbeat (which the scheduler would refuse),
+    and the node works as usual."""
+    sched = scheduler_factory(FENCED_ENV)
+    api = Api(sched.url)
+    folder = tmp_path / "agent-node-a" / "jobs" / "job-3.0.odd"
+    folder.mkdir(parents=True)
+    (folder / owner.SPEC).write_bytes(spec)
+    agent = start_node(agents, tmp_path, "node-a", sched.url)
+    job = api.submit(command="echo works")
+    done = wait_for(lambda: ended(api, job["job_id"]), timeout=30, message=agent.waiting("work"))
+    assert done["stdout"] == "works\n"
+    assert not folder.exists()
+    assert "heartbeat answered 400" not in agent.log()
+    api.close()

@@ -38,7 +38,7 @@ from typing import Any
 import requests
 
 from ..dev.agent_protocol import PolledJob
-from ..jobs import cap_tail
+from ..jobs import cap_tail, parse_job_id
 from . import owner
 from .groups import Groups, signal_groups
 
@@ -296,8 +296,16 @@ class Runner:
 
 
 def read_spec(folder: str) -> dict[str, Any] | None:
+    """The job a folder was made for, or None when its spec is missing or not of the shape
+    the agent writes (a job id `job-N`, an attempt number or none): such a folder holds no
+    job, and its contents must never reach a heartbeat, which the scheduler would refuse."""
     spec = _read_json(os.path.join(folder, owner.SPEC))
     if spec is None or not isinstance(spec.get("job_id"), str):
+        return None
+    attempt = spec.get("attempt")
+    if parse_job_id(spec["job_id"]) is None or not (
+        attempt is None or (isinstance(attempt, int) and not isinstance(attempt, bool))
+    ):
         return None
     return spec
 
