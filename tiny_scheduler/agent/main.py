@@ -131,6 +131,7 @@ class Agent:
         self._other_agent = ""  # the scheduler's 409: another agent serves this node
         self._beat_status = 200  # the heartbeat's last answer, to log changes only
         self.fatal = ""  # set when the agent must exit (and say why)
+        self._scheduler_fences = False  # its heartbeat answers say so (node_lost_secs)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -505,7 +506,9 @@ class Agent:
             self._in_flight.add(job_id)
         kwargs: dict[str, Any] = {"timeout": timeout} if timeout else {}
         try:
-            if check and not self._still_wanted(report, kwargs):
+            # A scheduler that fences tells a stale report from a current one itself (409,
+            # keeping its output on its own attempt); an older one is asked first.
+            if check and not self._scheduler_fences and not self._still_wanted(report, kwargs):
                 log.warning("%s: the scheduler has moved on; its report is dropped", job_id)
                 self._settle(report)
                 return True
@@ -666,6 +669,7 @@ class Agent:
         heartbeat was sent (the answer is no older than that)."""
         if result.node_lost_secs is None:
             return  # a scheduler from before fencing: it waits NODE_LOST_SECS alone
+        self._scheduler_fences = True
         period = result.heartbeat_secs or self._heartbeat_secs
         asked = self.config.fence_secs
         if asked is not None:
