@@ -197,9 +197,13 @@ def test_submit_wait_runs_the_job_and_exits_0(cluster: DevCluster) -> None:
     assert output == "--- stdout ---\nhi cli a=b\n"
     # Progress went to stderr, each change with the seconds since the wait began.
     progress = result.stderr.splitlines()
-    # A pending job says what it waits for, as the scheduler tells it.
-    first = rf"\[ *\d+\.\ds\] {job_id} pending on node-1, waiting for .+ node-1.*"
-    assert re.fullmatch(first, progress[0]), progress
+    # A pending job says what it waits for, as the scheduler tells it. (Whether the first look
+    # still finds it pending is the agent's race to win: on a busy machine it may be running
+    # already. test_wait_says_now_and_then_that_the_job_still_waits checks the text itself.)
+    pending = rf"\[ *\d+\.\ds\] {job_id} pending on node-1, waiting for .+ node-1.*"
+    for line in progress:
+        if " pending " in line:
+            assert re.fullmatch(pending, line), progress
     assert re.fullmatch(rf"\[ *\d+\.\ds\] {job_id} done \(exit 0\)", progress[-1]), progress
 
     logs = cli(cluster, "logs", job_id)
