@@ -562,7 +562,14 @@ def test_a_registry_failure_names_the_scheduler_and_where_to_look(cluster: DevCl
     assert registry is not None
     registry.fault = "error"  # node heartbeats still pass: the nodes stay healthy
     try:
-        result = cli(cluster, "submit", "true")
+        # A registry fetch already under way when the fault began (the scan's, another
+        # request's) is shared with the submission and may still succeed: on a busy machine
+        # that is likely. The next one meets the fault.
+        result = wait_for(
+            lambda: (answer := cli(cluster, "submit", "true")).exit_code != 0 and answer,
+            timeout=30,
+            message="a submission that meets the registry's fault",
+        )
     finally:
         registry.fault = None
     assert one_error_line(result) == (
