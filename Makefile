@@ -5,7 +5,7 @@ STAMP   := $(VENV)/.installed
 PYTHON  ?= python3
 
 .DEFAULT_GOAL := help
-.PHONY: help install run demo test test-stress lint bench soak clean
+.PHONY: help install run demo test test-quick test-stress lint bench soak clean
 
 help: ## list these targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -26,6 +26,9 @@ demo: install ## see it work: a dev cluster runs a handful of jobs live, then st
 
 test: install ## run the tests (browser and PostgreSQL tests are skipped, with a note, without those)
 	$(VENV)/bin/pytest
+
+test-quick: install ## the decision and pure tests only: no daemon, no port (under a minute)
+	$(VENV)/bin/pytest -m 'quick and not slow' -n 0 -q
 
 test-stress: install ## the tests with two CPU-burning processes beside them (a busy machine)
 	bash tests/stress.sh $(VENV)/bin/pytest

@@ -1,7 +1,7 @@
 """gunicorn settings of the floor app: the daemon's own (threads, keep-alive,
 logging), serving `floor_app` instead of the scheduler, with no background loops to start."""
 
-from tiny_scheduler.gunicorn_conf import *  # noqa: F403
+from tiny_scheduler.server.gunicorn_conf import *  # noqa: F403
 
 wsgi_app = "benchmarks.floor_app:app"
 # The floor is Flask on stock gunicorn (its own gthread worker and parser): what our own

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tiny_scheduler import jobs as jobs_module
-from tiny_scheduler.jobs import DONE, FAILED, RUNNING, Attempt, Job, job_id_of
+from tiny_scheduler.domain import jobs as jobs_module
+from tiny_scheduler.domain.jobs import DONE, FAILED, RUNNING, Attempt, Job, job_id_of
 from tiny_scheduler.storage import Writer
 from tiny_scheduler.storage.sqlite import SqliteStore
 

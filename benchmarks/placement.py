@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, parse_poll_reply, report_update
-from tiny_scheduler.jobs import parse_time
+from tiny_scheduler.agent.protocol import RUNNING_UPDATE, parse_poll_reply, report_update
+from tiny_scheduler.domain.jobs import parse_time
 
 from .procs import RegistryProcess, Server
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import time
 
-from tiny_scheduler import jobs
-from tiny_scheduler.jobs import Job
-from tiny_scheduler.table import JobTable
+from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.jobs import Job
+from tiny_scheduler.state.table import JobTable
 
 JOBS = 100_000
 POLLS = 10_000

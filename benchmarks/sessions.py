@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, parse_poll_reply, report_update
+from tiny_scheduler.agent.protocol import RUNNING_UPDATE, parse_poll_reply, report_update
 
 from .loadgen import Pause, Recorder, Session, Window, request
 

@@ -1,5 +1,6 @@
 """The floor of the daemon's gunicorn worker: server CPU per request of our
-`tiny_scheduler.worker.BufferingWorker` against gunicorn's own `gthread`, same settings, same load.
+`tiny_scheduler.server.worker.BufferingWorker` against gunicorn's own `gthread`, same settings,
+same load.
 
     .venv/bin/python -m benchmarks.worker_floor            # 3 passes of each, ~2 minutes
     .venv/bin/python -m benchmarks.worker_floor --runs 1 --seconds 3
@@ -48,7 +49,7 @@ from .loadgen import Recorder, Session, Window, request, run_load
 
 WORKERS = {
     "gthread": "gthread",
-    "ours": "tiny_scheduler.worker.BufferingWorker",
+    "ours": "tiny_scheduler.server.worker.BufferingWorker",
 }
 """The two workers compared: gunicorn's own and the daemon's."""
 

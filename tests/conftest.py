@@ -149,6 +149,41 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
             report.sections.append((f"scheduler log {proc.url}", log_tail(proc)))
 
 
+REAL_PARTS = frozenset(
+    {
+        "scheduler",
+        "scheduler_factory",
+        "api",
+        "agent",
+        "node",
+        "registry",
+        "registry_server",
+        "make_app",
+        "unused_port",
+        "postgres_url",
+        "postgres_database",
+        "ha",
+    }
+)
+"""Fixtures that start or reach a real process, port or database."""
+
+SPAWNS = ("subprocess", "Popen", "start_scheduler", "DevCluster", "webdriver", "netns")
+"""Words in a test module's source that mean its tests start processes of their own."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `quick` every test that runs on the harness or on pure functions alone: no real
+    process, port or database (`make test-quick` runs those, in well under a minute)."""
+    spawning: dict[Path, bool] = {}
+    for item in items:
+        path = item.path
+        if path not in spawning:
+            source = path.read_text()
+            spawning[path] = any(word in source for word in SPAWNS)
+        if not spawning[path] and not REAL_PARTS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.quick)
+
+
 def reset_registry(registry: FakeRegistry) -> None:
     """Back to the default cluster: three healthy nodes, no instances, no fault."""
     registry.fault = None

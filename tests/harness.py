@@ -17,22 +17,23 @@ from typing import Any
 
 from flask import Flask
 
-from tiny_scheduler import api, jobs, metrics, ui, validation
+from tiny_scheduler import api, metrics, ui
 from tiny_scheduler.clock import ManualClock
+from tiny_scheduler.cluster.node_book import BuiltinNodes, Drains, NodeBook
+from tiny_scheduler.cluster.node_requests import Heartbeat
 from tiny_scheduler.config import BUILTIN_REGISTRY, Settings
-from tiny_scheduler.jobs import Job
+from tiny_scheduler.domain import jobs, validation
+from tiny_scheduler.domain.jobs import Job
+from tiny_scheduler.domain.nodes import NodeSource, StaticNodes
+from tiny_scheduler.domain.placement import Placement
+from tiny_scheduler.domain.validation import JobRequest, JobUpdate
 from tiny_scheduler.loops.scan import Scan
 from tiny_scheduler.loops.schedules import ScheduleFiring
-from tiny_scheduler.node_book import BuiltinNodes, Drains, NodeBook
-from tiny_scheduler.node_requests import Heartbeat
-from tiny_scheduler.nodes import NodeSource, StaticNodes
-from tiny_scheduler.placement import Placement
-from tiny_scheduler.schedule_table import ScheduleTable
 from tiny_scheduler.service import Event, Orders, Scheduler
+from tiny_scheduler.state.schedule_table import ScheduleTable
+from tiny_scheduler.state.table import JobTable
 from tiny_scheduler.storage import Batch, Writer
 from tiny_scheduler.storage.memory import MemoryDatabase, MemoryStore
-from tiny_scheduler.table import JobTable
-from tiny_scheduler.validation import JobRequest, JobUpdate
 
 NODES = ("node-a", "node-b", "node-c")
 

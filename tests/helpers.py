@@ -15,12 +15,7 @@ from typing import Any, TypeVar
 
 import requests
 
-from tiny_scheduler.dev.agent_protocol import (
-    RUNNING_UPDATE,
-    PolledJob,
-    parse_poll_reply,
-    report_update,
-)
+from tiny_scheduler.agent.protocol import RUNNING_UPDATE, PolledJob, parse_poll_reply, report_update
 from tiny_scheduler.dev.registry import FakeRegistry
 
 T = TypeVar("T")

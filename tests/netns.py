@@ -25,8 +25,8 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from tiny_scheduler.daemon_command import SERVE_ARGV
 from tiny_scheduler.dev.daemon import SchedulerProcess
+from tiny_scheduler.server.daemon_command import SERVE_ARGV
 
 PREFIX = "10.213"
 """The private range used only on links made here."""

@@ -13,10 +13,10 @@ import pytest
 from harness import Harness
 from helpers import Agent, Api, expect_json, set_nodes, unique_node
 
-from tiny_scheduler import jobs
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
-from tiny_scheduler.nodes import StaticNodes
+from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.nodes import StaticNodes
 
 MAX_OUTPUT_BYTES = 1024
 SCHEDULER_ENV = {"MAX_JOBS_PER_NODE": "2", "MAX_OUTPUT_BYTES": str(MAX_OUTPUT_BYTES)}

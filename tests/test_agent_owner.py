@@ -513,7 +513,7 @@ def test_a_recorded_pid_now_of_another_process_is_left_alone(
 
 
 def _seconds(stamp: str) -> float:
-    from tiny_scheduler.jobs import parse_time
+    from tiny_scheduler.domain.jobs import parse_time
 
     return parse_time(stamp) / 1_000_000
 

@@ -35,8 +35,8 @@ from tiny_scheduler.cli import main
 from tiny_scheduler.client import Client, wait_for_job
 from tiny_scheduler.dev.cluster import ClusterConfig, DevCluster
 from tiny_scheduler.display import describe
-from tiny_scheduler.jobs import FINAL_STATUSES
-from tiny_scheduler.validation import MAX_PAGE
+from tiny_scheduler.domain.jobs import FINAL_STATUSES
+from tiny_scheduler.domain.validation import MAX_PAGE
 
 KEY = "cli-test-key"
 IDLE_NODE = "idle-node"

@@ -13,10 +13,10 @@ import pytest
 import requests
 from click.testing import CliRunner, Result
 
-from tiny_scheduler import jobs
 from tiny_scheduler.cli import main
 from tiny_scheduler.cli.delays import parse_at, parse_duration
 from tiny_scheduler.dev.daemon import SchedulerProcess
+from tiny_scheduler.domain import jobs
 
 KEY = "cli-schedules-key"
 SCHEDULER_ENV = {"TINYAWS_API_KEY": KEY}

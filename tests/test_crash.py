@@ -44,7 +44,7 @@ import requests
 from conftest import start_scheduler, stop_scheduler
 from helpers import DEFAULT_NODES, Api, compact, wait_for
 
-from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, parse_poll_reply
+from tiny_scheduler.agent.protocol import RUNNING_UPDATE, parse_poll_reply
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 from harness import Harness
 
-from tiny_scheduler import jobs, lease
-from tiny_scheduler.jobs import Reason
+from tiny_scheduler.cluster import lease
+from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.jobs import Reason
+from tiny_scheduler.domain.nodes import Nodes
+from tiny_scheduler.domain.validation import parse_job_request
 from tiny_scheduler.loops.sqs import message_key
-from tiny_scheduler.nodes import Nodes
 from tiny_scheduler.service import moves
-from tiny_scheduler.validation import parse_job_request
 
 US = 0.000_001  # one microsecond, in seconds
 

@@ -17,10 +17,11 @@ from conftest import SchedulerFactory
 from harness import Harness
 from helpers import Agent, Api, wait_for
 
-from tiny_scheduler import errors, jobs, validation
+from tiny_scheduler import errors
 from tiny_scheduler.dev.sqs import FakeSqs
-from tiny_scheduler.jobs import Job
-from tiny_scheduler.table import JobTable
+from tiny_scheduler.domain import jobs, validation
+from tiny_scheduler.domain.jobs import Job
+from tiny_scheduler.state.table import JobTable
 
 T0 = 1_764_498_030_000_000
 SECOND = 1_000_000

@@ -24,7 +24,7 @@ from helpers import Api, wait_for
 from tiny_scheduler.agent.groups import CHILDREN_FILE
 from tiny_scheduler.dev import demo
 from tiny_scheduler.dev.cluster import ClusterConfig, ClusterError, DevCluster
-from tiny_scheduler.jobs import FINAL_STATUSES
+from tiny_scheduler.domain.jobs import FINAL_STATUSES
 
 CLI = os.path.join(os.path.dirname(sys.executable), "tiny-scheduler")
 """The installed command, as a user runs it."""

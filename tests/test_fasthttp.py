@@ -12,8 +12,8 @@ from gunicorn.config import Config
 from gunicorn.http import wsgi
 from gunicorn.http.message import Request
 
-from tiny_scheduler import fasthttp
-from tiny_scheduler.worker import _Received
+from tiny_scheduler.server import fasthttp
+from tiny_scheduler.server.worker import _Received
 
 CFG = Config()
 CLIENT = ("127.0.0.1", 40404)

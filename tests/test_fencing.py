@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 from harness import Harness
 
-from tiny_scheduler import errors, fencing, jobs
-from tiny_scheduler.jobs import Job
+from tiny_scheduler import errors
+from tiny_scheduler.domain import fencing, jobs
+from tiny_scheduler.domain.jobs import Job
 
 # --- the rules ----------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from helpers import Api, compact, expect_error, expect_json, set_nodes, wait_for
 from pg_proxy import SilentProxy
 from test_ha import LIVENESS_SECS, LONG_LEASE, SHORT_LEASE, Ha, all_jobs, leader_reply
 
-from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, parse_poll_reply, report_update
+from tiny_scheduler.agent.protocol import RUNNING_UPDATE, parse_poll_reply, report_update
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from helpers import wait_for
 
 from tiny_scheduler import errors, storage
-from tiny_scheduler.jobs import Job
+from tiny_scheduler.domain.jobs import Job
 from tiny_scheduler.storage import sqlite
 from tiny_scheduler.storage.base import Batch, OutcomeUnknown
 

@@ -31,9 +31,9 @@ from helpers import Api, compact, expect_error, expect_json, set_nodes, wait_for
 from pg_proxy import SilentProxy
 
 from tiny_scheduler import errors
+from tiny_scheduler.agent.protocol import RUNNING_UPDATE, parse_poll_reply, report_update
 from tiny_scheduler.cli import main
 from tiny_scheduler.client import Client, wait_for_job
-from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, parse_poll_reply, report_update
 from tiny_scheduler.dev.cluster import ClusterConfig, DevCluster
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry

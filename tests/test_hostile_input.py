@@ -45,10 +45,11 @@ from helpers import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tiny_scheduler import errors, jobs
+from tiny_scheduler import errors
+from tiny_scheduler.cluster.registry import DECODE_FAILED, INSTANCE_NOT_FOUND, REACH_FAILED
 from tiny_scheduler.dev.daemon import SchedulerProcess
-from tiny_scheduler.registry import DECODE_FAILED, INSTANCE_NOT_FOUND, REACH_FAILED
-from tiny_scheduler.validation import MAX_PAGE, MAX_TIMEOUT_SECS
+from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.validation import MAX_PAGE, MAX_TIMEOUT_SECS
 
 LIMIT = 65536
 SCHEDULER_ENV = {"MAX_REQUEST_BYTES": str(LIMIT), "MAX_JOBS_PER_NODE": "2"}

@@ -99,7 +99,7 @@ def test_the_graph_is_read_right() -> None:
     graph = import_graph()
     assert "tiny_scheduler.client" in graph["tiny_scheduler.cli.job_commands"]
     assert "tiny_scheduler.cli.output" in graph["tiny_scheduler.cli"]
-    assert "tiny_scheduler.daemon_command" in graph["tiny_scheduler.dev.daemon"]
+    assert "tiny_scheduler.server.daemon_command" in graph["tiny_scheduler.dev.daemon"]
     assert "tiny_scheduler.dev.cluster" in graph["tiny_scheduler.cli.dev_commands"]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
 
@@ -109,19 +109,19 @@ def test_no_import_circles() -> None:
 
 
 COLLABORATORS = (
-    "tiny_scheduler.leadership",
-    "tiny_scheduler.table",
+    "tiny_scheduler.cluster.leadership",
+    "tiny_scheduler.state.table",
     "tiny_scheduler.storage",
-    "tiny_scheduler.registry",
-    "tiny_scheduler.placement",
-    "tiny_scheduler.schedule_table",
+    "tiny_scheduler.cluster.registry",
+    "tiny_scheduler.domain.placement",
+    "tiny_scheduler.state.schedule_table",
 )
 """What only the service may use."""
 
 MAY_USE_COLLABORATORS = {
     "tiny_scheduler",  # create_app wires them together
     "tiny_scheduler.service",  # and its parts, tiny_scheduler.service.*
-    "tiny_scheduler.gunicorn_conf",  # checks the database before the worker starts
+    "tiny_scheduler.server.gunicorn_conf",  # checks the database before the worker starts
 }
 
 
@@ -133,7 +133,7 @@ def test_only_the_service_reaches_its_collaborators() -> None:
         return name in MAY_USE_COLLABORATORS or name.startswith("tiny_scheduler.service.")
 
     graph = import_graph()
-    assert "tiny_scheduler.table" in graph["tiny_scheduler.service"]  # the reader works
+    assert "tiny_scheduler.state.table" in graph["tiny_scheduler.service"]  # the reader works
     reaching = {
         name: sorted(filter(collaborator, imported))
         for name, imported in graph.items()
@@ -153,3 +153,65 @@ def test_nothing_outside_the_cli_imports_it() -> None:
         name for name, imported in graph.items() if not in_cli(name) and any(map(in_cli, imported))
     }
     assert importers == set()
+
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("cli",),
+    ("dev",),
+    ("agent", "client", "display", "job_events"),
+    ("server",),  # gunicorn's settings build the app: the worker is above it
+    ("",),  # `create_app`, the package itself
+    ("api", "ui", "loops", "metrics"),
+    ("service",),
+    ("state", "storage", "cluster"),
+    ("domain",),
+    (
+        "clock",
+        "config",
+        "errors",
+        "jsonstream",
+        "logs",
+        "notify",
+        "redaction",
+        "version",
+        # What a view may say to the worker's loop: "answer me on a thread", "park me".
+        "server.inline",
+        "server.waiting",
+    ),
+)
+"""The packages top-down: a module may import its own layer's and the layers below, never one
+above. Each entry names a part of `tiny_scheduler` (a package or a module); a module belongs
+to the longest entry its name starts with."""
+
+
+def layer_of(name: str) -> int:
+    part = name.removeprefix("tiny_scheduler").removeprefix(".")
+    best, best_len = None, -1
+    for rank, entries in enumerate(LAYERS):
+        for entry in entries:
+            if (part == entry or part.startswith(entry + ".") or entry == "") and len(
+                entry
+            ) > best_len:
+                best, best_len = rank, len(entry)
+    assert best is not None and (best_len > 0 or part == ""), f"{name} is in no layer"
+    return best
+
+
+def test_every_module_has_a_layer_and_no_arrow_runs_up() -> None:
+    graph = import_graph()
+    assert layer_of("tiny_scheduler.server.worker") < layer_of("tiny_scheduler.api.jobs")
+    assert layer_of("tiny_scheduler.server.inline") > layer_of("tiny_scheduler.domain.jobs")
+    upward = sorted(
+        f"{name} -> {other}"
+        for name, imported in graph.items()
+        for other in imported
+        if layer_of(other) < layer_of(name)
+    )
+    assert upward == []
+
+
+def test_few_modules_are_left_loose_at_the_top() -> None:
+    loose = [p for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
+    assert len(loose) < 20, sorted(p.name for p in loose)
+    for package in (p.parent for p in PACKAGE.glob("*/__init__.py")):
+        assert ast.get_docstring(ast.parse((package / "__init__.py").read_text())), package

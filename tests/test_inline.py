@@ -16,8 +16,8 @@ from pathlib import Path
 from conftest import BASE_ENV, SchedulerFactory
 from helpers import Api, expect_json, wait_for
 
-from tiny_scheduler.daemon_command import SERVE_ARGV
 from tiny_scheduler.dev.registry import FakeRegistry
+from tiny_scheduler.server.daemon_command import SERVE_ARGV
 
 ONE_THREAD = {"SCHEDULER_THREADS": "1", "REGISTRY_CACHE_SECS": "0"}
 

@@ -8,8 +8,8 @@ import re
 import pytest
 from helpers import ALWAYS_PRESENT, WIRE_ORDER, assert_no_nulls
 
-from tiny_scheduler import jobs
-from tiny_scheduler.jobs import Attempt, Job, Output, TransitionError
+from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.jobs import Attempt, Job, Output, TransitionError
 
 T0 = 1_764_498_030_123_456  # 2025-11-30T10:20:30.123456Z
 

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tiny_scheduler import errors, jobs, jsonstream, validation
+from tiny_scheduler import errors, jsonstream
+from tiny_scheduler.domain import jobs, validation
 from tiny_scheduler.jsonstream import MAX_DEPTH, DecodeError, Tail, read_object
 
 PROPERTY = settings(

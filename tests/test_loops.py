@@ -20,12 +20,13 @@ import requests
 from harness import Harness
 from helpers import Api, wait_for
 
-from tiny_scheduler import errors, jobs
-from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE
+from tiny_scheduler import errors
+from tiny_scheduler.agent.protocol import RUNNING_UPDATE
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.dev.sns import FakeSns
 from tiny_scheduler.dev.sqs import FakeSqs
+from tiny_scheduler.domain import jobs
 from tiny_scheduler.loops.sns import PAGE_SIZE, event_message
 
 US = 0.000_001  # one microsecond, in seconds

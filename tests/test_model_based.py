@@ -44,10 +44,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from tiny_scheduler import Settings, create_app, jobs, stop_background
-from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE
+from tiny_scheduler import Settings, create_app, stop_background
+from tiny_scheduler.agent.protocol import RUNNING_UPDATE
 from tiny_scheduler.dev.registry import FakeRegistry
-from tiny_scheduler.placement import NO_HEALTHY_NODES
+from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.placement import NO_HEALTHY_NODES
 
 NODES = ("node-a", "node-b", "node-c")
 MAX_JOBS_PER_NODE = 2

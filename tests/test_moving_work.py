@@ -26,12 +26,12 @@ from conftest import SchedulerFactory
 from harness import Harness
 from helpers import Agent, Api, expect_json, set_nodes, unique_node, wait_for
 
-from tiny_scheduler import jobs
+from tiny_scheduler.agent.protocol import parse_poll_reply
 from tiny_scheduler.config import OFFER_HOLD_SECS
-from tiny_scheduler.dev.agent_protocol import parse_poll_reply
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
-from tiny_scheduler.nodes import StaticNodes
+from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.nodes import StaticNodes
 from tiny_scheduler.service import Event, Move
 
 STEALING = {"JOB_STEALING": "1", "MAX_JOBS_PER_NODE": "1"}

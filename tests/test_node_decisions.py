@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from harness import Harness
 
-from tiny_scheduler import jobs
+from tiny_scheduler.cluster.node_book import HEALTHY_BEATS
+from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.jobs import Reason
 from tiny_scheduler.errors import PlacementError
-from tiny_scheduler.jobs import Reason
-from tiny_scheduler.node_book import HEALTHY_BEATS
 from tiny_scheduler.service import moves
 
 US = 0.000_001

@@ -36,21 +36,22 @@ from schemathesis.checks import (
 )
 from schemathesis.generation.modes import GenerationMode
 
-from tiny_scheduler import Settings, create_app, errors, node_requests, stop_background
+from tiny_scheduler import Settings, create_app, errors, stop_background
 from tiny_scheduler.api import events, output
+from tiny_scheduler.cluster import node_requests
+from tiny_scheduler.cluster.registry import DECODE_FAILED, INSTANCE_NOT_FOUND, REACH_FAILED
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
-from tiny_scheduler.placement import NO_HEALTHY_NODES
-from tiny_scheduler.registry import DECODE_FAILED, INSTANCE_NOT_FOUND, REACH_FAILED
-from tiny_scheduler.service.output_ops import ATTEMPT_NOT_FOUND
-from tiny_scheduler.validation import (
+from tiny_scheduler.domain.placement import NO_HEALTHY_NODES
+from tiny_scheduler.domain.validation import (
     MAX_PAGE,
     MAX_RUNNING_MESSAGE,
     MAX_TIMEOUT_SECS,
     PAUSED_MESSAGE,
     QUEUE_MESSAGE,
 )
-from tiny_scheduler.waiting import TOO_MANY_WAITERS
+from tiny_scheduler.server.waiting import TOO_MANY_WAITERS
+from tiny_scheduler.service.output_ops import ATTEMPT_NOT_FOUND
 
 DOCUMENT: dict[str, Any] = json.loads(
     resources.files("tiny_scheduler").joinpath("openapi.json").read_text()

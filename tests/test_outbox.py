@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from helpers import wait_for
 
-from tiny_scheduler.outbox import OUTPUT_BUFFER_BYTES, RESPONSE_WRITE_SECS, Outbox
+from tiny_scheduler.server.write_buffer import OUTPUT_BUFFER_BYTES, RESPONSE_WRITE_SECS, Outbox
 
 
 @pytest.fixture

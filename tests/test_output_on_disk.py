@@ -25,7 +25,7 @@ from helpers import Agent, Api, compact, expect_error, expect_json
 from tiny_scheduler import errors
 from tiny_scheduler.config import DEFAULT_MAX_OUTPUT_BYTES
 from tiny_scheduler.dev.daemon import SchedulerProcess, memory_bytes, reset_peak_memory
-from tiny_scheduler.validation import DEFAULT_PAGE
+from tiny_scheduler.domain.validation import DEFAULT_PAGE
 
 MB = 1_000_000
 WORKER_BOUND = 150 * MB

@@ -32,7 +32,7 @@ from helpers import compact, expect_error, expect_json, set_nodes, wait_for
 from netns import Link, Namespace, NamespacedScheduler, why_unavailable
 from test_ha import LIVENESS_SECS, SHORT_LEASE, Ha, all_jobs, leader_reply
 
-from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, parse_poll_reply, report_update
+from tiny_scheduler.agent.protocol import RUNNING_UPDATE, parse_poll_reply, report_update
 from tiny_scheduler.dev.daemon import SchedulerProcess, free_port
 from tiny_scheduler.dev.registry import FakeRegistry
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 import pytest
 from harness import NODES
 
-from tiny_scheduler import jobs
 from tiny_scheduler.clock import ManualClock
 from tiny_scheduler.config import Settings
+from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.jobs import Job
+from tiny_scheduler.domain.nodes import StaticNodes
+from tiny_scheduler.domain.placement import Placement
 from tiny_scheduler.errors import PlacementError
-from tiny_scheduler.jobs import Job
-from tiny_scheduler.nodes import StaticNodes
-from tiny_scheduler.placement import Placement
-from tiny_scheduler.table import JobTable
+from tiny_scheduler.state.table import JobTable
 
 
 def healthy(*nodes: str, unhealthy: tuple[str, ...] = ()) -> dict[str, str]:

@@ -17,9 +17,9 @@ import pytest
 from conftest import PostgresDatabases
 from helpers import wait_for
 
-from tiny_scheduler import jobs
+from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.jobs import Attempt, Job, Output
 from tiny_scheduler.errors import StoreError
-from tiny_scheduler.jobs import Attempt, Job, Output
 from tiny_scheduler.storage import StoreOpenError, Writer, postgres, rows
 from tiny_scheduler.storage.postgres import SCHEMA_VERSION, PostgresStore, column_type
 

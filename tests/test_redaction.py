@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
+from tiny_scheduler.cluster.peers import Peer
 from tiny_scheduler.config import ConfigError, Settings
-from tiny_scheduler.peers import Peer
 from tiny_scheduler.redaction import redacted
 
 

@@ -13,13 +13,13 @@ import pytest
 from helpers import set_nodes
 
 from tiny_scheduler.clock import ManualClock
+from tiny_scheduler.cluster.registry import Registry
 from tiny_scheduler.config import Settings
 from tiny_scheduler.dev.http import PeerServer, Reply, Request
 from tiny_scheduler.dev.registry import FakeRegistry
+from tiny_scheduler.domain.placement import Placement
 from tiny_scheduler.errors import PlacementError
-from tiny_scheduler.placement import Placement
-from tiny_scheduler.registry import Registry
-from tiny_scheduler.table import JobTable
+from tiny_scheduler.state.table import JobTable
 
 
 def placement_for(

@@ -18,10 +18,10 @@ import pytest
 from flask import Flask
 from harness import Harness
 
-from tiny_scheduler import jobs, schedules, validation
 from tiny_scheduler.clock import ManualClock
+from tiny_scheduler.domain import jobs, schedules, validation
+from tiny_scheduler.domain.schedules import ScheduleChange
 from tiny_scheduler.metrics import metrics_of
-from tiny_scheduler.schedules import ScheduleChange
 
 
 def us(text: str) -> int:

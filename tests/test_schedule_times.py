@@ -15,8 +15,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from tiny_scheduler import errors, schedules, validation
-from tiny_scheduler.schedules import Overlap, Schedule, SkipCause
+from tiny_scheduler import errors
+from tiny_scheduler.domain import schedules, validation
+from tiny_scheduler.domain.schedules import Overlap, Schedule, SkipCause
 
 
 def us(text: str) -> int:

@@ -18,8 +18,8 @@ import pytest
 from conftest import SchedulerFactory, stop_scheduler
 from helpers import Agent, Api, expect_error, expect_json, wait_for
 
-from tiny_scheduler import jobs, schedules
 from tiny_scheduler.dev.daemon import SchedulerProcess
+from tiny_scheduler.domain import jobs, schedules
 
 MINUTE = 60_000_000
 YEARLY = "0 0 1 1 *"  # after a fire, nothing more happens during a test

@@ -44,9 +44,9 @@ import requests
 from conftest import SchedulerFactory, start_scheduler, stop_scheduler
 from helpers import Agent, Api, compact, expect_json, wait_for
 
-from tiny_scheduler import worker
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
+from tiny_scheduler.server import worker
 
 CLOSE_LIMIT_SECS = 15.0
 """Each stalled connection must be closed by the server within this many seconds."""
@@ -358,7 +358,7 @@ def test_the_daemon_config_keeps_idle_connections_past_the_clients_reuse(tmp_pat
         [sys.executable, "-c", code], env=env, capture_output=True, check=True, timeout=60
     )
     worker_class, keepalive, connections = json.loads(out.stdout)
-    assert worker_class == "tiny_scheduler.worker.BufferingWorker"
+    assert worker_class == "tiny_scheduler.server.worker.BufferingWorker"
     assert keepalive >= 120  # agents and the Go CLI reuse connections idle up to 90 s
     assert connections >= sum(CROWD.values())
 

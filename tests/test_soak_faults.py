@@ -52,7 +52,7 @@ from conftest import start_scheduler, stop_scheduler
 from helpers import Api, compact
 from trickling_peer import TricklingPeer
 
-from tiny_scheduler.dev.agent_protocol import RUNNING_UPDATE, parse_poll_reply, report_update
+from tiny_scheduler.agent.protocol import RUNNING_UPDATE, parse_poll_reply, report_update
 from tiny_scheduler.dev.daemon import PortReservation, SchedulerProcess
 
 SOAK_SECS = float(os.environ.get("SOAK_SECS", "600"))

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tiny_scheduler import jobs
-from tiny_scheduler.jobs import Attempt, Job, Output
+from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.jobs import Attempt, Job, Output
 from tiny_scheduler.storage import Batch, OutboxEvent, StoreOpenError, Writer, rows, sqlite
 from tiny_scheduler.storage.sqlite import MIGRATIONS, SCHEMA_VERSION, SqliteStore
 

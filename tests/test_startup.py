@@ -22,12 +22,12 @@ import pytest
 from conftest import BASE_ENV, SchedulerFactory, stop_scheduler
 from helpers import wait_for
 
-from tiny_scheduler import banner
 from tiny_scheduler.config import ConfigError, Settings
-from tiny_scheduler.daemon_command import SERVE_ARGV
 from tiny_scheduler.dev.daemon import PortReservation, SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
-from tiny_scheduler.preflight import ListenAddress, parse_bind
+from tiny_scheduler.server import banner
+from tiny_scheduler.server.daemon_command import SERVE_ARGV
+from tiny_scheduler.server.preflight import ListenAddress, parse_bind
 
 EXIT_SECS = 30.0
 """Seconds a daemon that must refuse to start may take to exit (the machine is shared)."""

@@ -14,17 +14,17 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tiny_scheduler import jobs
+from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.jobs import Attempt, Job, Output
+from tiny_scheduler.domain.nodes import NodeRecord
+from tiny_scheduler.domain.queues import QueueSettings
+from tiny_scheduler.domain.schedules import Overlap, Schedule
+from tiny_scheduler.domain.validation import JobRequest
 from tiny_scheduler.errors import StoreError
-from tiny_scheduler.jobs import Attempt, Job, Output
-from tiny_scheduler.node_book import NodeRecord
-from tiny_scheduler.queues import QueueSettings
-from tiny_scheduler.schedules import Overlap, Schedule
 from tiny_scheduler.storage import JobStore, OutboxEvent, Writer
 from tiny_scheduler.storage.memory import MemoryDatabase, MemoryStore
 from tiny_scheduler.storage.postgres import PostgresStore
 from tiny_scheduler.storage.sqlite import SqliteStore
-from tiny_scheduler.validation import JobRequest
 
 T0 = 1_764_498_030_123_456
 

@@ -38,7 +38,7 @@ from helpers import Agent, Api, expect_error, expect_json, wait_for, without_wai
 from tiny_scheduler import Settings, create_app, errors, stop_background, storage
 from tiny_scheduler.config import STORE_STALL_SECS
 from tiny_scheduler.dev.registry import FakeRegistry
-from tiny_scheduler.jobs import Job
+from tiny_scheduler.domain.jobs import Job
 from tiny_scheduler.storage import sqlite
 
 ENV = {"MAX_JOBS_PER_NODE": "4"}  # a running job must not hide the pending one from the poll

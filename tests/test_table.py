@@ -8,9 +8,10 @@ from collections.abc import Iterable
 
 import pytest
 
-from tiny_scheduler import errors, jobs
-from tiny_scheduler.jobs import Job
-from tiny_scheduler.table import JobTable
+from tiny_scheduler import errors
+from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.jobs import Job
+from tiny_scheduler.state.table import JobTable
 
 T0 = 1_764_498_030_000_000
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiny_scheduler import jobs
-from tiny_scheduler.jobs import Attempt, Job
+from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.jobs import Attempt, Job
 from tiny_scheduler.ui.activity import activity, window_start
 
 MIN = 60_000_000

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from tiny_scheduler import errors, validation
-from tiny_scheduler.validation import JobQuery, JobRequest, JobUpdate
+from tiny_scheduler import errors
+from tiny_scheduler.domain import validation
+from tiny_scheduler.domain.validation import JobQuery, JobRequest, JobUpdate
 
 PORT = "port must be an integer between 1 and 65535"
 JOB_TYPE = "job_type must be run or service"

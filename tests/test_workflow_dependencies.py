@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 from harness import Harness
 
-from tiny_scheduler import errors, jobs
-from tiny_scheduler.jobs import Reason
-from tiny_scheduler.validation import JobQuery
+from tiny_scheduler import errors
+from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.jobs import Reason
+from tiny_scheduler.domain.validation import JobQuery
 
 
 def run(h: Harness, job_id: str, exit_code: int = 0) -> None:

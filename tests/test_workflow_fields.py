@@ -7,8 +7,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tiny_scheduler import errors, jobs, schedules, validation
-from tiny_scheduler.jobs import Dependency, Job
+from tiny_scheduler import errors
+from tiny_scheduler.domain import jobs, schedules, validation
+from tiny_scheduler.domain.jobs import Dependency, Job
 
 
 def parse(**fields: object) -> validation.JobRequest:

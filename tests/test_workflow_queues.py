@@ -10,11 +10,12 @@ from harness import Harness
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiny_scheduler import errors, jobs
-from tiny_scheduler.jobs import Job
-from tiny_scheduler.queues import QueueSettings
-from tiny_scheduler.table import JobTable
-from tiny_scheduler.validation import JobQuery
+from tiny_scheduler import errors
+from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.jobs import Job
+from tiny_scheduler.domain.queues import QueueSettings
+from tiny_scheduler.domain.validation import JobQuery
+from tiny_scheduler.state.table import JobTable
 
 NODES4 = ("node-a", "node-b", "node-c", "node-d")
 

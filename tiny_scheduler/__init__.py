@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from flask import Flask
 
     from . import storage
-    from .leadership import Leadership
+    from .cluster.leadership import Leadership
     from .loops import Background
     from .service import Scheduler
 
@@ -41,15 +41,15 @@ def create_app(
     # The server's modules are imported here, not at the top: the agent and the command line
     # import this package too, and must not pay for Flask and the whole daemon (nor need it).
     from . import api, metrics, storage, ui
+    from .cluster.node_book import BuiltinNodes, Drains, NodeBook
+    from .cluster.peers import CallObserver
+    from .cluster.registry import Registry
+    from .domain.nodes import NodeRecord, NodeSource
+    from .domain.placement import Placement
     from .loops import Background
-    from .node_book import BuiltinNodes, Drains, NodeBook, NodeRecord
-    from .nodes import NodeSource
-    from .peers import CallObserver
-    from .placement import Placement
-    from .registry import Registry
-    from .schedule_table import ScheduleTable
     from .service import Scheduler
-    from .table import JobTable
+    from .state.schedule_table import ScheduleTable
+    from .state.table import JobTable
 
     settings = settings or Settings.from_env()
     backend = storage.open_store(settings.db_path, owner_wait_secs, settings.leader_lease_secs)
@@ -182,7 +182,7 @@ def _leadership(settings: Settings, backend: storage.JobStore) -> Leadership | N
     if not storage.is_postgres(settings.db_path):
         return None
     # Here, not at the top: a daemon on SQLite never loads psycopg (a tenth of its start).
-    from .leadership import Leadership
+    from .cluster.leadership import Leadership
     from .storage.postgres import PostgresStore
 
     assert isinstance(backend, PostgresStore)  # open_store chose it by the same test
@@ -193,7 +193,7 @@ def _leadership(settings: Settings, backend: storage.JobStore) -> Leadership | N
 def _run_terms(leadership: Leadership, service: Scheduler, background: Background) -> None:
     """What a term as leader begins and ends with: the jobs, and the loops."""
 
-    from . import jobs
+    from .domain import jobs
 
     def elected(epoch: int) -> None:
         service.take_over()

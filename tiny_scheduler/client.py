@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urljoin, urlsplit
 
 from .display import describe, waiting_for, waiting_text
+from .domain.jobs import FINAL_STATUSES, JOB_ID_PREFIX, RUNNING, SERVICE
+from .domain.validation import MAX_PAGE
 from .errors import JOB_NOT_FOUND
-from .jobs import FINAL_STATUSES, JOB_ID_PREFIX, RUNNING, SERVICE
-from .validation import MAX_PAGE
 
 if TYPE_CHECKING:
     # requests (and urllib3 under it) is most of the command line's start-up: it is imported

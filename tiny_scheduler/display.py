@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .jobs import DONE, FAILED, PENDING, RUNNING
+from .domain.jobs import DONE, FAILED, PENDING, RUNNING
 
 _PLAIN_EXIT = "exit"
 """The `reason` of a job that failed by its own exit code: the code says it better."""

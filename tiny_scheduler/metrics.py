@@ -39,10 +39,11 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from . import inline, jobs
-from .jobs import Job
-from .peers import CallObserver, Outcome
-from .schedules import SkipCause
+from .cluster.peers import CallObserver, Outcome
+from .domain import jobs
+from .domain.jobs import Job
+from .domain.schedules import SkipCause
+from .server import inline
 from .service import Event, Move, Scheduler
 from .version import version
 

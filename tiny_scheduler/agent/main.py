@@ -52,13 +52,13 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from .. import fencing
-from ..dev.agent_protocol import RUNNING_UPDATE, PolledJob, parse_poll_reply, report_update
-from ..jobs import TIMED_OUT_STDERR, with_last_line
+from ..domain import fencing
+from ..domain.jobs import TIMED_OUT_STDERR, with_last_line
 from .config import AgentConfig
 from .dev_registry import DevRegistry
 from .groups import Groups
 from .heartbeat import Beat, Facts, agent_version, beat
+from .protocol import RUNNING_UPDATE, PolledJob, parse_poll_reply, report_update
 from .runner import Outcome, PrepareError, Runner
 from .spool import Report, Spool
 from .wire import Unreachable, Wire

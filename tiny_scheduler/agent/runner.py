@@ -37,10 +37,10 @@ from typing import Any
 
 import requests
 
-from ..dev.agent_protocol import PolledJob
-from ..jobs import cap_tail, parse_job_id
+from ..domain.jobs import cap_tail, parse_job_id
 from . import owner
 from .groups import Groups, signal_groups
+from .protocol import PolledJob
 
 DOWNLOAD_TIMEOUT = (5.0, 60.0)
 """(connect, read) seconds for fetching a `deploy_url` zip."""

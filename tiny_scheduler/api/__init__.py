@@ -12,7 +12,8 @@ from typing import Any
 
 from flask import Flask, Response, current_app, request
 
-from .. import errors, inline
+from .. import errors
+from ..server import inline
 from . import (
     auth,
     cluster,

@@ -18,7 +18,8 @@ import hmac
 
 from flask import Flask, Response, request
 
-from .. import errors, validation
+from .. import errors
+from ..domain import validation
 from .replies import scheduler, text_reply
 
 # `/` only redirects to the dashboard, which asks for the key itself.

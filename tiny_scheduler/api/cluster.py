@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, request
 
-from ..jobs import format_time
+from ..domain.jobs import format_time
 from .replies import json_reply, scheduler
 
 bp = Blueprint("cluster", __name__)

@@ -15,8 +15,8 @@ from flask import Blueprint, Response, request
 
 from .. import errors
 from ..clock import SYSTEM
-from ..event_log import EventLog
-from ..waiting import Stream
+from ..server.waiting import Stream
+from ..state.event_log import EventLog
 from .replies import scheduler
 
 bp = Blueprint("events", __name__)

@@ -31,7 +31,8 @@ from urllib.parse import quote, urlsplit
 
 from flask import Response, request
 
-from .. import inline, peers
+from ..cluster import peers
+from ..server import inline
 
 log = logging.getLogger(__name__)
 

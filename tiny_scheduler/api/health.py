@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from ..inline import answers_inline
+from ..server.inline import answers_inline
 from ..version import version
 from .replies import json_reply, scheduler
 

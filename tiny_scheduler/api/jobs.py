@@ -7,8 +7,10 @@ from urllib.parse import urlencode
 from flask import Blueprint, Response, request
 from werkzeug.exceptions import HTTPException
 
-from .. import errors, inline, validation
-from ..jobs import JOB_ID_PREFIX
+from .. import errors
+from ..domain import validation
+from ..domain.jobs import JOB_ID_PREFIX
+from ..server import inline
 from .replies import json_array_reply, json_reply, scheduler
 
 bp = Blueprint("jobs", __name__)

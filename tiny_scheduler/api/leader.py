@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 from flask import Blueprint, Flask, Response, request
 
-from ..inline import answers_inline
+from ..server.inline import answers_inline
 from . import forward
 from .replies import json_reply, scheduler, text_reply
 

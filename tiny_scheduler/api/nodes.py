@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from ..inline import answers_inline
-from ..node_requests import DECODE_HEARTBEAT, DECODE_NODE_CHANGE, parse_drain, parse_heartbeat
+from ..cluster.node_requests import (
+    DECODE_HEARTBEAT,
+    DECODE_NODE_CHANGE,
+    parse_drain,
+    parse_heartbeat,
+)
+from ..server.inline import answers_inline
 from .jobs import read_body
 from .replies import json_reply, scheduler
 

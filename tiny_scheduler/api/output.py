@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, request
 
-from .. import errors, validation
+from .. import errors
 from ..clock import SYSTEM
-from ..waiting import PARK_KEY, WAITED_KEY, AskAgain, wait_in_thread
+from ..domain import validation
+from ..server.waiting import PARK_KEY, WAITED_KEY, AskAgain, wait_in_thread
 from .jobs import read_body
 from .replies import scheduler
 

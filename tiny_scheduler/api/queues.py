@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from .. import errors, validation
+from .. import errors
+from ..domain import validation
 from .jobs import read_body
 from .replies import json_reply, scheduler
 

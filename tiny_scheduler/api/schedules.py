@@ -10,7 +10,7 @@ from __future__ import annotations
 from flask import Blueprint, Response
 
 from .. import errors
-from ..schedules import parse_schedule_request
+from ..domain.schedules import parse_schedule_request
 from .jobs import read_body
 from .replies import json_reply, scheduler
 

@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from ..client import DEFAULT_URL, ClientError
-from ..daemon_command import SERVE_ARGV
+from ..server.daemon_command import SERVE_ARGV
 from .agent_command import agent
 from .cluster_command import cluster
 from .dev_commands import dev

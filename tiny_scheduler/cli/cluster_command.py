@@ -11,7 +11,7 @@ import time
 import click
 
 from ..display import ago, format_table, short_time
-from ..jobs import parse_time
+from ..domain.jobs import parse_time
 from .job_commands import client_from
 from .output import echo_json
 

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 from urllib.parse import quote
 
 from ..client import Client, ClientError
-from ..jobs import FINAL_STATUSES, PENDING, SCHEDULER_NOTES
+from ..domain.jobs import FINAL_STATUSES, PENDING, SCHEDULER_NOTES
 
 WAIT_SECS = 25
 """Seconds the scheduler may hold one read open (it allows 30)."""

@@ -30,8 +30,8 @@ from ..client import (
     wait_for_job,
 )
 from ..display import describe, waiting_text
-from ..jobs import DONE, FAILED, JOB_ID_PREFIX, RUN, RUNNING, SERVICE, STATUSES
-from ..validation import MAX_PAGE
+from ..domain.jobs import DONE, FAILED, JOB_ID_PREFIX, RUN, RUNNING, SERVICE, STATUSES
+from ..domain.validation import MAX_PAGE
 from .delays import delay_fields, delay_options
 from .follow import follow_output, live_output
 from .output import CliError, echo_json, jobs_table, print_attempts, print_status, print_streams

@@ -113,8 +113,8 @@ def _check_cron(cron: str) -> None:
     """Refuse a wrong CRON here, with the scheduler's own words (the same parser), before the
     request: a usage error (exit 2) that points at the argument."""
     # Imported here: the cron parser (cronsim) is only needed by this command.
+    from ..domain.schedules import check_cron
     from ..errors import BadRequest
-    from ..schedules import check_cron
 
     try:
         check_cron(cron)

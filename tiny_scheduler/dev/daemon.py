@@ -19,7 +19,7 @@ from pathlib import Path
 
 import requests
 
-from ..daemon_command import SERVE_ARGV
+from ..server.daemon_command import SERVE_ARGV
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -28,7 +28,7 @@ import requests
 
 from ..client import Client, ClientError, job_state, settled
 from ..display import describe, format_table
-from ..jobs import FINAL_STATUSES, TIMED_OUT_STDERR, now_us, parse_time
+from ..domain.jobs import FINAL_STATUSES, TIMED_OUT_STDERR, now_us, parse_time
 from .cluster import ClusterConfig, ClusterError, DevCluster
 from .daemon import PortReservation
 

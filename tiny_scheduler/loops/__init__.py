@@ -11,8 +11,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from ..cluster.peers import CallObserver
 from ..config import SCHEDULE_TICK_SECS
-from ..peers import CallObserver
 from ..service import Scheduler
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from .. import errors, jobs
+from .. import errors
+from ..domain import jobs
 from ..service import Scheduler
 from ..service.moves import judge_nodes
 

@@ -19,8 +19,9 @@ import logging
 from collections.abc import Callable
 from enum import Enum
 
-from .. import errors, jobs
-from ..schedules import Fired, Schedule, SkipCause
+from .. import errors
+from ..domain import jobs
+from ..domain.schedules import Fired, Schedule, SkipCause
 from ..service import Scheduler
 
 log = logging.getLogger(__name__)

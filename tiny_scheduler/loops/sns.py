@@ -28,10 +28,10 @@ from urllib.parse import quote
 
 import orjson
 
+from ..cluster.peers import CallFailed, CallObserver, Peer
 from ..config import SNS_DEADLINE_SECS, Settings
+from ..domain.jobs import Job, job_id_of
 from ..errors import StoreError
-from ..jobs import Job, job_id_of
-from ..peers import CallFailed, CallObserver, Peer
 from ..service import Event, OutboxEvent, Scheduler
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,10 @@ from enum import Enum
 from typing import Any
 from urllib.parse import quote
 
-from .. import errors, validation
+from .. import errors
+from ..cluster.peers import CallFailed, CallObserver, Peer
 from ..config import SQS_DEADLINE_SECS
-from ..peers import CallFailed, CallObserver, Peer
+from ..domain import validation
 from ..service import Scheduler
 
 log = logging.getLogger(__name__)

@@ -25,15 +25,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..clock import SYSTEM, Clock
+from ..cluster.node_book import NodeBook
 from ..config import Settings
-from ..event_log import EventLog
-from ..jobs import Job
-from ..node_book import NodeBook, NodeRecord
-from ..placement import NodeLoad, Placement
-from ..schedule_table import ScheduleTable
+from ..domain.jobs import Job
+from ..domain.nodes import NodeRecord
+from ..domain.placement import NodeLoad, Placement
+from ..server.waiting import Waiters
+from ..state.event_log import EventLog
+from ..state.schedule_table import ScheduleTable
+from ..state.table import JobTable, NodeJobs
 from ..storage import OutboxEvent, Writer
-from ..table import JobTable, NodeJobs
-from ..waiting import Waiters
 from .core import Core, Event, Listener, Move
 from .dispatch import Dispatch
 from .lifecycle import Lifecycle
@@ -45,7 +46,7 @@ from .schedule_ops import ScheduleOps
 from .terms import Terms
 
 if TYPE_CHECKING:  # psycopg is imported only by a daemon on PostgreSQL
-    from ..leadership import Leadership
+    from ..cluster.leadership import Leadership
 
 __all__ = [
     "Event",

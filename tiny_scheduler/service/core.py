@@ -20,14 +20,15 @@ import threading
 from collections.abc import Callable, Sequence
 from enum import Enum
 
-from .. import errors, jobs, schedules
+from .. import errors
 from ..clock import Clock
 from ..config import Settings
-from ..jobs import Job
-from ..placement import Placement
-from ..schedule_table import ScheduleTable
+from ..domain import jobs, schedules
+from ..domain.jobs import Job
+from ..domain.placement import Placement
+from ..state.schedule_table import ScheduleTable
+from ..state.table import JobTable
 from ..storage import OutboxEvent, Writer
-from ..table import JobTable
 from . import dependencies
 
 log = logging.getLogger("tiny_scheduler.service")

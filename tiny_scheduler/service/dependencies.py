@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from .. import jobs
-from ..jobs import Dependency, Job, Reason
+from ..domain import jobs
+from ..domain.jobs import Dependency, Job, Reason
 
 
 def dependency_failed_stderr(seq: int) -> str:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from .. import errors, jobs
-from ..jobs import Job
-from ..node_book import NodeBook
-from ..nodes import Nodes
+from .. import errors
+from ..cluster.node_book import NodeBook
+from ..domain import jobs
+from ..domain.jobs import Job
+from ..domain.nodes import Nodes
 from . import moves
 from .core import Core, Event, Move
 from .lifecycle import Lifecycle

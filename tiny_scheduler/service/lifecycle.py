@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from .. import errors, fencing, jobs
-from ..jobs import Job, Reason
-from ..validation import JobRequest, JobUpdate
+from .. import errors
+from ..domain import fencing, jobs
+from ..domain.jobs import Job, Reason
+from ..domain.validation import JobRequest, JobUpdate
 from . import dependencies
 from .core import Core, job_seq
 

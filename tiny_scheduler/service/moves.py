@@ -26,10 +26,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
-from .. import jobs
-from ..jobs import Job
-from ..nodes import Nodes
-from ..placement import NodeLoad, Placement
+from ..domain import jobs
+from ..domain.jobs import Job
+from ..domain.nodes import Nodes
+from ..domain.placement import NodeLoad, Placement
 
 CLAIM_EVIDENCE_SECS = 1.0
 """How long after a claim was committed a poll from its node counts as proof that the claimed

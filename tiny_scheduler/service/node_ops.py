@@ -17,10 +17,11 @@ import dataclasses
 import logging
 from typing import Any
 
-from .. import errors, fencing, jobs
-from ..node_book import Beat, NodeBook, NodeRecord
-from ..node_requests import NODE_NOT_FOUND, Heartbeat
-from ..nodes import Nodes
+from .. import errors
+from ..cluster.node_book import Beat, NodeBook
+from ..cluster.node_requests import NODE_NOT_FOUND, Heartbeat
+from ..domain import fencing, jobs
+from ..domain.nodes import NodeRecord, Nodes
 from . import moves
 from .core import Core
 from .dispatch import Dispatch

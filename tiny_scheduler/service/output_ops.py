@@ -18,8 +18,9 @@ import collections
 import dataclasses
 import threading
 
-from .. import errors, fencing, jobs
-from ..jobs import Job
+from .. import errors
+from ..domain import fencing, jobs
+from ..domain.jobs import Job
 from ..notify import Signal
 from .core import Core, Event, job_seq
 

@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import threading
 
-from ..queues import QueueSettings
+from ..domain.queues import QueueSettings
 from .core import Core
 
 log = logging.getLogger("tiny_scheduler.service")

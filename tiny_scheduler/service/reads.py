@@ -12,14 +12,15 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from .. import errors, jobs
-from ..jobs import Job, Output
-from ..nodes import Nodes
-from ..placement import NodeLoad
+from .. import errors
+from ..domain import jobs
+from ..domain.jobs import Job, Output
+from ..domain.nodes import Nodes
+from ..domain.placement import NodeLoad
+from ..domain.validation import JobQuery
+from ..state.table import NodeJobs
 from ..storage import OutboxEvent
 from ..storage.writer import CommitObserver
-from ..table import NodeJobs
-from ..validation import JobQuery
 from . import dependencies, why_waiting
 from .core import Core, job_seq
 

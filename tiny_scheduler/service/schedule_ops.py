@@ -15,9 +15,10 @@ from __future__ import annotations
 import logging
 import uuid
 
-from .. import errors, jobs, schedules
-from ..jobs import Job
-from ..schedules import Fired, Schedule, ScheduleChange
+from .. import errors
+from ..domain import jobs, schedules
+from ..domain.jobs import Job
+from ..domain.schedules import Fired, Schedule, ScheduleChange
 from .core import Core, schedule_seq
 from .lifecycle import Lifecycle
 

@@ -13,15 +13,15 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from .. import banner
-from ..jobs import now_us
-from ..schedule_table import ScheduleTable
-from ..table import JobTable
+from ..domain.jobs import now_us
+from ..state.schedule_table import ScheduleTable
+from ..state.table import JobTable
+from ..version import version
 from .core import Core
 from .node_ops import NodeOps
 
 if TYPE_CHECKING:  # psycopg is imported only by a daemon on PostgreSQL
-    from ..leadership import Leadership, LeaderView
+    from ..cluster.leadership import Leadership, LeaderView
 
 log = logging.getLogger("tiny_scheduler.service")
 
@@ -81,7 +81,7 @@ class Terms:
         if leadership is None:
             now = now_us()
             url = self._core.settings.advertise_url or own_url
-            me = DaemonView(_SQLITE_ID, url, "leader", banner.version(), _STARTED_US, now, 0.0)
+            me = DaemonView(_SQLITE_ID, url, "leader", version(), _STARTED_US, now, 0.0)
             return ClusterView(url, 0, (me,), _SQLITE_ID)
         view = leadership.view()
         roster = leadership.roster

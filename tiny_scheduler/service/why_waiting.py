@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .. import jobs, queues
-from ..jobs import Job
-from ..queues import QueueSettings
+from ..domain import jobs, queues
+from ..domain.jobs import Job
+from ..domain.queues import QueueSettings
 
 
 def waiting_for(

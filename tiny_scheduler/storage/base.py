@@ -26,10 +26,10 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
-from ..jobs import Job, Output
-from ..node_book import NodeRecord
-from ..queues import QueueSettings
-from ..schedules import Schedule
+from ..domain.jobs import Job, Output
+from ..domain.nodes import NodeRecord
+from ..domain.queues import QueueSettings
+from ..domain.schedules import Schedule
 
 
 class StoreOpenError(RuntimeError):

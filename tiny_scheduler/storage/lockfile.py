@@ -36,7 +36,7 @@ import os
 import time
 from collections.abc import Callable
 
-from ..jobs import JOB_ID_PREFIX
+from ..domain.jobs import JOB_ID_PREFIX
 from .base import StoreOpenError
 
 SUFFIX = ".lock"

@@ -13,10 +13,10 @@ import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 
-from ..jobs import Job, Output
-from ..node_book import NodeRecord
-from ..queues import QueueSettings
-from ..schedules import Schedule
+from ..domain.jobs import Job, Output
+from ..domain.nodes import NodeRecord
+from ..domain.queues import QueueSettings
+from ..domain.schedules import Schedule
 from .base import Batch, Loaded, OutboxEvent
 
 

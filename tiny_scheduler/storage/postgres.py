@@ -43,9 +43,9 @@ import orjson
 import psycopg
 from psycopg import sql as pgsql
 
-from ..jobs import Job, Output
+from ..domain.jobs import Job, Output
+from ..domain.schedules import Schedule
 from ..redaction import redacted
-from ..schedules import Schedule
 from . import rows, sql
 from .base import Batch, Loaded, OutboxEvent, OutcomeUnknown, StoreOpenError, judge_version
 from .readers import ReaderPool

@@ -23,9 +23,9 @@ from typing import Any
 
 import orjson
 
-from .. import validation
-from ..jobs import Attempt, Dependency, Job, JobType, Output, Reason, Status
-from ..schedules import Overlap, Schedule
+from ..domain import validation
+from ..domain.jobs import Attempt, Dependency, Job, JobType, Output, Reason, Status
+from ..domain.schedules import Overlap, Schedule
 
 _FIELDS = dataclasses.fields(Job)
 

@@ -18,10 +18,10 @@ from typing import Any, ClassVar
 
 import orjson
 
-from ..jobs import Job, Output
-from ..node_book import NodeRecord
-from ..queues import QueueSettings
-from ..schedules import Schedule
+from ..domain.jobs import Job, Output
+from ..domain.nodes import NodeRecord
+from ..domain.queues import QueueSettings
+from ..domain.schedules import Schedule
 from . import rows
 from .base import Batch, Loaded, OutboxEvent
 

@@ -44,7 +44,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from ..jobs import Output, job_id_of
+from ..domain.jobs import Output, job_id_of
 from . import rows, sql
 from .base import Batch, Loaded, OutboxEvent, OutcomeUnknown, StoreOpenError, judge_version
 from .lockfile import LockFile

@@ -44,13 +44,13 @@ import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
-from .. import inline
 from ..config import STORE_PROBE_INTERVAL_SECS, STORE_STALL_SECS
+from ..domain.jobs import Job, Output
+from ..domain.nodes import NodeRecord
+from ..domain.queues import QueueSettings
+from ..domain.schedules import Schedule
 from ..errors import STORE_OUTCOME_UNKNOWN, StoreError
-from ..jobs import Job, Output
-from ..node_book import NodeRecord
-from ..queues import QueueSettings
-from ..schedules import Schedule
+from ..server import inline
 from .base import Batch, JobStore, Loaded, OutboxEvent, OutcomeUnknown
 
 log = logging.getLogger(__name__)

@@ -33,9 +33,10 @@ from flask import (
     url_for,
 )
 
-from .. import errors, jobs
+from .. import errors
 from ..api.forward import MARKER
 from ..api.replies import scheduler
+from ..domain import jobs
 from ..service import Scheduler
 from . import actions, daemons, formatting, live, node_pages, pages, schedule_pages
 

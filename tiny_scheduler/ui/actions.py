@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import errors, jobs
-from ..schedules import ScheduleChange
+from .. import errors
+from ..domain import jobs
+from ..domain.schedules import ScheduleChange
+from ..domain.validation import JobRequest
 from ..service import Scheduler
-from ..validation import JobRequest
 
 NOTICES = {
     "cancelled": "Job cancelled.",

@@ -18,8 +18,8 @@ import bisect
 import dataclasses
 from collections.abc import Iterable, Iterator
 
-from .. import jobs
-from ..jobs import Job
+from ..domain import jobs
+from ..domain.jobs import Job
 
 WINDOW_SECS = 3600
 """Seconds of history the overview's chart shows."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..jobs import now_us
+from ..domain.jobs import now_us
 from ..service import Scheduler
 
 

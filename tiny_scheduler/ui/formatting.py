@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 
-from .. import jobs
+from ..domain import jobs
 from ..service.moves import LOST_BY_AGENT
 
 _UNITS = ((86400, "d"), (3600, "h"), (60, "min"), (1, "s"))

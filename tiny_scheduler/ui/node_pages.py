@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from .. import jobs
-from ..jobs import Job
+from ..domain import jobs
+from ..domain.jobs import Job
 from ..service import NodeView, Scheduler
 from . import actions
 from .pages import GONE, UNKNOWN, node_health

@@ -20,8 +20,9 @@ import threading
 import time
 from collections.abc import Mapping
 
-from .. import errors, jobs, queues, validation
-from ..jobs import Attempt, Job
+from .. import errors
+from ..domain import jobs, queues, validation
+from ..domain.jobs import Attempt, Job
 from ..service import QueueView, Scheduler
 from . import actions, activity, formatting
 from .activity import Activity

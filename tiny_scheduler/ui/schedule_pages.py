@@ -6,9 +6,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-from .. import errors, jobs
-from ..jobs import Job
-from ..schedules import Schedule
+from .. import errors
+from ..domain import jobs
+from ..domain.jobs import Job
+from ..domain.schedules import Schedule
 from ..service import Scheduler
 from . import actions
 

@@ -24,7 +24,7 @@ from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
 
-from .redaction import redacted
+from ..redaction import redacted
 
 log = logging.getLogger(__name__)
 

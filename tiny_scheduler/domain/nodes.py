@@ -19,7 +19,7 @@ import dataclasses
 import threading
 from typing import Protocol
 
-from .errors import PlacementError
+from ..errors import PlacementError
 
 __all__ = ["NodeSource", "Nodes", "StaticNodes"]
 
@@ -141,3 +141,16 @@ class StaticNodes:
         if not self.nodes().is_healthy(node_id):
             raise PlacementError(f"node {node_id} for instance {instance_id} is not healthy")
         return node_id
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """What is stored of a node: the facts of its last heartbeat that changed, and its drain.
+    Not the heartbeat's time: after a restart every node counts as seen at start-up."""
+
+    node_id: str
+    cpu_count: int = 1
+    labels: tuple[tuple[str, str], ...] = ()
+    version: str = ""
+    drain: bool = False
+    seen_at: int = 0  # wall-clock microseconds of the heartbeat that changed the facts

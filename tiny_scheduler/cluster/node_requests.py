@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import errors, jobs
-from .validation import decode_object
+from .. import errors
+from ..domain import jobs
+from ..domain.validation import decode_object
 
 DECODE_HEARTBEAT = "failed to decode heartbeat"
 DECODE_NODE_CHANGE = "failed to decode node change"

@@ -15,7 +15,8 @@ from typing import Any
 
 import orjson
 
-from . import errors, jobs, jsonstream, queues
+from .. import errors, jsonstream
+from . import jobs, queues
 
 MAX_TIMEOUT_SECS = 10 * 365 * 24 * 3600
 MAX_DELAY_SECS = MAX_TIMEOUT_SECS

@@ -9,6 +9,6 @@ from __future__ import annotations
 
 import sys
 
-SERVE_ARGV = (sys.executable, "-m", "gunicorn", "-c", "python:tiny_scheduler.gunicorn_conf")
+SERVE_ARGV = (sys.executable, "-m", "gunicorn", "-c", "python:tiny_scheduler.server.gunicorn_conf")
 """gunicorn with the package's config, every setting taken from the environment: exactly what
 an operator runs."""

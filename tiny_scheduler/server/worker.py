@@ -84,8 +84,8 @@ from gunicorn.http.unreader import Unreader
 from gunicorn.workers import gthread
 
 from . import fasthttp, inline
-from .outbox import OUTPUT_BUFFER_BYTES, Outbox
 from .waiting import END, PARK_KEY, WAITED_KEY, AskAgain, Stream
+from .write_buffer import OUTPUT_BUFFER_BYTES, Outbox
 
 REQUEST_READ_SECS = 10.0
 """Seconds a request may take to arrive in full, counted from its first byte (from the accept
@@ -545,7 +545,7 @@ class BufferingWorker(gthread.ThreadWorker):
         super().check_config(cfg, log)
         if cfg.is_ssl or "h2" in cfg.http_protocols or cfg.proxy_protocol != "off":
             raise RuntimeError(
-                "tiny_scheduler.worker serves plain HTTP/1.x only: no TLS, HTTP/2 or PROXY "
+                "tiny_scheduler.server.worker serves plain HTTP/1.x only: no TLS, HTTP/2 or PROXY "
                 "protocol (terminate them in a proxy in front)"
             )
 

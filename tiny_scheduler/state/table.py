@@ -57,10 +57,12 @@ from typing import Any
 
 from sortedcontainers import SortedDict
 
-from . import errors, inline, jobs, queues
-from .config import OFFER_HOLD_SECS
-from .jobs import Job
-from .queues import QueueSettings
+from .. import errors
+from ..config import OFFER_HOLD_SECS
+from ..domain import jobs, queues
+from ..domain.jobs import Job
+from ..domain.queues import QueueSettings
+from ..server import inline
 
 _SCAN_CHUNK = 4096  # jobs examined per lock hold when a listing must scan history
 _OFFER_HOLD_US = int(OFFER_HOLD_SECS * 1_000_000)

@@ -40,10 +40,11 @@ from typing import Any
 import psycopg
 import psycopg.errors
 
-from . import banner, lease
-from .clock import SYSTEM, Clock
-from .storage.base import StoreOpenError
-from .storage.postgres import PostgresStore, application_name, connect, interrupt
+from ..clock import SYSTEM, Clock
+from ..storage.base import StoreOpenError
+from ..storage.postgres import PostgresStore, application_name, connect, interrupt
+from ..version import version
+from . import lease
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ class Leadership:
         """How often this daemon saw the lease change hands (the epoch rise) since it started."""
         self.roster = Roster((), 0)
         self.roster_read_monotonic = 0.0  # time.monotonic() when the roster was read
-        self._version = banner.version()
+        self._version = version()
         self._recorded_at = -RECORD_SECS  # monotonic
         self._recorded_role = ""
         self._record_failing = False

@@ -19,9 +19,10 @@ import sys
 
 from flask import Flask
 
-from tiny_scheduler import banner, preflight, storage, worker
+from tiny_scheduler import storage
 from tiny_scheduler.config import OWNER_WAIT_SECS, ConfigError, Settings
 from tiny_scheduler.logs import EscapeControlCharacters, LogWriter
+from tiny_scheduler.server import banner, preflight, worker
 
 try:
     _settings = Settings.from_env()
@@ -34,7 +35,7 @@ except ConfigError as _exc:
 except (preflight.PreflightError, storage.StoreOpenError) as _exc:
     sys.exit(f"tiny-scheduler: {_exc}")
 
-wsgi_app = "tiny_scheduler.gunicorn_conf:worker_app()"
+wsgi_app = "tiny_scheduler.server.gunicorn_conf:worker_app()"
 bind = [_settings.bind]
 
 # Exactly one worker: the job table lives in this process's memory. A second worker would hold
@@ -43,7 +44,7 @@ workers = 1
 # gunicorn's gthread worker, except that connections are read in its event loop and a thread
 # gets a request only once it has arrived in full: idle, slow and silent clients cost no
 # thread (see tiny_scheduler/worker.py).
-worker_class = "tiny_scheduler.worker.BufferingWorker"
+worker_class = "tiny_scheduler.server.worker.BufferingWorker"
 # Threads serve concurrent requests. Requests waiting on a group commit each hold one, so more
 # threads mean bigger batches for the same fsync.
 threads = _settings.threads

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 import os
 
-from .config import Settings
-from .logs import printable
+from ..config import Settings
+from ..logs import printable
+from ..redaction import redacted
+from ..version import version
 from .preflight import ListenAddress
-from .redaction import redacted
-from .version import version
 
 log = logging.getLogger(__name__)
 

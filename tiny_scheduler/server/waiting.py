@@ -24,9 +24,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 
-from . import errors, inline
-from .clock import SYSTEM, Clock
-from .notify import Signal
+from .. import errors
+from ..clock import SYSTEM, Clock
+from ..notify import Signal
+from . import inline
 
 PARK_KEY = "tiny_scheduler.park"
 """In the environ when the worker can park requests (its value: True)."""

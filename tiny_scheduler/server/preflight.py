@@ -15,7 +15,7 @@ import ipaddress
 import os
 import pwd
 
-from .config import ConfigError, Settings
+from ..config import ConfigError, Settings
 
 BIND_FORMS = "HOST:PORT, [IPV6]:PORT, unix:PATH or fd://N"
 """The forms SCHEDULER_BIND takes (gunicorn's bind syntax, with the port required)."""

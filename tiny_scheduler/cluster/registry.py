@@ -26,11 +26,11 @@ import threading
 from typing import Any
 from urllib.parse import quote
 
-from . import inline
-from .clock import SYSTEM, Clock
-from .config import REGISTRY_DEADLINE_SECS, Settings
-from .errors import PlacementError
-from .nodes import Nodes
+from ..clock import SYSTEM, Clock
+from ..config import REGISTRY_DEADLINE_SECS, Settings
+from ..domain.nodes import Nodes
+from ..errors import PlacementError
+from ..server import inline
 from .peers import CallFailed, CallObserver, Outcome, Peer
 
 __all__ = ["Nodes", "Registry"]

@@ -15,7 +15,7 @@ import contextlib
 import threading
 from collections.abc import Iterable, Iterator
 
-from .schedules import Schedule
+from ..domain.schedules import Schedule
 
 
 class ScheduleTable:

@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Protocol
 
-from .clock import SYSTEM, Clock
-from .config import AUTO_SLOTS, ROUND_ROBIN, Settings
-from .errors import PlacementError
+from ..clock import SYSTEM, Clock
+from ..config import AUTO_SLOTS, ROUND_ROBIN, Settings
+from ..errors import PlacementError
 from .nodes import Nodes, NodeSource
 
 NO_HEALTHY_NODES = "no healthy compute nodes"

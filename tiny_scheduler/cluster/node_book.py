@@ -21,10 +21,10 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from . import inline
-from .clock import Clock
-from .errors import PlacementError
-from .nodes import HEALTHY, Nodes, NodeSource
+from ..clock import Clock
+from ..domain.nodes import HEALTHY, Nodes, NodeSource
+from ..errors import PlacementError
+from ..server import inline
 
 HEALTHY_BEATS = 3
 """A node is healthy while its last heartbeat is at most this many periods old."""
@@ -32,19 +32,6 @@ HEALTHY_BEATS = 3
 UNHEALTHY = "unhealthy"
 
 INSTANCE_NOT_FOUND = "instance not found"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class NodeRecord:
-    """What is stored of a node: the facts of its last heartbeat that changed, and its drain.
-    Not the heartbeat's time: after a restart every node counts as seen at start-up."""
-
-    node_id: str
-    cpu_count: int = 1
-    labels: tuple[tuple[str, str], ...] = ()
-    version: str = ""
-    drain: bool = False
-    seen_at: int = 0  # wall-clock microseconds of the heartbeat that changed the facts
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -17,9 +17,9 @@ import threading
 
 import orjson
 
-from .clock import Clock
-from .jobs import Job
-from .notify import Signal
+from ..clock import Clock
+from ..domain.jobs import Job
+from ..notify import Signal
 
 WINDOW = 10_000
 """Events kept for resuming streams."""

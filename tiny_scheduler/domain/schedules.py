@@ -24,7 +24,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from . import errors, jobs, validation
+from .. import errors
+from . import jobs, validation
 from .validation import JobRequest
 
 SCHEDULE_ID_PREFIX = "sched-"
