@@ -58,6 +58,21 @@ def test_a_service_never_times_out() -> None:
 # --- lost nodes --------------------------------------------------------------------------
 
 
+def test_a_failed_job_is_retried_on_another_node_even_where_its_own_is_least_loaded() -> None:
+    # The rule of `service/lifecycle.py` (`_maybe_retry`: place with avoid=the failed node),
+    # at the point where placement alone would pick the failed node: node-a runs only the
+    # failing job, node-b has three jobs waiting. Without the rule node-a, the least loaded,
+    # would take the retry back.
+    h = Harness(nodes=["node-a", "node-b"], max_jobs_per_node=4)
+    failing = h.submit_on("node-a", "exit 3")
+    for _ in range(3):
+        h.submit_on("node-b", "sleep 1")
+    h.claim(failing.job_id)
+    retried = h.report(failing.job_id, exit_code=3)
+    assert retried.status == jobs.PENDING and retried.retry_count == 1
+    assert retried.node_id == "node-b"
+
+
 def test_running_work_is_lost_only_after_node_lost_secs_and_retried_elsewhere() -> None:
     h = Harness(node_lost_secs=60)
     running = h.submit("sleep 600")

@@ -38,9 +38,9 @@ class QueueOps:
 
     def list_queues(self) -> list[QueueView]:
         """Every queue that has jobs (of any status) or settings, by name."""
-        table = self._core.table
-        settings = table.queue_settings()
-        counts = table.queue_counts()
+        with self._core.table.queue_limits() as limits:
+            settings = limits.settings()
+            counts = limits.counts()
         return [
             _view(name, counts.get(name, (0, 0)), settings.get(name))
             for name in sorted(set(settings) | set(counts))
@@ -51,14 +51,16 @@ class QueueOps:
         core = self._core
         with self._changing:
             core.store.save_queue(settings)
-            core.table.set_queue(settings)
+            with core.table.queue_limits() as limits:
+                limits.set(settings)
         log.info(
             "queue %s: max_running %s, %s",
             settings.name,
             settings.max_running,
             "paused" if settings.paused else "not paused",
         )
-        counts = core.table.queue_counts().get(settings.name, (0, 0))
+        with core.table.queue_limits() as limits:
+            counts = limits.counts().get(settings.name, (0, 0))
         return _view(settings.name, counts, settings)
 
 

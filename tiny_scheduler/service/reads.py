@@ -66,7 +66,8 @@ class Reads:
         core = self._core
         table = core.table
         unmet = dependencies.unmet(job, {seq: table.get(seq) for seq in job.depends_on})
-        settings, running = table.queue_state(job.queue)
+        with table.queue_limits() as limits:
+            settings, running = limits.state(job.queue)
         placement = core.placement
         (load,) = placement.loads([job.node_id], placement.source.cached_nodes())
         return why_waiting.waiting_for(job, unmet, settings, running, load.free, core.now())

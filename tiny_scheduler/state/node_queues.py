@@ -1,0 +1,184 @@
+"""Each node's active jobs, indexed the ways the hot paths read them: the jobs it hands out
+(due, in the poll's order), its running jobs, its slots in use and its load, and the jobs an
+idle node may take over from it.
+
+- due pending jobs per node by id (listings), and the same by `order` (priority, then age)
+  split by queue, so the poll reads exactly the jobs it hands out and a queue that is paused
+  or at its limit is skipped whole; each queue's due jobs cluster-wide by `order`, so a
+  limited queue with room hands out only its head (its next place goes to its oldest
+  highest-priority job, wherever that waits);
+- running jobs per node, and the slots in use per node (running `run` jobs and timed-out
+  ones that keep their slot), so the free-slot check is one lookup;
+- due `run` jobs per node, in all and per queue, so a node's load is two lookups;
+- per node the due jobs an idle node may take over (`jobs.can_move`), by `order`;
+- per node the timed-out jobs that still hold a slot.
+
+Not thread-safe by itself: the job table keeps it in step under its lock. Tests: through
+`tests/test_table.py`, which owns every rule these indexes serve.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from sortedcontainers import SortedDict
+
+from ..domain import jobs
+from ..domain.jobs import Job
+
+
+def order(job: Job) -> tuple[int, int]:
+    """The order due jobs are handed out in: higher priority first, then oldest first."""
+    return (-job.priority, job.seq)
+
+
+class NodeQueues:
+    """The active jobs of every node."""
+
+    def __init__(self) -> None:
+        self.due: dict[str, SortedDict] = {}  # node -> due pending jobs, by seq
+        self._ready: dict[str, dict[str, SortedDict]] = {}  # node -> queue -> by order
+        self._queue_ready: dict[str, SortedDict] = {}  # queue -> its due jobs, by order
+        self.running: dict[str, SortedDict] = {}  # node -> running jobs, by seq
+        self.held: dict[str, SortedDict] = {}  # node -> timed-out jobs keeping a slot
+        self._movable: dict[str, dict[str, SortedDict]] = {}  # node -> queue -> by order
+        self.slots_used: collections.Counter[str] = collections.Counter()
+        self._due_runs: collections.Counter[str] = collections.Counter()
+        self._due_runs_by_queue: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    # --- upkeep -----------------------------------------------------------------------------
+
+    def add_due(self, job: Job) -> None:
+        node, key = job.node_id, order(job)
+        _queue(self.due, node)[job.seq] = job
+        _queue(_queues_of(self._ready, node), job.queue)[key] = job
+        _queue(self._queue_ready, job.queue)[key] = job
+        if job.takes_slot:
+            self._due_runs[node] += 1
+            self._due_runs_by_queue[(node, job.queue)] += 1
+        if jobs.can_move(job):
+            _queue(_queues_of(self._movable, node), job.queue)[key] = job
+
+    def remove_due(self, job: Job) -> None:
+        node, key = job.node_id, order(job)
+        _discard(self.due, node, job.seq)
+        _discard_nested(self._ready, node, job.queue, key)
+        _discard(self._queue_ready, job.queue, key)
+        if job.takes_slot:
+            _decrement(self._due_runs, node)
+            _decrement(self._due_runs_by_queue, (node, job.queue))
+        if jobs.can_move(job):
+            _discard_nested(self._movable, node, job.queue, key)
+
+    def add_running(self, job: Job) -> None:
+        _queue(self.running, job.node_id)[job.seq] = job
+
+    def remove_running(self, job: Job) -> None:
+        _discard(self.running, job.node_id, job.seq)
+
+    def add_slot_facts(self, job: Job) -> None:
+        """What any version of a job says about its node's slots (whatever its status)."""
+        if job.holds_slot:
+            _queue(self.held, job.node_id)[job.seq] = job
+        if job.uses_slot:
+            self.slots_used[job.node_id] += 1
+
+    def remove_slot_facts(self, job: Job) -> None:
+        if job.holds_slot:
+            _discard(self.held, job.node_id, job.seq)
+        if job.uses_slot:
+            _decrement(self.slots_used, job.node_id)
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def handed_out(
+        self,
+        node_id: str,
+        room: Callable[[str], int | None],
+        eligible: Callable[[Job], bool] | None = None,
+        movable: bool = False,
+    ) -> Iterator[Job]:
+        """A node's due jobs (with `movable`: only those an idle node may take) in the order
+        they are handed out, over its queues: every job of a queue with no limit (`room` of
+        the queue None); of a limited queue with room only those of its head (its first
+        `room` jobs cluster-wide) that are on this node and `eligible`; of a queue with no
+        room none. Reads only what it yields, plus a limited queue's head."""
+        by_queue = (self._movable if movable else self._ready).get(node_id)
+        if not by_queue:
+            return iter(())
+        streams: list[Iterator[Job]] = []
+        for name, index in by_queue.items():
+            space = room(name)
+            if space is None:
+                streams.append(iter(index.values()))
+            elif space > 0:
+                head = itertools.islice(self._queue_ready[name].values(), space)
+                streams.append(
+                    job
+                    for job in head
+                    if job.node_id == node_id and (eligible is None or eligible(job))
+                )
+        if len(streams) == 1:
+            return streams[0]
+        return heapq.merge(*streams, key=order)
+
+    def loads(
+        self, node_ids: Sequence[str], held_back: Sequence[str]
+    ) -> dict[str, tuple[int, int]]:
+        """For each node: (due `run` jobs that could start, slots in use). The jobs of a
+        queue in `held_back` (which hands nothing out now) would wait whatever the node."""
+        # .get: a Counter's lookup of a missing node is a Python call (__missing__).
+        due, used = self._due_runs, self.slots_used
+        loads = {node: (due.get(node, 0), used.get(node, 0)) for node in node_ids}
+        if held_back:
+            runs = self._due_runs_by_queue
+            loads = {
+                node: (queued - sum(runs.get((node, name), 0) for name in held_back), in_use)
+                for node, (queued, in_use) in loads.items()
+            }
+        return loads
+
+    def movable_nodes(self) -> list[str]:
+        return list(self._movable)
+
+
+def _decrement(counter: collections.Counter[Any], key: Any) -> None:
+    counter[key] -= 1
+    if not counter[key]:
+        del counter[key]  # nodes come and go: don't keep a zero for each forever
+
+
+def _queue(index: dict[str, SortedDict], key: str) -> SortedDict:
+    """The index's entry for `key`, made when it has none (not made on every call, as
+    `setdefault`'s argument would be: a SortedDict costs microseconds to build)."""
+    queue = index.get(key)
+    if queue is None:
+        queue = index[key] = SortedDict()
+    return queue
+
+
+def _queues_of(index: dict[str, dict[str, SortedDict]], node_id: str) -> dict[str, SortedDict]:
+    found = index.get(node_id)
+    if found is None:
+        found = index[node_id] = {}
+    return found
+
+
+def _discard_nested(
+    index: dict[str, dict[str, SortedDict]], node_id: str, queue: str, key: object
+) -> None:
+    by_queue = index[node_id]
+    _discard(by_queue, queue, key)
+    if not by_queue:
+        del index[node_id]
+
+
+def _discard(index: dict[str, SortedDict], key: str, member: object) -> None:
+    queue = index[key]
+    del queue[member]
+    if not queue:
+        del index[key]
