@@ -36,7 +36,11 @@ def list_jobs() -> Response:
         # Pending jobs: no output to show, so nothing is read from disk on this hot path.
         # A poll without a key is the tiny-aws agent's, and tells what its node runs.
         from_agent = "Authorization" not in request.headers
-        return json_reply([job.to_wire() for job in service.poll(node_id, from_agent)])
+        found = inline.from_memory(
+            lambda: service.poll_in_memory(node_id, from_agent),
+            lambda: service.poll(node_id, from_agent),
+        )
+        return json_reply([job.to_wire() for job in found])
     inline.may_wait()  # outputs are read from disk as the reply is written
     query = validation.parse_query(request.args)
     page = service.list_jobs(query)

@@ -10,7 +10,7 @@ from ..cluster.node_requests import (
     parse_drain,
     parse_heartbeat,
 )
-from ..server.inline import answers_inline
+from ..server.inline import answers_inline, from_memory
 from .jobs import read_body
 from .replies import json_reply, scheduler
 
@@ -22,7 +22,12 @@ bp = Blueprint("nodes", __name__)
 def heartbeat(node_id: str) -> Response:
     """An agent's heartbeat; the answer carries the node's orders (drain, stop)."""
     beat = parse_heartbeat(read_body(DECODE_HEARTBEAT))
-    return json_reply(scheduler().heartbeat(node_id, beat).to_wire())
+    service = scheduler()
+    orders = from_memory(
+        lambda: service.heartbeat_in_memory(node_id, beat),
+        lambda: service.heartbeat(node_id, beat),
+    )
+    return json_reply(orders.to_wire())
 
 
 @bp.get("/nodes")

@@ -24,7 +24,6 @@ import threading
 from ..clock import Clock
 from ..domain.nodes import HEALTHY, Nodes, NodeSource
 from ..errors import PlacementError
-from ..server import inline
 
 HEALTHY_BEATS = 3
 """A node is healthy while its last heartbeat is at most this many periods old."""
@@ -89,11 +88,9 @@ class NodeBook:
     def missing(self, job_ids: list[str], listed: frozenset[str]) -> list[str]:
         """Of the jobs the scheduler has running on a node, those its heartbeats have left
         out twice in a row now (one heartbeat may have been built before the agent started
-        a job it had just claimed); the count of the others starts again."""
-        if any(job_id not in listed for job_id in job_ids):
-            # A miss is counted, and may fail a job: never in a pass that may run again on a
-            # thread (inline.py), or one heartbeat's miss would be counted twice.
-            inline.may_wait()
+        a job it had just claimed); the count of the others starts again. Counts: call it
+        once per heartbeat (the service answers from memory only heartbeats that miss
+        nothing, `NodeOps.heartbeat_in_memory`)."""
         lost = []
         with self._lock:
             for job_id in job_ids:

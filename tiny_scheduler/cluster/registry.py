@@ -30,7 +30,6 @@ from ..clock import SYSTEM, Clock
 from ..config import REGISTRY_DEADLINE_SECS, Settings
 from ..domain.nodes import Nodes
 from ..errors import PlacementError
-from ..server import inline
 from .peers import CallFailed, CallObserver, Outcome, Peer
 
 __all__ = ["Nodes", "Registry"]
@@ -82,7 +81,6 @@ class Registry:
             age = None if cached is None else now - cached.fetched_at
             if age is not None and age < self._cache_secs:
                 return cached  # type: ignore[return-value]
-            inline.may_wait()  # a fetch, or a wait for one
             if self._in_flight:
                 if age is not None and age < self._cache_secs + REGISTRY_DEADLINE_SECS:
                     return cached  # type: ignore[return-value]

@@ -10,20 +10,23 @@ disk — or every connection waits with it. Two guards keep that:
 - Only views marked `@answers_inline` (the poll, `/health`, `/leader`, a node's heartbeat)
   run inline at all; any other endpoint asks for a thread before its first hook
   (`api.init_inline`).
-- Every place that can wait calls `may_wait()` first: holding a job busy to change it
-  (`JobTable.changing`), anything that waits on the store's writer (every commit) or reads
-  the disk (`storage/writer.py`), a registry call, forwarding to the leader, waiting for a
-  signal. A view whose reply reads the disk as it is written calls it before its reply.
-  Inline, it raises `NeedsThread` before anything has changed; the app answers with
-  `NEEDS_THREAD` instead of a reply, and the worker runs the same request again on a thread,
-  from the start. So a poll that has work to move, or a lost claim to fail, costs one wasted
-  look, and every other poll no hand-off at all; likewise a heartbeat that changes what is
-  stored about its node.
+- A view marked inline asks the service's memory-only entry point for its answer
+  (`from_memory`: `poll_in_memory`, `heartbeat_in_memory`; `/health` and `/leader` read
+  memory only). The entry point decides, before it changes anything, whether the answer
+  needs more than memory (a commit, a job held busy, the disk): then it gives None, the view
+  raises `NeedsThread`, the app answers with `NEEDS_THREAD` instead of a reply, and the
+  worker runs the same request again on a thread, from the start. So a poll that has work to
+  move, or a lost claim to fail, costs one wasted look, and every other poll no hand-off at
+  all; likewise a heartbeat that changes what is stored about its node or misses a job.
+  A view that waits in plain code (the listing's disk reads, forwarding to the leader)
+  calls `may_wait()` first, which raises `NeedsThread` in the loop.
 
-What that asks of a view marked inline: nothing it does before a `may_wait()` may change
-state that a second run would see differently (a count taken, an order consumed). Memory
-caches and "last seen" stamps a second run overwrites are fine; a counter is not (the
-heartbeat's missed-job count calls `may_wait()` before it counts).
+Nothing below the service knows of any of this: the table, the store, the registry client
+and the node book never ask where they run. What that asks of an entry point: nothing it
+does before it gives None may change state that a second run would see differently (a count
+taken, an order consumed). Memory caches and "last seen" stamps a second run overwrites are
+fine (the poll's remembered offer, the heartbeat's last beat); a counter is not (the
+heartbeat's missed-job count is never taken in the loop).
 """
 
 from __future__ import annotations
@@ -80,6 +83,21 @@ def answers_inline(view: F) -> F:
     """Mark a view as one that may run inline (it still calls `may_wait` where it waits)."""
     view.answers_inline = True  # type: ignore[attr-defined]
     return view
+
+
+T = TypeVar("T")
+
+
+def from_memory(in_memory: Callable[[], T | None], on_thread: Callable[[], T]) -> T:
+    """The answer of a view marked inline: in the loop, what the service's memory-only entry
+    point gives, or NeedsThread when it gives None (it changed nothing then); on a thread,
+    the full operation, which may wait."""
+    if not active():
+        return on_thread()
+    answer = in_memory()
+    if answer is None:
+        raise NeedsThread
+    return answer
 
 
 def may_answer_inline(view: Callable[..., Any] | None) -> bool:

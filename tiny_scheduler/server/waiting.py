@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterator
 from .. import errors
 from ..clock import SYSTEM, Clock
 from ..notify import Signal
-from . import inline
 
 PARK_KEY = "tiny_scheduler.park"
 """In the environ when the worker can park requests (its value: True)."""
@@ -90,8 +89,8 @@ class AskAgain:
 
 
 def wait_in_thread(signal: Signal, seconds: float) -> None:
-    """Wait in this thread until `signal` fires or `seconds` pass (servers that cannot park)."""
-    inline.may_wait()
+    """Wait in this thread until `signal` fires or `seconds` pass (servers that cannot park).
+    Never in the worker's loop: no view that waits is marked to answer there (inline.py)."""
     woken = threading.Event()
     signal.subscribe(woken.set)
     try:

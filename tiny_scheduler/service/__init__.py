@@ -98,6 +98,7 @@ class Scheduler:
         book = book or NodeBook(clock, settings.node_heartbeat_secs, settings.node_lost_secs)
         dispatch = Dispatch(core, lifecycle, book)
         self.poll = dispatch.poll
+        self.poll_in_memory = dispatch.poll_in_memory
         self.move_pending = dispatch.move_pending
 
         schedule_ops = ScheduleOps(core, lifecycle)
@@ -113,6 +114,7 @@ class Scheduler:
         node_ops = NodeOps(core, lifecycle, dispatch, book, settings.builtin_registry)
         node_ops.load(nodes or [])
         self.heartbeat = node_ops.heartbeat
+        self.heartbeat_in_memory = node_ops.heartbeat_in_memory
         self.set_drain = node_ops.set_drain
         self.nodes = node_ops.nodes
         self.node = node_ops.node

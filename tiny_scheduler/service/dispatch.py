@@ -36,31 +36,48 @@ class Dispatch:
         delayed job waits for its not_before), at most as many as its free slots; with
         JOB_STEALING, free slots its own queue cannot fill are topped up with the first due
         waiting jobs (by priority, then age) of nodes that cannot start them (moved here
-        before this returns). `from_agent`: the poll came
-        without a key, as the tiny-aws agent's does, so it is evidence of what the node runs
-        (`moves.claims_disproved`)."""
+        before this returns). `from_agent`: the poll came without a key, as the tiny-aws
+        agent's does, so it is evidence of what the node runs (`moves.claims_disproved`):
+        claims it disproves are failed first. May wait (busy jobs, commits): a thread's."""
+        answer = self._poll(node_id, from_agent, in_memory=False)
+        assert answer is not None
+        return answer
+
+    def poll_in_memory(self, node_id: str, from_agent: bool = False) -> list[Job] | None:
+        """The same poll when it can be answered from memory alone, changing nothing stored
+        and waiting for nothing (the worker's loop answers it); None, before anything
+        changed, when it would fail a disproved claim or move work: then `poll` it on a
+        thread."""
+        return self._poll(node_id, from_agent, in_memory=True)
+
+    def _poll(self, node_id: str, from_agent: bool, in_memory: bool) -> list[Job] | None:
         core = self._core
+        table = core.table
         placement = core.placement
         now = core.now()
         if from_agent and self._book.last_beat(node_id) is None:
-            self._forget_disproved_claims(node_id, now)
+            disproved = moves.claims_disproved(table.running_on(node_id), now)
+            if disproved and in_memory:
+                return None
+            self._fail_disproved(node_id, disproved)
         nodes = placement.source.cached_nodes()  # never a registry call on this path
         slots = placement.slots(node_id, nodes)
         stealing = core.settings.job_stealing
-        found = core.table.poll(node_id, slots, now, remember=stealing)
+        # Remembering the offer is a memory cache: a second look on a thread renews it.
+        found = table.poll(node_id, slots, now, remember=stealing)
         if stealing and nodes is not None and placement.may_take(node_id, nodes):
             (load,) = placement.loads([node_id], nodes, now)
             wanted = load.free - len(found)
-            if wanted > 0:
-                found += self._take_over(node_id, nodes, wanted, now)
+            candidates = self._candidates(node_id, nodes, wanted, now) if wanted > 0 else []
+            if candidates and in_memory:
+                return None
+            if candidates:
+                found += self._take_over(node_id, candidates, now)
         core.emit(Event.POLLED, None, node_id)
         return found
 
-    def _forget_disproved_claims(self, node_id: str, now: int) -> None:
-        running = self._core.table.running_on(node_id)
-        if not running:
-            return
-        for job in moves.claims_disproved(running, now):
+    def _fail_disproved(self, node_id: str, disproved: list[Job]) -> None:
+        for job in disproved:
             try:
                 failed = self._lifecycle.fail_running(
                     job.seq, jobs.Reason.NODE_LOST, moves.LOST_BY_AGENT
@@ -93,10 +110,19 @@ class Dispatch:
         core.emit(Event.MOVED, new, Move.NODE_DOWN)
         return new
 
-    def _take_over(self, node_id: str, nodes: Nodes, wanted: int, now: int) -> list[Job]:
-        """Move up to `wanted` of the first waiting jobs (by priority, then age) of nodes that
-        cannot start them to `node_id`, committed before this returns; the moved jobs, in
-        that order.
+    def _candidates(self, node_id: str, nodes: Nodes, wanted: int, now: int) -> list[Job]:
+        """Up to `wanted` of the first waiting jobs (by priority, then age) of nodes that
+        cannot start them, which `node_id` may take over: a read."""
+        table = self._core.table
+        others = [node for node in table.movable_nodes() if node != node_id]
+        if not others:
+            return []
+        donors = moves.donors(self._core.placement.loads(others, nodes, now), nodes)
+        return table.movable(donors, now, wanted) if donors else []
+
+    def _take_over(self, node_id: str, candidates: list[Job], now: int) -> list[Job]:
+        """Move the candidates that are still movable to `node_id`, committed before this
+        returns; the moved jobs, in the poll's order.
 
         A job is checked again once it is held busy: its old node's agent may have claimed
         it, or been offered it, since the candidates were read. The claim and the move take
@@ -104,13 +130,6 @@ class Dispatch:
         """
         core = self._core
         table = core.table
-        others = [node for node in table.movable_nodes() if node != node_id]
-        if not others:
-            return []
-        donors = moves.donors(core.placement.loads(others, nodes, now), nodes)
-        candidates = table.movable(donors, now, wanted) if donors else []
-        if not candidates:
-            return []
         moved: list[Job] = []
         with contextlib.ExitStack() as held:
             # Held in id order (they come by priority), as every other poll's take-over: two of

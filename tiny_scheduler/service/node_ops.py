@@ -21,6 +21,7 @@ from .. import errors
 from ..cluster.node_book import Beat, NodeBook
 from ..cluster.node_requests import NODE_NOT_FOUND, Heartbeat
 from ..domain import fencing, jobs
+from ..domain.jobs import Job
 from ..domain.nodes import NodeRecord, Nodes
 from . import moves
 from .core import Core
@@ -128,6 +129,21 @@ class NodeOps:
     # --- heartbeats ----------------------------------------------------------------------
 
     def heartbeat(self, node_id: str, beat: Heartbeat) -> Orders:
+        """An agent's heartbeat: its node's facts stored when they changed, what it runs
+        compared with what the scheduler has running there (a job left out twice is lost),
+        and the node's orders. May wait (a commit): a thread's."""
+        orders = self._heartbeat(node_id, beat, in_memory=False)
+        assert orders is not None
+        return orders
+
+    def heartbeat_in_memory(self, node_id: str, beat: Heartbeat) -> Orders | None:
+        """The same heartbeat when it can be answered from memory alone (the worker's loop
+        answers it): None, before anything changed, when the node's facts changed (a
+        commit) or the agent left out a job it should run (a miss is counted once, and may
+        fail the job): then `heartbeat` on a thread."""
+        return self._heartbeat(node_id, beat, in_memory=True)
+
+    def _heartbeat(self, node_id: str, beat: Heartbeat, in_memory: bool) -> Orders | None:
         core = self._core
         book = self.book
         if book.other_agent(node_id, beat.agent_id):
@@ -143,7 +159,13 @@ class NodeOps:
             drain=old.drain if old else False,
             seen_at=now_us,
         )
-        if old is None or dataclasses.replace(old, seen_at=now_us) != record:
+        changed = old is None or dataclasses.replace(old, seen_at=now_us) != record
+        # Read once: the loop must decide on the very list it reconciles (a claim between two
+        # reads could otherwise count a miss there, and a second miss fails a job: a commit).
+        running = self._core.table.running_on(node_id)
+        if in_memory and (changed or any(job.job_id not in beat.running for job in running)):
+            return None
+        if changed:
             core.store.save_nodes(record)  # the facts changed: durable before the answer
             self._records[node_id] = record
         book.beat(
@@ -160,7 +182,7 @@ class NodeOps:
                 beat.refusing_work,
             ),
         )
-        self._reconcile(node_id, beat.running)
+        self._reconcile(node_id, running, beat.running)
         settings = core.settings
         return Orders(
             node_id,
@@ -171,8 +193,7 @@ class NodeOps:
             settings.job_timeout_secs,
         )
 
-    def _reconcile(self, node_id: str, listed: frozenset[str]) -> None:
-        running = self._core.table.running_on(node_id)
+    def _reconcile(self, node_id: str, running: list[Job], listed: frozenset[str]) -> None:
         lost = self.book.missing([job.job_id for job in running], listed)
         for job_id in lost:
             seq = jobs.parse_job_id(job_id)

@@ -50,7 +50,6 @@ from ..domain.nodes import NodeRecord
 from ..domain.queues import QueueSettings
 from ..domain.schedules import Schedule
 from ..errors import STORE_OUTCOME_UNKNOWN, StoreError
-from ..server import inline
 from .base import Batch, JobStore, Loaded, OutboxEvent, OutcomeUnknown
 
 log = logging.getLogger(__name__)
@@ -134,7 +133,6 @@ class Writer:
         """Job `seq`'s stored output by attempt; None when it is not stored. Read in the
         calling thread, beside the writer: committed data only, never waiting on a commit.
         Raises StoreError when the store cannot be read."""
-        inline.may_wait()  # the disk
         try:
             return self._backend.read_outputs(seq)
         except Exception as exc:
@@ -146,7 +144,6 @@ class Writer:
     ) -> Generator[tuple[int, Output | None], None, None]:
         """The latest attempt's output of each stored job of `seqs`, one at a time (see
         `JobStore.read_latest_outputs`); in the calling thread, like `read_outputs`."""
-        inline.may_wait()  # the disk
         try:
             yield from self._backend.read_latest_outputs(seqs)
         except Exception as exc:
@@ -226,7 +223,6 @@ class Writer:
         """Queue the ticket and return it answered. The caller that finds nobody committing
         takes the turn and commits itself, with whatever queues meanwhile; the others wait
         for their answer, or for the turn, passed to the first of them still queued."""
-        inline.may_wait()  # every commit and every queued read waits here
         with self._idle:
             if self._closing:
                 raise StoreError("scheduler is shutting down; nothing was changed")
