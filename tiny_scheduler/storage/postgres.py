@@ -462,7 +462,7 @@ def _migrate(conn: psycopg.Connection[Any], location: str) -> None:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             version = _version(conn, location)  # again: another daemon may have migrated
-            schema.upgrade(conn, schema.POSTGRES, version, location)
+            schema.upgrade(conn, schema.POSTGRES, version, location, _ROUTINES)
     except psycopg.Error as exc:
         raise StoreOpenError(f"cannot prepare job database {location}: {exc}") from exc
 
@@ -517,3 +517,7 @@ def move_output(conn: psycopg.Connection[Any]) -> None:
             with conn.cursor() as writes:
                 writes.executemany(_SQL.save_output, [_escaped(row) for row in outputs])
     conn.execute("ALTER TABLE jobs DROP COLUMN stdout, DROP COLUMN stderr")
+
+
+_ROUTINES: dict[str, Callable[[psycopg.Connection[Any]], None]] = {"move_output": move_output}
+"""The steps' `schema.Routine`s this backend runs, by name."""

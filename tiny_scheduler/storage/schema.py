@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from typing import Any, Literal
 
@@ -37,8 +37,18 @@ Dialect = Literal["sqlite", "postgres"]
 SQLITE: Dialect = "sqlite"
 POSTGRES: Dialect = "postgres"
 
-Statement = str | Callable[[Any], None]
-"""One statement of a step, or a function given the connection (data moved row by row)."""
+
+@dataclasses.dataclass(frozen=True)
+class Routine:
+    """A step's statement that is code of the backend's (data moved row by row, with the
+    backend's own encoding), named here and passed to `upgrade` by the backend: this module
+    imports no backend."""
+
+    name: str
+
+
+Statement = str | Routine
+"""One statement of a step: SQL text, or a routine of the backend's."""
 
 DECLARED: dict[str, type] = {"jobs": Job, "schedules": Schedule}
 """Each table whose columns follow a declaration (`dataclasses.fields`), by table name. A new
@@ -214,19 +224,26 @@ def script(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(";") if part.strip())
 
 
-def upgrade(conn: Any, dialect: Dialect, version: int, location: str) -> None:
+def upgrade(
+    conn: Any,
+    dialect: Dialect,
+    version: int,
+    location: str,
+    routines: Mapping[str, Callable[[Any], None]] | None = None,
+) -> None:
     """Bring the database at `version` to `SCHEMA_VERSION` and its declared tables to their
-    declarations' columns, on `conn`, inside the caller's transaction (all or nothing)."""
+    declarations' columns, on `conn`, inside the caller's transaction (all or nothing). The
+    backend's `routines` by name, for the steps' `Routine`s."""
     newest = SCHEMA_VERSION  # read now: tests pretend to be a newer scheduler
     for step in sorted(STEPS, key=lambda step: step.version):
         if not version < step.version <= newest:
             continue
         log.info("migrating job database %s to schema version %d", location, step.version)
         for statement in step.statements(dialect):
-            if isinstance(statement, str):
-                conn.execute(statement)
+            if isinstance(statement, Routine):
+                (routines or {})[statement.name](conn)
             else:
-                statement(conn)
+                conn.execute(statement)
     for column in missing_columns(conn, dialect):
         log.info("job database %s: adding column %s.%s", location, column.table, column.name)
         for statement in add_column(column, dialect):
@@ -234,13 +251,6 @@ def upgrade(conn: Any, dialect: Dialect, version: int, location: str) -> None:
     if version != newest:
         conn.execute("DELETE FROM schema_version")
         conn.execute(f"INSERT INTO schema_version (version) VALUES ({int(newest)})")
-
-
-def _move_output_postgres(conn: Any) -> None:
-    # Imported here: the PostgreSQL backend imports this module.
-    from .postgres import move_output
-
-    move_output(conn)
 
 
 _SQLITE_V1 = """
@@ -433,7 +443,7 @@ STEPS: Sequence[Step] = (
     Step(
         3,
         sqlite=script(_SQLITE_OUTBOX_V3),
-        postgres=(_OUTPUTS_TABLE.format(integer="BIGINT"), _move_output_postgres),
+        postgres=(_OUTPUTS_TABLE.format(integer="BIGINT"), Routine("move_output")),
     ),
     Step(
         4,
