@@ -8,7 +8,6 @@ The behaviour every backend shares is in test_storage_contract.py. Real PostgreS
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Iterator
 
@@ -20,8 +19,9 @@ from helpers import wait_for
 from tiny_scheduler.domain import jobs
 from tiny_scheduler.domain.jobs import Attempt, Job, Output
 from tiny_scheduler.errors import StoreError
-from tiny_scheduler.storage import StoreOpenError, Writer, postgres, rows
-from tiny_scheduler.storage.postgres import SCHEMA_VERSION, PostgresStore, column_type
+from tiny_scheduler.storage import StoreOpenError, Writer, rows, schema
+from tiny_scheduler.storage.postgres import PostgresStore
+from tiny_scheduler.storage.schema import SCHEMA_VERSION
 
 T0 = 1_764_498_030_123_456
 
@@ -107,6 +107,9 @@ def test_a_field_added_to_the_declaration_becomes_a_column_with_its_default(
 
 
 def test_column_types_come_from_annotations() -> None:
+    def column_type(hint: object) -> tuple[str, bool]:
+        return schema.column_type(hint, schema.POSTGRES)
+
     assert column_type(int) == ("BIGINT", False)
     assert column_type(int | None) == ("BIGINT", True)
     assert column_type(str) == ("TEXT", False)
@@ -290,12 +293,17 @@ def test_a_version_1_database_is_migrated_with_its_output_moved_out(
 ) -> None:
     """Before version 3 the output sat in the jobs table: the current attempt's in columns
     (NUL stored escaped, as U+FFFF '0'), the earlier ones' inside the attempts JSON."""
-    for statement in postgres.MIGRATIONS[1]:
-        sql.execute(statement)
+    for statement in schema.step(1).postgres:
+        sql.execute(statement)  # version 1's statements are text
     sql.execute("INSERT INTO schema_version VALUES (1)")
-    for field in dataclasses.fields(Job):  # the jobs table as version 1 declared it
-        if field.name != "seq":
-            sql.execute(postgres._add_column("jobs", field))
+    for column in schema.columns("jobs"):  # the jobs table as version 1 declared it
+        if column.name != "seq":
+            for statement in schema.add_column(column, schema.POSTGRES):
+                sql.execute(statement)
+    sql.execute(
+        "ALTER TABLE jobs ADD COLUMN stdout TEXT NOT NULL DEFAULT '', "
+        "ADD COLUMN stderr TEXT NOT NULL DEFAULT ''"
+    )
     attempts = (
         '[{"node_id":"a","exit_code":1,"stdout":"o0 \\u0000","stderr":"","running_at":5,'
         '"finished_at":6},{"node_id":"b","exit_code":null,"stdout":"","stderr":"",'

@@ -15,8 +15,9 @@ import pytest
 
 from tiny_scheduler.domain import jobs
 from tiny_scheduler.domain.jobs import Attempt, Job, Output
-from tiny_scheduler.storage import Batch, OutboxEvent, StoreOpenError, Writer, rows, sqlite
-from tiny_scheduler.storage.sqlite import MIGRATIONS, SCHEMA_VERSION, SqliteStore
+from tiny_scheduler.storage import Batch, OutboxEvent, StoreOpenError, Writer, rows, schema, sqlite
+from tiny_scheduler.storage.schema import SCHEMA_VERSION
+from tiny_scheduler.storage.sqlite import SqliteStore
 
 
 def test_the_table_has_exactly_the_declared_columns(tmp_path: Path) -> None:
@@ -236,7 +237,8 @@ def test_a_file_of_schema_version_1_gets_the_outbox_and_keeps_its_jobs(tmp_path:
     path = tmp_path / "jobs.db"
     job = Job(seq=7, node_id="n", command="echo kept", created_at=1, env_vars={"A": "1"})
     with sqlite3.connect(path) as conn:
-        conn.executescript(sqlite.MIGRATIONS[1])
+        for statement in schema.step(1).sqlite:
+            conn.execute(statement)
         conn.execute("INSERT INTO schema_version (version) VALUES (1)")
         # Only the columns version 1 had: later versions add theirs with their defaults.
         v1 = {column[1] for column in conn.execute("PRAGMA table_info(jobs)")}
@@ -284,7 +286,8 @@ def test_a_version_1_file_is_migrated_cancelled_rows_become_failures_with_reason
     from the fixed texts the scheduler wrote for its own failures."""
     path = tmp_path / "v1.db"
     with sqlite3.connect(path) as conn:
-        conn.executescript(MIGRATIONS[1])
+        for statement in schema.step(1).sqlite:
+            conn.execute(statement)
         conn.execute("INSERT INTO schema_version (version) VALUES (1)")
         rows_v1 = [
             _v1_row(1, "cancelled", None, ""),
@@ -462,10 +465,9 @@ def test_a_version_3_file_is_migrated_with_its_output_moved_out(tmp_path: Path) 
     the earlier ones' inside the attempts JSON (as objects, or as lists in the oldest files)."""
     path = tmp_path / "jobs.db"
     conn = sqlite3.connect(path, isolation_level=None)
-    for step in sorted(step for step in MIGRATIONS if step < 4):  # what version 3 files had
-        for statement in MIGRATIONS[step].split(";"):
-            if statement.strip():
-                conn.execute(statement)
+    for step in schema.STEPS[:3]:  # what version 3 files had (but their added columns)
+        for statement in step.sqlite:
+            conn.execute(statement)
     conn.execute("INSERT INTO schema_version (version) VALUES (3)")
     columns = (
         "seq, node_id, command, created_at, instance_id, deploy_url, job_type, port, env_vars, "

@@ -39,7 +39,7 @@ from tiny_scheduler import Settings, create_app, errors, stop_background, storag
 from tiny_scheduler.config import STORE_STALL_SECS
 from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.domain.jobs import Job
-from tiny_scheduler.storage import sqlite
+from tiny_scheduler.storage import schema, sqlite
 
 ENV = {"MAX_JOBS_PER_NODE": "4"}  # a running job must not hide the pending one from the poll
 
@@ -416,12 +416,12 @@ def test_a_database_from_a_newer_scheduler_stops_start_up(
     make_database(db_path, tmp_path, registry, jobs=1)
     conn = sqlite3.connect(db_path)
     with conn:
-        conn.execute("UPDATE schema_version SET version = ?", (sqlite.SCHEMA_VERSION + 1,))
+        conn.execute("UPDATE schema_version SET version = ?", (schema.SCHEMA_VERSION + 1,))
     conn.close()
     before = digest(db_path)
     output = refused_scheduler(db_path, tmp_path, registry.url)
-    newer = sqlite.SCHEMA_VERSION + 1
-    assert f"has schema version {newer}, newer than the {sqlite.SCHEMA_VERSION}" in output, output
+    newer = schema.SCHEMA_VERSION + 1
+    assert f"has schema version {newer}, newer than the {schema.SCHEMA_VERSION}" in output, output
     assert "run a newer tiny-scheduler" in output
     assert digest(db_path) == before, "a newer scheduler's file must be left as it was"
 
@@ -506,7 +506,7 @@ def test_an_empty_file_becomes_a_current_database(tmp_path: Path, registry: Fake
         stop_scheduler(proc)
     conn = sqlite3.connect(db_path)
     assert conn.execute("SELECT version FROM schema_version").fetchall() == [
-        (sqlite.SCHEMA_VERSION,)
+        (schema.SCHEMA_VERSION,)
     ]
     conn.close()
 
@@ -515,7 +515,7 @@ def test_an_empty_file_becomes_a_current_database(tmp_path: Path, registry: Fake
 def next_schema(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Pretend this scheduler is one schema version ahead of the files it finds: the way the
     migration path gets exercised before a real second version exists."""
-    monkeypatch.setattr(sqlite, "SCHEMA_VERSION", sqlite.SCHEMA_VERSION + 1)
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", schema.SCHEMA_VERSION + 1)
     yield
 
 
@@ -527,11 +527,14 @@ def test_a_file_of_the_previous_version_is_migrated_keeping_every_job(
     conn = sqlite3.connect(db_path)
     before = conn.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
     conn.close()
-    monkeypatch.setitem(
-        sqlite.MIGRATIONS,
-        sqlite.SCHEMA_VERSION,
-        "ALTER TABLE jobs ADD COLUMN note TEXT; CREATE INDEX jobs_by_node ON jobs (node_id)",
+    step = schema.Step(
+        schema.SCHEMA_VERSION,
+        sqlite=(
+            "ALTER TABLE jobs ADD COLUMN note TEXT",
+            "CREATE INDEX jobs_by_node ON jobs (node_id)",
+        ),
     )
+    monkeypatch.setattr(schema, "STEPS", (*schema.STEPS, step))
 
     # Not the make_app fixture: the app must be stopped (its file let go) before the file is
     # read back below.
@@ -545,7 +548,7 @@ def test_a_file_of_the_previous_version_is_migrated_keeping_every_job(
     version = conn.execute("SELECT version FROM schema_version").fetchall()
     after = conn.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
     conn.close()
-    assert version == [(sqlite.SCHEMA_VERSION,)]
+    assert version == [(schema.SCHEMA_VERSION,)]
     assert after == [(*row, None) for row in before], "a migration must keep every job"
 
 
@@ -556,11 +559,14 @@ def test_a_failing_migration_leaves_the_file_as_it_was(
     make_database(db_path, tmp_path, registry, jobs=3)
     checkpoint(db_path)
     before = digest(db_path)
-    monkeypatch.setitem(
-        sqlite.MIGRATIONS,
-        sqlite.SCHEMA_VERSION,
-        "ALTER TABLE jobs ADD COLUMN note TEXT; ALTER TABLE no_such_table ADD COLUMN x TEXT",
+    step = schema.Step(
+        schema.SCHEMA_VERSION,
+        sqlite=(
+            "ALTER TABLE jobs ADD COLUMN note TEXT",
+            "ALTER TABLE no_such_table ADD COLUMN x TEXT",
+        ),
     )
+    monkeypatch.setattr(schema, "STEPS", (*schema.STEPS, step))
     with pytest.raises(storage.StoreOpenError, match="no such table"):
         storage.check(str(db_path))
     checkpoint(db_path)

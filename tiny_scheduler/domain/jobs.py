@@ -170,8 +170,8 @@ class Job:
 
     **The one declaration of a job's fields.** Their order is the spec's wire order; the
     `wire` metadata says how each appears in the JSON object (`to_wire`), and the store derives
-    its columns and row mapping from the same list (`storage.rows`). Adding a field is this
-    declaration, its validation and one schema migration.
+    its columns and row mapping from the same list (`storage.rows`, `storage.schema`). Adding a
+    field is this declaration (with a default) and its validation: both stores add its column.
 
     Treated as immutable (see the module docstring); not frozen only because a frozen
     dataclass is several times slower to build, which shows when a million jobs load.

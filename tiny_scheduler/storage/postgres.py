@@ -1,7 +1,7 @@
 """The PostgreSQL backend: one database shared by every scheduler daemon, written by the leader.
 
-Owns the schema (its own small version number, and the jobs table's columns derived from the
-job declaration), the writer's connection and its session limits, and the fence: when the
+Owns its migration's transaction and lock (the schema and its steps are `schema.py`'s, shared
+with SQLite), the writer's connection and its session limits, and the fence: when the
 store has been given an epoch (`fence_with`), every write transaction checks, last before its
 COMMIT, that the lease row still carries that epoch, holding a share lock on the row until the
 commit. A takeover (`leadership.py`) updates that row, so it waits for a write in flight to end
@@ -25,7 +25,6 @@ output, which request threads make on connections of their own (`_Readers`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import logging
 import os
@@ -34,150 +33,25 @@ import secrets
 import socket
 import threading
 import time
-import types
-import typing
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import orjson
 import psycopg
-from psycopg import sql as pgsql
 
 from ..domain.jobs import Job, Output
-from ..domain.schedules import Schedule
 from ..redaction import redacted
-from . import rows, sql
+from . import rows, schema, sql
 from .base import Batch, Loaded, OutboxEvent, OutcomeUnknown, StoreOpenError, judge_version
 from .readers import ReaderPool
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
-"""The version of the tables below; the jobs table's columns are not counted in it: they follow
-the job declaration by themselves (`_missing_columns`)."""
-
-FENCED_SQLSTATE = "TSF01"
+FENCED_SQLSTATE = schema.FENCED_SQLSTATE
 """The error `check_epoch` raises when the writer's epoch is over."""
-
-_SCHEMA_V1 = (
-    "CREATE TABLE schema_version (version INTEGER NOT NULL)",
-    "CREATE TABLE meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL)",
-    """CREATE TABLE leadership (
-        id          INTEGER PRIMARY KEY CHECK (id = 1),
-        epoch       BIGINT NOT NULL,      -- one more at every takeover: fences old leaders
-        leader_url  TEXT,                 -- SCHEDULER_ADVERTISE_URL of the holder
-        session_pid INTEGER,              -- backend pid of the holder's lease session
-        expires_at  TIMESTAMPTZ NOT NULL  -- database clock
-    )""",
-    "INSERT INTO leadership VALUES (1, 0, NULL, NULL, '-infinity')",
-    # The fence, as a function so that a write is one round trip: it fails the transaction
-    # (and so its COMMIT) unless the lease row still holds the writer's epoch, and keeps a
-    # share lock on the row until the transaction ends, so a takeover waits for the commit.
-    f"""CREATE FUNCTION check_epoch(mine BIGINT) RETURNS void LANGUAGE plpgsql AS $$
-    BEGIN
-        PERFORM 1 FROM leadership WHERE id = 1 AND epoch = mine FOR SHARE;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'epoch % is over: another scheduler took the lease', mine
-                USING ERRCODE = '{FENCED_SQLSTATE}';
-        END IF;
-    END
-    $$""",
-    # The other columns come from the declarations of a job and a schedule (`_missing_columns`).
-    "CREATE TABLE jobs (seq BIGINT PRIMARY KEY)",
-    "CREATE TABLE schedules (seq BIGINT PRIMARY KEY)",
-    # The SNS outbox: events stored with the change that caused them, deleted once delivered.
-    """CREATE TABLE outbox (
-        id      BIGSERIAL PRIMARY KEY,  -- delivery order (one writer: the leader)
-        seq     BIGINT NOT NULL,        -- N of the job-N it is about
-        message TEXT NOT NULL           -- exactly what is published
-    )""",
-)
-
-# Version 2 (issue 13): no `cancelled` status any more, and every final failure says why. The
-# new columns come from the declaration like any other (`_missing_columns`, after the steps),
-# but rows of a version-1 database must be rewritten: a cancelled job becomes `failed`,
-# reason `cancelled`, exit -1, stderr `job cancelled`; a stored failure gets its reason from
-# the scheduler's own texts. A fresh database has no rows (nor those columns yet): skipped.
-_SCHEMA_V2 = (
-    """DO $$ BEGIN
-    IF EXISTS (
-        SELECT 1 FROM information_schema.columns
-        WHERE table_schema = current_schema() AND table_name = 'jobs' AND column_name = 'status'
-    ) THEN
-        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS reason TEXT;
-        UPDATE jobs SET reason = CASE
-                WHEN exit_code = -1 AND stderr = 'job timed out' THEN 'timeout'
-                WHEN exit_code = -1 AND stderr = 'node lost' THEN 'node_lost'
-                ELSE 'exit'
-            END
-            WHERE status = 'failed' AND reason IS NULL;
-        UPDATE jobs
-            SET status = 'failed', reason = 'cancelled', exit_code = -1, stderr = 'job cancelled'
-            WHERE status = 'cancelled';
-    END IF;
-    END $$""",
-)
-
-# Version 3: a job's output lives in rows of its own, one per attempt that printed something,
-# so that loading the jobs never reads it. A database from before has it in the jobs table:
-# `_move_output` moves it here and drops those columns.
-_SCHEMA_V3 = (
-    """CREATE TABLE outputs (
-        seq     BIGINT NOT NULL,   -- the job (job-N)
-        attempt INTEGER NOT NULL,  -- 0 for the first attempt, the job's retry_count for its last
-        stdout  TEXT NOT NULL,
-        stderr  TEXT NOT NULL,
-        PRIMARY KEY (seq, attempt)
-    )""",
-)
-
-# Version 4: the write ids, by which a write whose COMMIT went unanswered is found out.
-_SCHEMA_V4 = (
-    """CREATE TABLE IF NOT EXISTS commits (
-        id BIGINT PRIMARY KEY,                  -- a write's random id, committed with it
-        at TIMESTAMPTZ NOT NULL DEFAULT now()   -- rows left by a crash are pruned by age
-    )""",
-)
-
-# Version 5: the nodes the scheduler knows itself (issue 22), as in SQLite's version 6.
-_SCHEMA_V5 = (
-    """CREATE TABLE IF NOT EXISTS nodes (
-        node_id   TEXT PRIMARY KEY,
-        cpu_count INTEGER NOT NULL,
-        labels    TEXT NOT NULL,
-        version   TEXT NOT NULL,
-        drain     INTEGER NOT NULL,
-        seen_at   BIGINT NOT NULL
-    )""",
-)
-
-# Version 6: queues' settings (issue 25). (The jobs' new columns, dependencies, priority and
-# queue, come from the declaration.)
-_SCHEMA_V6 = (
-    """CREATE TABLE IF NOT EXISTS queues (
-        name        TEXT PRIMARY KEY,
-        max_running BIGINT,           -- NULL: no limit
-        paused      BIGINT NOT NULL   -- 0 or 1
-    )""",
-)
-
-MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: _SCHEMA_V1,
-    2: _SCHEMA_V2,
-    3: _SCHEMA_V3,
-    4: _SCHEMA_V4,
-    5: _SCHEMA_V5,
-    6: _SCHEMA_V6,
-}
-"""Each entry upgrades a database from version N-1 to N, one statement at a time."""
 
 _MIGRATION_LOCK = 7_461_205_311
 """Advisory lock key: daemons starting together migrate one after the other."""
-
-_UNIQUE = frozenset({"jobs.dedupe_key", "schedules.name"})
-"""Columns with a unique constraint: a dedupe key creates one job (and a schedule's fire one
-job per fire time), also across leaders; a schedule's name is taken once."""
-
 
 # Last before COMMIT, so the share lock on the lease row is held only for the commit itself.
 _FENCE = "SELECT check_epoch(%s)"
@@ -578,26 +452,17 @@ def _unescaped(row: Sequence[Any]) -> Sequence[Any]:
 
 
 def _migrate(conn: psycopg.Connection[Any], location: str) -> None:
-    """Bring the database to SCHEMA_VERSION and the jobs table to the declaration's columns,
-    in one transaction; StoreOpenError for a database this scheduler must not touch."""
+    """Bring the database to the schema (`schema.upgrade`) in one transaction, one daemon at a
+    time; StoreOpenError for a database this scheduler must not touch."""
     try:
-        if _version(conn, location) == SCHEMA_VERSION and not any(_missing_columns(conn)):
+        if _version(conn, location) == schema.SCHEMA_VERSION and not schema.missing_columns(
+            conn, schema.POSTGRES
+        ):
             return  # the usual start: nothing to lock
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             version = _version(conn, location)  # again: another daemon may have migrated
-            for step in range(version + 1, SCHEMA_VERSION + 1):
-                log.info("migrating job database %s to schema version %d", location, step)
-                for statement in MIGRATIONS[step]:
-                    conn.execute(statement)
-                if step == 3:
-                    _move_output(conn)
-            if version != SCHEMA_VERSION:
-                conn.execute("DELETE FROM schema_version")
-                conn.execute("INSERT INTO schema_version VALUES (%s)", (SCHEMA_VERSION,))
-            for table, field in _missing_columns(conn):
-                log.info("job database %s: adding column %s.%s", location, table, field.name)
-                conn.execute(_add_column(table, field))
+            schema.upgrade(conn, schema.POSTGRES, version, location, _ROUTINES)
     except psycopg.Error as exc:
         raise StoreOpenError(f"cannot prepare job database {location}: {exc}") from exc
 
@@ -612,43 +477,17 @@ def _version(conn: psycopg.Connection[Any], location: str) -> int:
     return judge_version(
         tables,
         lambda: (conn.execute("SELECT version FROM schema_version").fetchone() or (0,))[0],
-        SCHEMA_VERSION,
+        schema.SCHEMA_VERSION,
         location,
         f"{location} is a PostgreSQL database but not a tiny-scheduler one",
     )
 
 
-_DECLARED: dict[str, type] = {"jobs": Job, "schedules": Schedule}
-"""Each table whose columns follow a declaration (`dataclasses.fields`)."""
-
-_HINTS = {table: typing.get_type_hints(cls) for table, cls in _DECLARED.items()}
-
-
-def _missing_columns(conn: psycopg.Connection[Any]) -> list[tuple[str, dataclasses.Field[Any]]]:
-    """(table, field) for every declared field its table has no column for yet."""
-    present: dict[str, set[str]] = {}
-    for table, column in conn.execute(
-        "SELECT table_name, column_name FROM information_schema.columns "
-        "WHERE table_schema = current_schema() AND table_name = ANY(%s)",
-        (list(_DECLARED),),
-    ):
-        present.setdefault(table, set()).add(column)
-    # A table not made yet is made by the migration; then this runs again. A job's output is
-    # no column (see `rows`).
-    return [
-        (table, field)
-        for table, cls in _DECLARED.items()
-        if table in present
-        for field in dataclasses.fields(cls)
-        if field.name not in present[table] and not field.metadata.get("output")
-    ]
-
-
-def _move_output(conn: psycopg.Connection[Any]) -> None:
-    """Schema version 3, for a database whose jobs table still holds the output: the current
-    attempt's in the stdout and stderr columns (which go), the earlier ones' inside the
-    attempts JSON (which keeps the rest of each attempt). Row by row, in the migration's
-    transaction."""
+def move_output(conn: psycopg.Connection[Any]) -> None:
+    """Schema version 3 (`schema.STEPS`), for a database whose jobs table still holds the
+    output: the current attempt's in the stdout and stderr columns (which go), the earlier
+    ones' inside the attempts JSON (which keeps the rest of each attempt). Row by row, in the
+    migration's transaction."""
     found = conn.execute(
         "SELECT column_name FROM information_schema.columns "
         "WHERE table_schema = current_schema() AND table_name = 'jobs'"
@@ -680,50 +519,5 @@ def _move_output(conn: psycopg.Connection[Any]) -> None:
     conn.execute("ALTER TABLE jobs DROP COLUMN stdout, DROP COLUMN stderr")
 
 
-def _add_column(table: str, field: dataclasses.Field[Any]) -> pgsql.Composed:
-    """`ALTER TABLE … ADD COLUMN …` for a field, its type read from its annotation."""
-    sql_type, nullable = column_type(_HINTS[table][field.name])
-    parts = [
-        pgsql.SQL("ALTER TABLE {} ADD COLUMN {} ").format(
-            pgsql.Identifier(table), pgsql.Identifier(field.name)
-        ),
-        pgsql.SQL(sql_type),
-    ]
-    default = field.default
-    if not nullable:
-        parts.append(pgsql.SQL(" NOT NULL"))
-        if default is not dataclasses.MISSING and isinstance(default, (str, int, float)):
-            # Rows written before the field existed read as the declaration's default.
-            parts.append(pgsql.SQL(" DEFAULT {}").format(pgsql.Literal(_plain(default))))
-    if f"{table}.{field.name}" in _UNIQUE:
-        parts.append(pgsql.SQL(" UNIQUE"))
-    return pgsql.Composed(parts)
-
-
-def column_type(hint: Any) -> tuple[str, bool]:
-    """The SQL type of a field's annotation, and whether the column takes NULL. What SQL has no
-    type for (a dict, a tuple of attempts) is JSON text, NULL when empty (see `rows`)."""
-    nullable = False
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-        nullable = len(args) < len(typing.get_args(hint))
-        hint = args[0] if len(args) == 1 else object
-    if hint is bool:  # 0 or 1, as the row codec writes flags (SQLite has no boolean)
-        return "BIGINT", nullable
-    if isinstance(hint, type) and issubclass(hint, str):  # str enums too: stored as their value
-        return "TEXT", nullable
-    if isinstance(hint, type) and issubclass(hint, int):  # times are microseconds
-        return "BIGINT", nullable
-    if hint is float:
-        return "DOUBLE PRECISION", nullable
-    return "TEXT", True
-
-
-def _plain(value: str | int | float) -> str | int | float:
-    # A str enum's default is stored as its plain value, as rows.to_row writes it; a flag as
-    # 0 or 1.
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, bool):
-        return int(value)
-    return value
+_ROUTINES: dict[str, Callable[[psycopg.Connection[Any]], None]] = {"move_output": move_output}
+"""The steps' `schema.Routine`s this backend runs, by name."""

@@ -1,13 +1,13 @@
 """The SQLite backend (the embedded default): one file, WAL, `synchronous=FULL`.
 
-Owns the schema, its migrations and the file's checks at start-up: a file this scheduler must
-not touch (another program's database, a newer scheduler's, a corrupt one, one another
-scheduler has open) is refused and left exactly as it was, and a row that cannot be read is
-named. Writes come one group at a time (`writer.py`), a batch per transaction, one
-statement per kind of change (`sql.py`). Output is read back by request threads, each on a
-read-only connection of its own (WAL lets readers and the one writer pass each other). A
-COMMIT whose flush of the log failed may be on disk all the same (`_maybe_committed`): it is
-reported as `OutcomeUnknown`, never as a change that was not made.
+Owns the file's checks at start-up, and runs its migration (`schema.py`) in one transaction:
+a file this scheduler must not touch (another program's database, a newer scheduler's, a
+corrupt one, one another scheduler has open) is refused and left exactly as it was, and a row
+that cannot be read is named. Writes come one group at a time (`writer.py`), a batch per
+transaction, one statement per kind of change (`sql.py`). Output is read back by request
+threads, each on a read-only connection of its own (WAL lets readers and the one writer pass
+each other). A COMMIT whose flush of the log failed may be on disk all the same
+(`_maybe_committed`): it is reported as `OutcomeUnknown`, never as a change that was not made.
 
 Each transaction first makes sure that the files it writes are still the ones at their paths,
 so nothing is acknowledged into a file that is gone: the database (not deleted or replaced
@@ -45,177 +45,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..domain.jobs import Output, job_id_of
-from . import rows, sql
+from . import rows, schema, sql
 from .base import Batch, Loaded, OutboxEvent, OutcomeUnknown, StoreOpenError, judge_version
 from .lockfile import LockFile
 from .readers import ReaderPool
 
 log = logging.getLogger(__name__)
-
-SCHEMA_VERSION = 9
-
-_SCHEMA_V1 = """
-CREATE TABLE schema_version (version INTEGER NOT NULL);
-CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-CREATE TABLE jobs (
-    seq          INTEGER PRIMARY KEY,  -- N of job-N
-    node_id      TEXT NOT NULL,
-    command      TEXT NOT NULL,
-    created_at   INTEGER NOT NULL,     -- microseconds since the epoch, UTC
-    instance_id  TEXT NOT NULL,
-    deploy_url   TEXT NOT NULL,
-    job_type     TEXT NOT NULL,
-    port         INTEGER NOT NULL,
-    env_vars     TEXT,                 -- JSON object, NULL when empty
-    timeout_secs INTEGER NOT NULL,
-    status       TEXT NOT NULL,
-    retry_count  INTEGER NOT NULL,
-    exit_code    INTEGER,
-    stdout       TEXT NOT NULL,
-    stderr       TEXT NOT NULL,
-    running_at   INTEGER,
-    finished_at  INTEGER,
-    attempts     TEXT,                 -- JSON array of earlier attempts, NULL when none
-    dedupe_key   TEXT UNIQUE           -- Idempotency-Key or SQS message that created the job
-);
-"""
-
-# Version 2 (placement and lifecycle, issue 13): there is no `cancelled` status any more. A
-# cancelled job is `failed` with reason `cancelled`, exit -1 and stderr `job cancelled`, and
-# every final failure says why (`reason`). Rows stored as `failed` by version 1 were final
-# failures; their reason is read from the fixed texts the scheduler wrote for its own
-# failures. A timed-out job of version 1 holds no slot: that scheduler never kept one.
-_SCHEMA_V2 = """
-ALTER TABLE jobs ADD COLUMN reason TEXT;
-ALTER TABLE jobs ADD COLUMN holds_slot INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE jobs ADD COLUMN moved_from TEXT NOT NULL DEFAULT '';
-UPDATE jobs SET reason = CASE
-        WHEN exit_code = -1 AND stderr = 'job timed out' THEN 'timeout'
-        WHEN exit_code = -1 AND stderr = 'node lost' THEN 'node_lost'
-        ELSE 'exit'
-    END
-    WHERE status = 'failed';
-UPDATE jobs SET status = 'failed', reason = 'cancelled', exit_code = -1, stderr = 'job cancelled'
-    WHERE status = 'cancelled';
-"""
-
-# The SNS outbox: events stored with the change that caused them, deleted once delivered.
-_SCHEMA_V3 = """
-CREATE TABLE outbox (
-    id      INTEGER PRIMARY KEY,  -- delivery order: above every event still waiting
-    seq     INTEGER NOT NULL,     -- N of the job-N it is about
-    message TEXT NOT NULL         -- exactly what is published
-);
-"""
-
-# Version 4: a job's output moves out of the jobs table into rows of its own, one per attempt
-# that printed something, so that loading the jobs at start-up never reads it: the current
-# attempt's from the stdout and stderr columns (which go), the earlier ones' from the attempts
-# JSON (objects, or lists in the Attempt declaration's order in the oldest files), which keeps
-# the rest of each attempt.
-_OUTPUTS_V4 = """
-CREATE TABLE outputs (
-    seq     INTEGER NOT NULL,      -- the job (job-N)
-    attempt INTEGER NOT NULL,      -- 0 for the first attempt, the job's retry_count for its last
-    stdout  TEXT NOT NULL,
-    stderr  TEXT NOT NULL,
-    PRIMARY KEY (seq, attempt)
-);
-INSERT INTO outputs (seq, attempt, stdout, stderr)
-    SELECT seq, retry_count, stdout, stderr FROM jobs WHERE stdout != '' OR stderr != '';
-INSERT INTO outputs (seq, attempt, stdout, stderr)
-    SELECT seq, attempt, coalesce(stdout, ''), coalesce(stderr, '') FROM (
-        SELECT jobs.seq AS seq, item.key AS attempt,
-            json_extract(item.value, iif(item.type = 'object', '$.stdout', '$[2]')) AS stdout,
-            json_extract(item.value, iif(item.type = 'object', '$.stderr', '$[3]')) AS stderr
-        FROM jobs, json_each(jobs.attempts) AS item
-    ) WHERE coalesce(stdout, '') != '' OR coalesce(stderr, '') != '';
-UPDATE jobs SET attempts = (
-    SELECT json_group_array(json_object(
-        'node_id', json_extract(item.value, iif(item.type = 'object', '$.node_id', '$[0]')),
-        'exit_code', json_extract(item.value, iif(item.type = 'object', '$.exit_code', '$[1]')),
-        'running_at', json_extract(item.value, iif(item.type = 'object', '$.running_at', '$[4]')),
-        'finished_at', json_extract(item.value, iif(item.type = 'object', '$.finished_at', '$[5]'))
-    )) FROM json_each(jobs.attempts) AS item
-) WHERE attempts IS NOT NULL;
-ALTER TABLE jobs DROP COLUMN stdout;
-ALTER TABLE jobs DROP COLUMN stderr
-"""
-
-# Version 5: periodic and delayed jobs (issue 14). A job's not_before and the schedule that
-# created it; the schedules. A fire's job carries the dedupe key `sched:<id>:<fire time>`, so
-# the jobs table's UNIQUE dedupe_key is the record of fires: one job per schedule and fire
-# time, whatever crashed between the fire and the schedule's own update.
-_SCHEMA_V5 = """
-ALTER TABLE jobs ADD COLUMN not_before INTEGER;
-ALTER TABLE jobs ADD COLUMN schedule_id TEXT NOT NULL DEFAULT '';
-CREATE TABLE schedules (
-    seq          INTEGER PRIMARY KEY,  -- N of sched-N
-    name         TEXT NOT NULL UNIQUE,
-    cron         TEXT NOT NULL,
-    timezone     TEXT NOT NULL,
-    job          TEXT NOT NULL,        -- JSON object: the job request each fire submits
-    overlap      TEXT NOT NULL,
-    catch_up     INTEGER NOT NULL,
-    paused       INTEGER NOT NULL,
-    created_at   INTEGER NOT NULL,
-    next_run_at  INTEGER,              -- the oldest fire time not yet handled
-    last_run_at  INTEGER,
-    last_job_seq INTEGER
-);
-"""
-
-# Version 6: the nodes the scheduler knows itself (issue 22): each node's facts from its last
-# heartbeat that changed, and whether an operator drains it.
-_SCHEMA_V6 = """
-CREATE TABLE nodes (
-    node_id   TEXT PRIMARY KEY,
-    cpu_count INTEGER NOT NULL,
-    labels    TEXT NOT NULL,     -- JSON object, '' when none
-    version   TEXT NOT NULL,
-    drain     INTEGER NOT NULL,
-    seen_at   INTEGER NOT NULL   -- the heartbeat that changed the facts (microseconds)
-);
-"""
-
-# Version 7: queues' settings (issue 25), one row per queue an operator has set.
-_SCHEMA_V7 = """
-CREATE TABLE queues (
-    name        TEXT PRIMARY KEY,
-    max_running INTEGER,           -- NULL: no limit
-    paused      INTEGER NOT NULL   -- 0 or 1
-);
-"""
-
-# Version 8: workflows (issue 25). A job's dependencies (JSON array of job numbers, NULL when
-# none), how they must end, its priority and its queue; rows written before read as the
-# defaults.
-_SCHEMA_V8 = """
-ALTER TABLE jobs ADD COLUMN depends_on TEXT;
-ALTER TABLE jobs ADD COLUMN dependency TEXT NOT NULL DEFAULT 'ok';
-ALTER TABLE jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 50;
-ALTER TABLE jobs ADD COLUMN queue TEXT NOT NULL DEFAULT 'default'
-"""
-
-# Version 9: whether the current attempt was claimed by a report that named it (issue 31);
-# rows written before were claimed by reports without names.
-_SCHEMA_V9 = """
-ALTER TABLE jobs ADD COLUMN named_claim INTEGER NOT NULL DEFAULT 0
-"""
-
-MIGRATIONS: dict[int, str] = {
-    1: _SCHEMA_V1,
-    2: _SCHEMA_V2,
-    3: _SCHEMA_V3,
-    4: _OUTPUTS_V4,
-    5: _SCHEMA_V5,
-    6: _SCHEMA_V6,
-    7: _SCHEMA_V7,
-    8: _SCHEMA_V8,
-    9: _SCHEMA_V9,
-}
-"""Each entry upgrades a file to version N from the one before it. A new schema version adds
-one; a file is taken through every entry above its version, in order."""
 
 
 class _Statements(sql.Statements):
@@ -552,24 +387,20 @@ def _version(conn: sqlite3.Connection, path: str) -> int:
     return judge_version(
         tables,
         lambda: (conn.execute("SELECT version FROM schema_version").fetchone() or (0,))[0],
-        SCHEMA_VERSION,
+        schema.SCHEMA_VERSION,
         repr(path),
         f"{path!r} is a SQLite file but not a tiny-scheduler database",
     )
 
 
 def _migrate(conn: sqlite3.Connection, path: str, version: int) -> None:
-    if version == SCHEMA_VERSION:
-        return
+    """Bring the file to the schema (`schema.upgrade`) in one transaction: a migration that
+    fails leaves it as it was. The lock file keeps other schedulers out meanwhile."""
+    if version == schema.SCHEMA_VERSION and not schema.missing_columns(conn, schema.SQLITE):
+        return  # the usual start: nothing is written
     conn.execute("BEGIN IMMEDIATE")
     try:
-        for step in sorted(step for step in MIGRATIONS if version < step <= SCHEMA_VERSION):
-            log.info("migrating job database %s to schema version %d", path, step)
-            for statement in MIGRATIONS[step].split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-        conn.execute("DELETE FROM schema_version")
-        conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+        schema.upgrade(conn, schema.SQLITE, version, path)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
