@@ -196,7 +196,7 @@ def _run_terms(leadership: Leadership, service: Scheduler, background: Backgroun
     from .domain import jobs
 
     def elected(epoch: int) -> None:
-        service.take_over()
+        service.terms.take_over()
         _settle_loaded()
         # The previous leader ran the schedules until at most a lease (and a look) ago: fire
         # times since then are due, not missed. A fire it committed moved its schedule on.
@@ -205,7 +205,7 @@ def _run_terms(leadership: Leadership, service: Scheduler, background: Backgroun
 
     def deposed(epoch: int) -> None:
         background.stop()
-        service.hand_over()
+        service.terms.hand_over()
 
     leadership.on_elected = elected
     leadership.on_deposed = deposed

@@ -22,21 +22,21 @@ bp = Blueprint("nodes", __name__)
 def heartbeat(node_id: str) -> Response:
     """An agent's heartbeat; the answer carries the node's orders (drain, stop)."""
     beat = parse_heartbeat(read_body(DECODE_HEARTBEAT))
-    return json_reply(scheduler().heartbeat(node_id, beat).to_wire())
+    return json_reply(scheduler().nodes.heartbeat(node_id, beat).to_wire())
 
 
 @bp.get("/nodes")
 def list_nodes() -> Response:
-    return json_reply([node.to_wire() for node in scheduler().nodes()])
+    return json_reply([node.to_wire() for node in scheduler().nodes.listing()])
 
 
 @bp.get("/nodes/<node_id>")
 def get_node(node_id: str) -> Response:
-    return json_reply(scheduler().node(node_id).to_wire())
+    return json_reply(scheduler().nodes.get(node_id).to_wire())
 
 
 @bp.patch("/nodes/<node_id>")
 def change_node(node_id: str) -> Response:
     """Drain a node (`{"drain":true}`) or undrain it."""
     drain = parse_drain(read_body(DECODE_NODE_CHANGE))
-    return json_reply(scheduler().set_drain(node_id, drain).to_wire())
+    return json_reply(scheduler().nodes.set_drain(node_id, drain).to_wire())

@@ -35,7 +35,7 @@ class Daemons:
 def daemons(service: Scheduler, forwarded_by: str | None, own_url: str) -> Daemons:
     """The daemons as this daemon knows them; `forwarded_by` is the standby the request came
     through, if any; `own_url` this daemon's URL as the browser reached it."""
-    view = service.cluster(own_url)
+    view = service.terms.cluster(own_url)
     now = now_us()
     own = service.settings.advertise_url or own_url
     here = forwarded_by or own
