@@ -44,32 +44,32 @@ def seqs(found: Iterable[Job]) -> list[int]:
 
 def test_poll_is_fifo_per_node_and_capped_at_free_slots() -> None:
     table = table_of(make(s, "node-a" if s % 2 else "node-b") for s in range(1, 11))
-    assert seqs(table.poll("node-a", 10)) == [1, 3, 5, 7, 9]
-    assert seqs(table.poll("node-b", 10)) == [2, 4, 6, 8, 10]
-    assert seqs(table.poll("node-a", 1)) == [1]
-    assert seqs(table.poll("node-a", 2)) == [1, 3]
-    assert table.poll("node-z", 10) == []
+    assert seqs(table.poll("node-a", 10, T0)) == [1, 3, 5, 7, 9]
+    assert seqs(table.poll("node-b", 10, T0)) == [2, 4, 6, 8, 10]
+    assert seqs(table.poll("node-a", 1, T0)) == [1]
+    assert seqs(table.poll("node-a", 2, T0)) == [1, 3]
+    assert table.poll("node-z", 10, T0) == []
 
 
 def test_running_run_jobs_take_slots_and_services_do_not() -> None:
     table = table_of(make(s) for s in range(1, 6))
     table.put(make(1, status=jobs.RUNNING, running_at=T0))
-    assert seqs(table.poll("node-a", 1)) == []
-    assert seqs(table.poll("node-a", 2)) == [2]
+    assert seqs(table.poll("node-a", 1, T0)) == []
+    assert seqs(table.poll("node-a", 2, T0)) == [2]
 
     table.put(make(2, job_type=jobs.SERVICE, status=jobs.RUNNING, running_at=T0))
-    assert seqs(table.poll("node-a", 2)) == [3]
+    assert seqs(table.poll("node-a", 2, T0)) == [3]
 
     table.put(make(1, status=jobs.DONE, running_at=T0, finished_at=T0 + 1, exit_code=0))
-    assert seqs(table.poll("node-a", 2)) == [3, 4]
+    assert seqs(table.poll("node-a", 2, T0)) == [3, 4]
 
 
 def test_a_claimed_or_moved_job_leaves_its_nodes_queue() -> None:
     table = table_of(make(1), make(2), make(3))
     table.put(make(1, status=jobs.RUNNING, running_at=T0, job_type=jobs.SERVICE))
     table.put(make(2, "node-b"))
-    assert seqs(table.poll("node-a", 5)) == [3]
-    assert seqs(table.poll("node-b", 5)) == [2]
+    assert seqs(table.poll("node-a", 5, T0)) == [3]
+    assert seqs(table.poll("node-b", 5, T0)) == [2]
 
 
 # --- listings -------------------------------------------------------------------------------
@@ -353,29 +353,29 @@ def test_node_loads_count_waiting_run_jobs_and_slots_in_use() -> None:
         make(7, status=jobs.FAILED, reason=jobs.Reason.TIMEOUT),  # its late report came
         make(8, "node-b", status=jobs.DONE),
     )
-    assert table.node_loads(["node-a", "node-b", "node-z"]) == {
+    assert table.node_loads(["node-a", "node-b", "node-z"], T0) == {
         "node-a": (2, 2),
         "node-b": (0, 0),
         "node-z": (0, 0),
     }
     # The held slot keeps the poll from handing out more work...
-    assert seqs(table.poll("node-a", 2)) == []
-    assert seqs(table.poll("node-a", 3)) == [1]
+    assert seqs(table.poll("node-a", 2, T0)) == []
+    assert seqs(table.poll("node-a", 3, T0)) == [1]
     on_a = table.on_node("node-a")
     assert (seqs(on_a.pending), seqs(on_a.running), seqs(on_a.held)) == ([1, 2, 3], [4, 5], [6])
     assert table.busy_nodes() == {"node-a"}
     # ... until it is released.
     table.put(make(6, status=jobs.FAILED, reason=jobs.Reason.TIMEOUT))
-    assert table.node_loads(["node-a"]) == {"node-a": (2, 1)}
+    assert table.node_loads(["node-a"], T0) == {"node-a": (2, 1)}
     assert table.on_node("node-a").held == []
     table.put(make(1, status=jobs.RUNNING, running_at=T0))
-    assert table.node_loads(["node-a"]) == {"node-a": (1, 2)}
+    assert table.node_loads(["node-a"], T0) == {"node-a": (1, 2)}
 
 
 def test_a_held_slot_is_forgotten_with_its_job() -> None:
     table = table_of(make(1, status=jobs.FAILED, reason=jobs.Reason.TIMEOUT, holds_slot=True))
     table.remove([1])
-    assert table.node_loads(["node-a"]) == {"node-a": (0, 0)}
+    assert table.node_loads(["node-a"], T0) == {"node-a": (0, 0)}
     assert table.busy_nodes() == set()
 
 

@@ -165,10 +165,8 @@ class JobTable:
         with self._lock:
             return {status: self._counts[status] for status in jobs.STATUSES}
 
-    def poll(
-        self, node_id: str, max_running: int, now: int | None = None, remember: bool = False
-    ) -> list[Job]:
-        """The node's pending jobs that are due at `now` (default: the clock), highest
+    def poll(self, node_id: str, max_running: int, now: int, remember: bool = False) -> list[Job]:
+        """The node's pending jobs that are due at `now` (the caller's clock), highest
         priority first and oldest first within a priority, at most as many as it has free
         slots.
 
@@ -176,7 +174,6 @@ class JobTable:
         offered to the node at `now` (see `movable`), in the same lock hold, and a job some
         change holds busy right now is left out: it may be on its way to another node.
         """
-        now = jobs.now_us() if now is None else now
         with self._lock:
             self._promote(now)
             free = max_running - self._slots_used[node_id]
@@ -357,13 +354,11 @@ class JobTable:
                 held=list(self._held.get(node_id, {}).values()),
             )
 
-    def node_loads(
-        self, node_ids: Sequence[str], now: int | None = None
-    ) -> dict[str, tuple[int, int]]:
+    def node_loads(self, node_ids: Sequence[str], now: int) -> dict[str, tuple[int, int]]:
         """For each node: (pending `run` jobs due at `now`, slots in use). Two lookups a
         node (after promoting what has come due)."""
         with self._lock:
-            self._promote(jobs.now_us() if now is None else now)
+            self._promote(now)
             # .get: a Counter's lookup of a missing node is a Python call (__missing__).
             pending, used = self._pending_runs, self._slots_used
             loads = {node: (pending.get(node, 0), used.get(node, 0)) for node in node_ids}

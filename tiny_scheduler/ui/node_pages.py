@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from ..domain import jobs
 from ..domain.jobs import Job
 from ..service import NodeView, Scheduler
 from . import actions
@@ -62,7 +61,7 @@ def nodes(service: Scheduler) -> NodesView:
     infos = {info.node_id: info for info in service.nodes.listing()}
     node_ids = sorted(set(health) | service.reads.busy_nodes() | set(infos))
     details = _node_details(service, node_ids, health, registry_error, infos)
-    return NodesView(now=jobs.now_us(), registry_error=registry_error, nodes=details)
+    return NodesView(now=service.clock.now_us(), registry_error=registry_error, nodes=details)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,7 +79,7 @@ def node_detail(service: Scheduler, node_id: str, notice: str = "") -> NodePage:
     (detail,) = _node_details(
         service, [node_id], health, registry_error, {node_id: info}, NODE_PAGE_PENDING_SHOWN
     )
-    return NodePage(jobs.now_us(), registry_error, detail, actions.NOTICES.get(notice))
+    return NodePage(service.clock.now_us(), registry_error, detail, actions.NOTICES.get(notice))
 
 
 def _node_details(

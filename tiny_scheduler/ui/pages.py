@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping
 
 from .. import errors
+from ..clock import Clock
 from ..domain import jobs, queues, validation
 from ..domain.jobs import Attempt, Job
 from ..service import QueueView, Scheduler
@@ -69,7 +70,8 @@ class Failure:
 class RecentFailures:
     """The last failed attempts since start-up, newest first; a service listener feeds it."""
 
-    def __init__(self, size: int = RECENT_FAILURES) -> None:
+    def __init__(self, clock: Clock, size: int = RECENT_FAILURES) -> None:
+        self._clock = clock  # the service's: an attempt that ended without a time ends now
         self._lock = threading.Lock()
         self._ring: collections.deque[Failure] = collections.deque(maxlen=size)
 
@@ -93,7 +95,7 @@ class RecentFailures:
             exit_code=ended.exit_code,
             reason=formatting.ending(reason, ended.exit_code, ended.stderr.strip()),
             last_line=lines[-1][:200] if lines else "",
-            finished_at=ended.finished_at or jobs.now_us(),
+            finished_at=ended.finished_at or self._clock.now_us(),
             retried=retried,
         )
         with self._lock:
@@ -151,7 +153,7 @@ def overview(service: Scheduler, failures: RecentFailures, charts: ActivityCache
             )
         )
     healthy, store_error = service.reads.store_health()
-    now = jobs.now_us()
+    now = service.clock.now_us()
     return Overview(
         now=now,
         counts=counts,
@@ -187,6 +189,8 @@ class ActivityCache:
 
     def get(self, service: Scheduler, now_us: int) -> Activity:
         with self._lock:  # one computation at a time; the others wait and take its result
+            # The real time the walk took, not the service's clock: what is paid off is the
+            # machine's work, which a test's clock that stands still would not measure.
             started = time.monotonic()
             if self._last is None or started >= self._fresh_until:
                 found = service.reads.recent_jobs(activity.window_start(now_us))
@@ -323,7 +327,7 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
     page = service.reads.list_jobs(query)
     health, _ = node_health(service)
     return JobList(
-        now=jobs.now_us(),
+        now=service.clock.now_us(),
         jobs=page.jobs,
         node_id=wanted["node_id"],
         status=wanted["status"],
@@ -387,7 +391,7 @@ def job_detail(
     attempts.append(_attempt_row(len(attempts) + 1, job, job.status, current=True))
     env = [(name, value if show_env else None) for name, value in (job.env_vars or {}).items()]
     return JobDetail(
-        now=jobs.now_us(),
+        now=service.clock.now_us(),
         job=job,
         attempts=attempts,
         env=env,

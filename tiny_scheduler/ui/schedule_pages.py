@@ -47,7 +47,7 @@ def schedule_list(service: Scheduler, notice: str = "", named: str = "") -> Sche
         rows.append(ScheduleRow(schedule, last_job))
     named_ok = named.startswith("sched-") and named[6:].isascii() and named[6:].isdigit()
     return ScheduleList(
-        now=jobs.now_us(),
+        now=service.clock.now_us(),
         rows=rows,
         notice=actions.NOTICES.get(notice),
         notice_schedule=named if named_ok else "",
@@ -71,7 +71,7 @@ def schedule_detail(
 ) -> SchedulePage:
     """One schedule with the jobs it made lately; NotFound for an unknown id."""
     schedule = service.schedules.get(schedule_id)
-    now = jobs.now_us()
+    now = service.clock.now_us()
     made = [
         job
         for job in service.reads.recent_jobs(now - SCHEDULE_JOBS_SECS * 1_000_000)
