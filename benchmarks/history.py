@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tiny_scheduler.domain import jobs as jobs_module
+from tiny_scheduler.clock import SYSTEM
 from tiny_scheduler.domain.jobs import DONE, FAILED, RUNNING, Attempt, Job, job_id_of
 from tiny_scheduler.storage import Writer
 from tiny_scheduler.storage.sqlite import SqliteStore
@@ -158,7 +158,7 @@ def _write(path: Path, total: int, make: Callable[[int, int], Job]) -> None:
     remove_database(path)
     store = Writer(SqliteStore(str(path)))
     store.start()
-    now = jobs_module.now_us()
+    now = SYSTEM.now_us()
     try:
         for first in range(1, total + 1, BATCH):
             last = min(first + BATCH, total + 1)

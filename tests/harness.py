@@ -117,7 +117,7 @@ class Harness:
 
     def submit(self, command: str = "true", key: str | None = None, **fields: Any) -> Job:
         body = validation.orjson.dumps({"command": command, **fields})
-        job, _ = self.service.submit(validation.parse_job_request(body), key)
+        job, _ = self.service.jobs.submit(validation.parse_job_request(body), key)
         return job
 
     def submit_on(self, node: str, command: str = "true", **fields: Any) -> Job:
@@ -134,15 +134,15 @@ class Harness:
         return job
 
     def submit_request(self, request: JobRequest, key: str | None = None) -> tuple[Job, bool]:
-        return self.service.submit(request, key)
+        return self.service.jobs.submit(request, key)
 
     def poll(self, node: str, from_agent: bool = False) -> list[str]:
-        return [job.job_id for job in self.service.poll(node, from_agent)]
+        return [job.job_id for job in self.service.dispatch.poll(node, from_agent)]
 
     def claim(self, job_id: str, node: str | None = None, attempt: int | None = None) -> Job:
         """The claim; with `node`/`attempt`, one that names its attempt (our agent's)."""
         update = JobUpdate(status=jobs.RUNNING, node_id=node, attempt=attempt)
-        return self.service.update(job_id, update)
+        return self.service.jobs.update(job_id, update)
 
     def report(
         self,
@@ -166,7 +166,7 @@ class Harness:
             attempt=attempt,
             timed_out=timed_out,
         )
-        return self.service.update(job_id, update)
+        return self.service.jobs.update(job_id, update)
 
     def heartbeat(
         self,
@@ -178,13 +178,13 @@ class Harness:
     ) -> Orders:
         """One heartbeat; `fields` are the other Heartbeat fields (fence_secs=30, ...)."""
         beat = Heartbeat(cpu_count, frozenset(running), version, **fields)
-        return self.service.heartbeat(node, beat)
+        return self.service.nodes.heartbeat(node, beat)
 
     def cancel(self, job_id: str) -> Job:
-        return self.service.cancel(job_id)
+        return self.service.jobs.cancel(job_id)
 
     def job(self, job_id: str) -> Job:
-        return self.service.get(job_id)
+        return self.service.reads.get(job_id)
 
     # --- what others see -----------------------------------------------------------------
 

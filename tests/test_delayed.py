@@ -208,7 +208,7 @@ def test_a_delayed_job_is_invisible_to_the_poll_until_its_time_then_handed_out()
     h.claim(early.job_id)
     h.report(early.job_id)
     query = validation.JobQuery(node_id="node-a", status=jobs.PENDING, limit=10)
-    assert [job.job_id for job in h.service.list_jobs(query).jobs] == [delayed.job_id]
+    assert [job.job_id for job in h.service.reads.list_jobs(query).jobs] == [delayed.job_id]
     # Exactly at its time, and with no scan in between: the poll alone decides.
     h.advance(2 - US)
     assert h.poll("node-a") == []

@@ -86,8 +86,8 @@ def test_a_stale_final_report_never_ends_the_live_retry() -> None:
     h = Harness(max_job_retries=1)
     job_id = h.submit_on("node-a", "echo hi").job_id
     h.claim(job_id, node="node-a", attempt=0)
-    h.service.append_output(job_id, "so far\n", "", "node-a", 0)
-    h.service.fail_running(jobs.parse_job_id(job_id), jobs.Reason.NODE_LOST)
+    h.service.output.append(job_id, "so far\n", "", "node-a", 0)
+    h.service.jobs.fail_running(jobs.parse_job_id(job_id), jobs.Reason.NODE_LOST)
     retry_node = h.job(job_id).node_id
     assert retry_node != "node-a", "the retry avoids the failed node"
     h.claim(job_id, node=retry_node, attempt=1)
@@ -106,7 +106,7 @@ def test_a_stale_final_report_never_ends_the_live_retry() -> None:
     )
     # Its live output is refused the same way; the retry's own report ends the job.
     with pytest.raises(errors.Conflict):
-        h.service.append_output(job_id, "more\n", "", "node-a", 0)
+        h.service.output.append(job_id, "more\n", "", "node-a", 0)
     done = h.report(job_id, 0, stdout="retry's\n", node=retry_node, attempt=1)
     assert (done.status, done.stdout) == (jobs.DONE, "retry's\n")
 
@@ -141,7 +141,7 @@ def test_an_attempt_claimed_with_names_takes_no_unnamed_report() -> None:
 def running_with_output(h: Harness, **fields: object) -> str:
     job_id = h.submit_on("node-a", "echo start; sleep 30", **fields).job_id
     h.claim(job_id, node="node-a", attempt=0)
-    h.service.append_output(job_id, "start\n", "warming up\n", "node-a", 0)
+    h.service.output.append(job_id, "start\n", "warming up\n", "node-a", 0)
     return job_id
 
 
@@ -173,7 +173,7 @@ def test_a_cancel_keeps_what_the_job_printed() -> None:
 def test_a_lost_attempt_keeps_what_it_printed() -> None:
     h = Harness(max_job_retries=1)
     job_id = running_with_output(h)
-    h.service.fail_running(jobs.parse_job_id(job_id), jobs.Reason.NODE_LOST)
+    h.service.jobs.fail_running(jobs.parse_job_id(job_id), jobs.Reason.NODE_LOST)
     first = h.job(job_id).attempts[0]
     assert (first.stdout, first.stderr) == ("start\n", "warming up\nnode lost")
 
@@ -242,7 +242,7 @@ def test_an_agent_that_refuses_work_gets_none_and_says_why() -> None:
     h.heartbeat("node-b")
     placed = {h.submit().node_id for _ in range(4)}
     assert placed == {"node-b"}
-    [view] = [node for node in h.service.nodes() if node.node_id == "node-a"]
+    [view] = [node for node in h.service.nodes.listing() if node.node_id == "node-a"]
     assert view.to_wire()["refusing_work"] == "spool not writable: read-only file system"
     h.heartbeat("node-a")  # it can again
     assert "node-a" in {h.submit().node_id for _ in range(4)}
@@ -272,7 +272,7 @@ def test_the_scans_timeout_is_only_the_backstop_on_a_fencing_node() -> None:
     h.claim(on_fencing, node="fences", attempt=0)
     h.heartbeat("plain")
     h.heartbeat("fences", [on_fencing], fence_secs=30)
-    h.service.set_drain("fences", True)
+    h.service.nodes.set_drain("fences", True)
     on_plain = h.submit(timeout_secs=10).job_id
     h.claim(on_plain)
     h.advance(10)

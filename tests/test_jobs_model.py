@@ -8,6 +8,7 @@ import re
 import pytest
 from helpers import ALWAYS_PRESENT, WIRE_ORDER, assert_no_nulls
 
+from tiny_scheduler.clock import SYSTEM
 from tiny_scheduler.domain import jobs
 from tiny_scheduler.domain.jobs import Attempt, Job, Output, TransitionError
 
@@ -150,7 +151,7 @@ def test_format_time_is_utc_with_microseconds_and_z(us: int, text: str) -> None:
 
 
 def test_parse_time_round_trips_to_the_microsecond() -> None:
-    for us in (0, 1, T0, T0 + 999_999, jobs.now_us(), 4_102_444_799_999_999):
+    for us in (0, 1, T0, T0 + 999_999, SYSTEM.now_us(), 4_102_444_799_999_999):
         assert jobs.parse_time(jobs.format_time(us)) == us
 
 
@@ -162,7 +163,7 @@ def test_parse_time_accepts_offsets_and_short_fractions() -> None:
 
 
 def test_now_us_formats_in_the_wire_format() -> None:
-    assert TIME_FORMAT.match(jobs.format_time(jobs.now_us()))
+    assert TIME_FORMAT.match(jobs.format_time(SYSTEM.now_us()))
 
 
 # --- ids ------------------------------------------------------------------------------------

@@ -325,7 +325,7 @@ def outbox_events(h: Harness, job_id: str) -> list[dict]:
 
 def with_sns(h: Harness) -> Harness:
     """Keep an SNS event with every change that makes a job final, as a daemon with SNS_URL."""
-    h.service.keep_final_events(event_message)
+    h.service.reads.keep_final_events(event_message)
     return h
 
 

@@ -23,7 +23,7 @@ def builtin(*nodes: str, **settings: object) -> Harness:
 
 
 def health(h: Harness) -> dict[str, str]:
-    return {node.node_id: node.health for node in h.service.nodes()}
+    return {node.node_id: node.health for node in h.service.nodes.listing()}
 
 
 # --- the built-in node list ----------------------------------------------------------------
@@ -38,7 +38,7 @@ def test_a_node_is_healthy_for_three_heartbeats_unhealthy_then_gone() -> None:
     assert health(h) == {"n1": "unhealthy"}
     h.advance(60 - HEALTHY_BEATS * 5)
     assert health(h) == {"n1": "gone"}  # listed (it is known), but not in the node list
-    assert h.service.node_health().status == {}
+    assert h.service.reads.node_health().status == {}
 
 
 def test_no_heartbeats_no_placement() -> None:
@@ -57,7 +57,7 @@ def test_auto_slots_follow_each_agents_cpu_count() -> None:
     h.heartbeat("small", cpu_count=1)
     placed = [h.submit(f"job {i}").node_id for i in range(5)]
     assert placed.count("big") == 4 and placed.count("small") == 1
-    views = {node.node_id: node for node in h.service.nodes()}
+    views = {node.node_id: node for node in h.service.nodes.listing()}
     assert (views["big"].slots, views["small"].slots) == (4, 1)
     assert views["big"].source == "heartbeat" and views["big"].cpu_count == 4
 
@@ -158,34 +158,34 @@ def test_drain_moves_pending_work_takes_no_new_and_lets_running_work_finish() ->
     assert (running.node_id, waiting.node_id) == ("n1", "n2")
     queued = h.submit("c")
     assert queued.node_id == "n1"
-    view = h.service.set_drain("n1", True)
+    view = h.service.nodes.set_drain("n1", True)
     assert view.drain
     assert h.job(queued.job_id).node_id == "n2"  # moved at once
     assert h.job(running.job_id).status == jobs.RUNNING  # finishes where it is
     assert {h.submit(f"more {i}").node_id for i in range(3)} == {"n2"}
     assert h.heartbeat("n1", running=[running.job_id]).drain
-    h.service.set_drain("n1", False)
+    h.service.nodes.set_drain("n1", False)
     assert not h.heartbeat("n1", running=[running.job_id]).drain
     assert "n1" in {h.submit(f"after {i}").node_id for i in range(4)}
 
 
 def test_drains_and_nodes_survive_a_restart_and_count_as_seen_at_start_up() -> None:
     h = builtin("n1", "n2")
-    h.service.set_drain("n1", True)
+    h.service.nodes.set_drain("n1", True)
     h.advance(3600)  # long after the last heartbeats
     again = h.restart()
     assert health(again) == {"n1": "healthy", "n2": "healthy"}
-    assert [node.drain for node in again.service.nodes()] == [True, False]
+    assert [node.drain for node in again.service.nodes.listing()] == [True, False]
     assert again.submit("x").node_id == "n2"
 
 
 def test_a_new_leaders_term_loads_the_nodes_and_a_standby_forgets_them() -> None:
     h = builtin("n1")
-    h.service.set_drain("n1", True)
-    h.service.hand_over()
+    h.service.nodes.set_drain("n1", True)
+    h.service.terms.hand_over()
     assert health(h) == {}
-    h.service.take_over()
-    assert [(node.node_id, node.health, node.drain) for node in h.service.nodes()] == [
+    h.service.terms.take_over()
+    assert [(node.node_id, node.health, node.drain) for node in h.service.nodes.listing()] == [
         ("n1", "healthy", True)
     ]
 
@@ -193,11 +193,11 @@ def test_a_new_leaders_term_loads_the_nodes_and_a_standby_forgets_them() -> None
 def test_unknown_nodes_cannot_be_drained_but_gone_ones_can() -> None:
     h = builtin("n1")
     try:
-        h.service.set_drain("nosuch", True)
+        h.service.nodes.set_drain("nosuch", True)
     except Exception as exc:
         assert getattr(exc, "status", None) == 404 and str(exc) == "node not found"
     else:
         raise AssertionError("an unknown node was drained")
     h.advance(3600)
     assert health(h) == {"n1": "gone"}
-    assert h.service.set_drain("n1", True).drain
+    assert h.service.nodes.set_drain("n1", True).drain

@@ -38,7 +38,7 @@ def at(text: str) -> Harness:
 def create(h: Harness, **fields: Any) -> schedules.Schedule:
     body = {"name": "s", "cron": "* * * * *", "job": {"command": "backup"}, **fields}
     change = schedules.parse_schedule_request(validation.orjson.dumps(body), partial=False)
-    return h.service.create_schedule(change, now=h.clock.now_us())
+    return h.service.schedules.create(change, now=h.clock.now_us())
 
 
 def tick_at(h: Harness, text: str) -> int:
@@ -47,7 +47,7 @@ def tick_at(h: Harness, text: str) -> int:
 
 
 def jobs_of(h: Harness, schedule: schedules.Schedule) -> list[jobs.Job]:
-    found = h.service.list_jobs(validation.JobQuery(limit=10000)).jobs
+    found = h.service.reads.list_jobs(validation.JobQuery(limit=10000)).jobs
     return [job for job in found if job.schedule_id == schedule.schedule_id]
 
 
@@ -74,7 +74,7 @@ def test_each_fire_time_submits_the_job_as_post_jobs_would() -> None:
     assert first.status == jobs.PENDING and first.node_id in ("node-a", "node-b", "node-c")
     assert first.to_wire()["schedule_id"] == schedule.schedule_id
     assert h.stored(first.job_id).schedule_id == schedule.schedule_id
-    now = h.service.get_schedule(schedule.schedule_id)
+    now = h.service.schedules.get(schedule.schedule_id)
     assert now.last_run_at == us("2026-11-30T10:22:00Z")
     assert now.last_job_id == made[1].job_id
     assert now.next_run_at == us("2026-11-30T10:23:00Z")
@@ -109,7 +109,7 @@ def test_one_job_per_fire_time_when_a_crash_took_the_schedules_update(
     caplog.set_level(logging.INFO)
     assert tick_at(second, "2026-11-30T10:21:00.5Z") == 0
     assert [j.job_id for j in jobs_of(second, schedule)] == [job.job_id]
-    recorded = second.service.get_schedule(schedule.schedule_id)
+    recorded = second.service.schedules.get(schedule.schedule_id)
     assert (recorded.last_job_id, recorded.next_run_at) == (job.job_id, us("2026-11-30T10:22:00Z"))
     assert "had made" in caplog.text and job.job_id in caplog.text
 
@@ -124,12 +124,12 @@ def test_no_node_is_retried_each_look_until_the_next_fire_time_then_skipped(
     h.set_nodes([])
     assert tick_at(h, "2026-11-30T10:21:00Z") == 0
     assert tick_at(h, "2026-11-30T10:21:30Z") == 0
-    assert h.service.get_schedule(schedule.schedule_id).next_run_at == us("2026-11-30T10:21:00Z")
+    assert h.service.schedules.get(schedule.schedule_id).next_run_at == us("2026-11-30T10:21:00Z")
     assert caplog.text.count("fire at 2026-11-30T10:21:00.000000Z failed") == 1  # said once
     # The node comes back within the minute: that same fire time is made, late.
     h.set_nodes(["node-a"])
     assert tick_at(h, "2026-11-30T10:21:45Z") == 1
-    assert h.service.get_schedule(schedule.schedule_id).last_run_at == us("2026-11-30T10:21:00Z")
+    assert h.service.schedules.get(schedule.schedule_id).last_run_at == us("2026-11-30T10:21:00Z")
     # Gone again for the whole of the next minute: that fire is given up when the one after
     # it comes, with its cause, and the new one fires.
     h.set_nodes([])
@@ -153,7 +153,7 @@ def test_overlap_skip_waits_for_the_previous_job_and_allow_does_not() -> None:
     assert len(jobs_of(h, allow)) == 2
     assert metric(app, "schedule_skips_total", cause="overlap") == 1
     (job,) = jobs_of(h, skip)
-    h.service.cancel(job.job_id)
+    h.service.jobs.cancel(job.job_id)
     tick_at(h, "2026-11-30T10:23:00Z")
     assert len(jobs_of(h, skip)) == 2
 
@@ -165,7 +165,7 @@ def test_a_paused_schedule_does_not_fire_and_a_resume_starts_from_now() -> None:
     for minute in range(21, 30):
         tick_at(h, f"2026-11-30T10:{minute}:00Z")
     assert jobs_of(h, schedule) == []
-    resumed = h.service.update_schedule(
+    resumed = h.service.schedules.update(
         schedule.schedule_id, ScheduleChange(paused=False), now=us("2026-11-30T10:29:10Z")
     )
     assert resumed.next_run_at == us("2026-11-30T10:30:00Z")
@@ -183,10 +183,10 @@ def test_catch_up_after_a_ten_minute_stop(caplog: pytest.LogCaptureFixture) -> N
     app = after.app()
     tick_at(after, "2026-11-30T10:10:41Z")
     (job,) = jobs_of(after, caught)
-    assert after.service.get_schedule(caught.schedule_id).last_run_at == us("2026-11-30T10:10:00Z")
+    assert after.service.schedules.get(caught.schedule_id).last_run_at == us("2026-11-30T10:10:00Z")
     assert jobs_of(after, dropped) == []
     for schedule in (caught, dropped):
-        assert after.service.get_schedule(schedule.schedule_id).next_run_at == us(
+        assert after.service.schedules.get(schedule.schedule_id).next_run_at == us(
             "2026-11-30T10:11:00Z"
         )
     assert metric(app, "schedule_catch_ups_total") == 1
@@ -211,13 +211,13 @@ def test_changing_cron_or_zone_recomputes_the_next_fire_and_other_fields_do_not(
     schedule = create(h, cron="0 3 * * *")
     assert schedule.next_run_at == us("2026-12-01T03:00:00Z")
     when = us("2026-11-30T11:00:00Z")
-    moved = h.service.update_schedule(
+    moved = h.service.schedules.update(
         schedule.schedule_id, ScheduleChange(timezone="Europe/Berlin"), now=when
     )
     assert moved.next_run_at == us("2026-12-01T02:00:00Z")
-    renamed = h.service.update_schedule(schedule.schedule_id, ScheduleChange(name="t"), now=when)
+    renamed = h.service.schedules.update(schedule.schedule_id, ScheduleChange(name="t"), now=when)
     assert (renamed.name, renamed.next_run_at) == ("t", moved.next_run_at)
-    hourly = h.service.update_schedule(
+    hourly = h.service.schedules.update(
         schedule.schedule_id, ScheduleChange(cron="@hourly"), now=when
     )
     assert hourly.next_run_at == us("2026-11-30T12:00:00Z")
@@ -227,9 +227,9 @@ def test_schedules_survive_a_restart_and_ids_are_never_reused() -> None:
     first = at("2026-11-30T10:20:30Z")
     kept = create(first, name="kept", timezone="Asia/Kathmandu", overlap="allow", catch_up=True)
     gone = create(first, name="gone")
-    first.service.delete_schedule(gone.schedule_id)
+    first.service.schedules.delete(gone.schedule_id)
     second = first.restart()
-    assert second.service.list_schedules() == [kept]
+    assert second.service.schedules.listing() == [kept]
     assert create(second, name="new").schedule_id == "sched-3"
 
 

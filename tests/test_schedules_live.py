@@ -18,6 +18,7 @@ import pytest
 from conftest import SchedulerFactory, stop_scheduler
 from helpers import Agent, Api, expect_error, expect_json, wait_for
 
+from tiny_scheduler.clock import SYSTEM
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.domain import jobs, schedules
 
@@ -249,14 +250,14 @@ def test_catch_up_after_a_ten_minute_stop(scheduler_factory: SchedulerFactory) -
     # Restart early in a minute: a first look that fell past the next minute boundary would
     # find that minute's fire due (a regular fire, for both schedules), not missed. Within its
     # first 10 s, so that a restart slowed by a busy machine still has 50 s.
-    wait_for(lambda: jobs.now_us() % MINUTE < 10_000_000, timeout=70, message="a minute's start")
+    wait_for(lambda: SYSTEM.now_us() % MINUTE < 10_000_000, timeout=70, message="a minute's start")
     # As if the daemon had stopped ten minutes ago: the next fire time it had then.
-    stopped_at = jobs.now_us() - 10 * MINUTE
+    stopped_at = SYSTEM.now_us() - 10 * MINUTE
     first_missed = (stopped_at // MINUTE + 1) * MINUTE
     proc = restart(
         scheduler_factory, proc, (caught, first_missed, False), (dropped, first_missed, False)
     )
-    back_at = jobs.now_us()
+    back_at = SYSTEM.now_us()
     api = Api(proc.url)
     try:
         done = wait_for(
@@ -265,7 +266,7 @@ def test_catch_up_after_a_ten_minute_stop(scheduler_factory: SchedulerFactory) -
         assert done
         # The daemon's first look may fall just past a minute boundary after `back_at`: the
         # latest missed fire is then that minute, so it is bounded by when the looks were seen.
-        looked_by = jobs.now_us()
+        looked_by = SYSTEM.now_us()
         (job,) = jobs_of(api, caught)
         schedule = expect_json(api.get(f"/schedules/{caught}"), 200)
         latest = jobs.parse_time(schedule["last_run_at"])
@@ -309,7 +310,7 @@ def test_a_paused_schedule_does_not_fire(scheduler_factory: SchedulerFactory) ->
         resumed = expect_json(
             api.patch(f"/schedules/{paused['schedule_id']}", {"paused": False}), 200
         )
-        assert jobs.parse_time(resumed["next_run_at"]) > jobs.now_us()
+        assert jobs.parse_time(resumed["next_run_at"]) > SYSTEM.now_us()
         assert jobs_of(api, paused["schedule_id"]) == []
     finally:
         api.close()

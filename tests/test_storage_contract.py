@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tiny_scheduler.clock import SYSTEM
 from tiny_scheduler.domain import jobs
 from tiny_scheduler.domain.jobs import Attempt, Job, Output
 from tiny_scheduler.domain.nodes import NodeRecord
@@ -281,7 +282,7 @@ def test_nodes_survive_a_restart_and_a_later_record_replaces_an_earlier(
 
 def test_timestamps_keep_every_microsecond(open_store: OpenStore) -> None:
     store = open_store()
-    stamps = [T0, T0 + 1, jobs.now_us(), 4_102_444_799_999_999]
+    stamps = [T0, T0 + 1, SYSTEM.now_us(), 4_102_444_799_999_999]
     for seq, stamp in enumerate(stamps, 1):
         store.save(Job(seq=seq, node_id="n", command="x", created_at=stamp, running_at=stamp))
     loaded, _ = reopen(store, open_store)

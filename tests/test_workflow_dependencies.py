@@ -55,14 +55,14 @@ def test_a_pending_dependent_is_listed_but_counts_as_no_load() -> None:
     h = Harness()
     a = h.submit("a")
     b = h.submit("b", depends_on=[a.job_id])
-    page = h.service.list_jobs(JobQuery(status="pending"))
+    page = h.service.reads.list_jobs(JobQuery(status="pending"))
     assert [job.job_id for job in page.jobs] == [a.job_id, b.job_id]
-    assert h.service.node_loads([b.node_id], None)[0].queued == 0
+    assert h.service.reads.node_loads([b.node_id], None)[0].queued == 0
 
 
 def test_a_final_failure_ends_its_ok_dependents_transitively_in_one_commit() -> None:
     h = Harness(max_job_retries=0)
-    h.service.keep_final_events(lambda job: f"{job.job_id} {job.status} {job.reason}")
+    h.service.reads.keep_final_events(lambda job: f"{job.job_id} {job.status} {job.reason}")
     a = h.submit("a")
     b = h.submit("b", depends_on=[a.job_id])
     c = h.submit("c", depends_on=[b.job_id])
@@ -134,7 +134,7 @@ def test_a_dependent_on_a_done_job_is_due_at_once() -> None:
 
 def test_an_ok_dependent_on_a_failed_job_ends_at_once_and_any_does_not() -> None:
     h = Harness(max_job_retries=0)
-    h.service.keep_final_events(lambda job: job.job_id)
+    h.service.reads.keep_final_events(lambda job: job.job_id)
     a = h.submit("a")
     run(h, a.job_id, exit_code=1)
     b = h.submit("b", depends_on=[a.job_id])
@@ -164,11 +164,11 @@ def test_retention_keeps_a_job_a_pending_job_still_waits_for() -> None:
     waiting = h.submit("waits", depends_on=[a.job_id, b.job_id])
     run(h, a.job_id)
     h.advance(10)
-    assert h.service.expire(h.clock.now_us()) == 0  # a is kept: `waiting` still waits
+    assert h.service.jobs.expire(h.clock.now_us()) == 0  # a is kept: `waiting` still waits
     assert h.job(a.job_id).status == jobs.DONE
     run(h, b.job_id)
     h.advance(10)
-    assert h.service.expire(h.clock.now_us()) == 2  # nobody waits any more
+    assert h.service.jobs.expire(h.clock.now_us()) == 2  # nobody waits any more
     assert waiting.job_id in h.poll(waiting.node_id)
 
 

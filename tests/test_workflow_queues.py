@@ -21,7 +21,9 @@ NODES4 = ("node-a", "node-b", "node-c", "node-d")
 
 
 def running_in(h: Harness, queue: str) -> int:
-    return sum(1 for job in h.service.running() if job.queue == queue and job.job_type == jobs.RUN)
+    return sum(
+        1 for job in h.service.reads.running() if job.queue == queue and job.job_type == jobs.RUN
+    )
 
 
 def try_claim(h: Harness, job_id: str) -> bool:
@@ -37,7 +39,7 @@ def try_claim(h: Harness, job_id: str) -> bool:
 @given(data=st.data())
 def test_a_limit_of_2_holds_over_4_nodes_in_any_order(data: st.DataObject) -> None:
     h = Harness(nodes=NODES4, max_jobs_per_node=2)
-    h.service.set_queue(QueueSettings("nightly", max_running=2))
+    h.service.queues.update(QueueSettings("nightly", max_running=2))
     submitted = [h.submit(f"job {i}", queue="nightly").job_id for i in range(10)]
     handed: dict[str, list[str]] = {node: [] for node in NODES4}  # polled, not yet claimed
     claimed: list[str] = []
@@ -67,7 +69,7 @@ def test_a_limit_of_2_holds_over_4_nodes_in_any_order(data: st.DataObject) -> No
 
 def test_two_claims_past_the_limit_the_second_is_refused_naming_the_queue() -> None:
     h = Harness(nodes=["node-a", "node-b"], max_jobs_per_node=2)
-    h.service.set_queue(QueueSettings("nightly", max_running=1))
+    h.service.queues.update(QueueSettings("nightly", max_running=1))
     a = h.submit("a", queue="nightly")
     b = h.submit("b", queue="nightly")
     h.claim(a.job_id)
@@ -84,24 +86,24 @@ def test_a_paused_queue_hands_nothing_out_and_resuming_releases_it() -> None:
     h = Harness(nodes=["node-a"], max_jobs_per_node=4)
     held = h.submit("nightly work", queue="nightly")
     other = h.submit("other work")
-    h.service.set_queue(QueueSettings("nightly", paused=True))
+    h.service.queues.update(QueueSettings("nightly", paused=True))
     assert h.poll("node-a") == [other.job_id]
     with pytest.raises(errors.Conflict) as caught:
         h.claim(held.job_id)
     assert caught.value.message.endswith("queue nightly paused")
-    assert h.service.node_loads(["node-a"], None)[0].queued == 1  # only `other` counts
-    h.service.set_queue(QueueSettings("nightly", paused=False))
+    assert h.service.reads.node_loads(["node-a"], None)[0].queued == 1  # only `other` counts
+    h.service.queues.update(QueueSettings("nightly", paused=False))
     assert h.poll("node-a") == [held.job_id, other.job_id]
-    assert h.service.node_loads(["node-a"], None)[0].queued == 2
+    assert h.service.reads.node_loads(["node-a"], None)[0].queued == 2
 
 
 def test_a_queue_at_its_limit_counts_as_no_load_for_placement() -> None:
     h = Harness(nodes=["node-a", "node-b"], max_jobs_per_node=1)
-    h.service.set_queue(QueueSettings("nightly", max_running=1))
+    h.service.queues.update(QueueSettings("nightly", max_running=1))
     h.claim(h.submit("runs", queue="nightly").job_id)  # node-a
     waiting = h.submit("waits for the queue", queue="nightly")  # node-b
     assert waiting.node_id == "node-b"
-    assert h.service.node_loads(["node-b"], None)[0].queued == 0
+    assert h.service.reads.node_loads(["node-b"], None)[0].queued == 0
     # So the next job is placed as if node-b were idle (the rotation picks node-a, the
     # least-loaded tie after node-b; node-a is busy running: node-b wins).
     assert h.submit("other").node_id == "node-b"
@@ -109,7 +111,7 @@ def test_a_queue_at_its_limit_counts_as_no_load_for_placement() -> None:
 
 def test_a_freed_place_goes_to_the_queues_oldest_highest_priority_job_wherever_it_is() -> None:
     h = Harness(nodes=["node-a", "node-b"], max_jobs_per_node=2)
-    h.service.set_queue(QueueSettings("nightly", max_running=1))
+    h.service.queues.update(QueueSettings("nightly", max_running=1))
     first = h.submit("first", queue="nightly")  # node-a
     low = h.submit("low, on node-b", queue="nightly", priority=10)  # node-b
     high = h.submit("high, on node-a", queue="nightly", priority=90)  # node-a
@@ -126,7 +128,7 @@ def test_a_freed_place_goes_to_the_queues_oldest_highest_priority_job_wherever_i
 
 def test_an_idle_node_takes_only_a_limited_queues_head() -> None:
     h = Harness(nodes=["node-a"], max_jobs_per_node=1, job_stealing=True)
-    h.service.set_queue(QueueSettings("nightly", max_running=2))
+    h.service.queues.update(QueueSettings("nightly", max_running=2))
     h.claim(h.submit("keeps node-a busy").job_id)
     first = h.submit("first", queue="nightly")
     second = h.submit("second", queue="nightly")
@@ -143,15 +145,15 @@ def test_an_idle_node_takes_only_a_limited_queues_head() -> None:
 
 def test_settings_and_the_limit_hold_across_a_restart() -> None:
     h = Harness(nodes=["node-a", "node-b"], max_jobs_per_node=2)
-    h.service.set_queue(QueueSettings("nightly", max_running=1))
-    h.service.set_queue(QueueSettings("weekly", paused=True))
+    h.service.queues.update(QueueSettings("nightly", max_running=1))
+    h.service.queues.update(QueueSettings("weekly", paused=True))
     a = h.submit("a", queue="nightly")
     b = h.submit("b", queue="nightly")
     c = h.submit("c", queue="weekly")
     h.claim(a.job_id)
     h = h.restart()
     assert [
-        (v.queue, v.pending, v.running, v.max_running, v.paused) for v in h.service.list_queues()
+        (v.queue, v.pending, v.running, v.max_running, v.paused) for v in h.service.queues.listing()
     ] == [
         ("nightly", 1, 1, 1, False),
         ("weekly", 1, 0, None, True),
@@ -167,20 +169,20 @@ def test_queues_are_listed_with_jobs_or_settings_and_jobs_filter_by_queue() -> N
     h = Harness()
     h.submit("a")
     n1 = h.submit("b", queue="nightly")
-    h.service.set_queue(QueueSettings("empty", max_running=3))
-    assert [v.to_wire() for v in h.service.list_queues()] == [
+    h.service.queues.update(QueueSettings("empty", max_running=3))
+    assert [v.to_wire() for v in h.service.queues.listing()] == [
         {"queue": "default", "pending": 1, "running": 0, "max_running": None, "paused": False},
         {"queue": "empty", "pending": 0, "running": 0, "max_running": 3, "paused": False},
         {"queue": "nightly", "pending": 1, "running": 0, "max_running": None, "paused": False},
     ]
     for status in ("pending", None):
-        page = h.service.list_jobs(JobQuery(status=status, queue="nightly"))
+        page = h.service.reads.list_jobs(JobQuery(status=status, queue="nightly"))
         assert [job.job_id for job in page.jobs] == [n1.job_id]
 
 
 def test_why_a_job_waits() -> None:
     h = Harness(nodes=["node-a"], max_jobs_per_node=1)
-    why = h.service.waiting_for
+    why = h.service.reads.waiting_for
     running = h.submit("runs")
     assert why(h.job(running.job_id)) == "the agent on node-a to take it"
     h.claim(running.job_id)
@@ -192,10 +194,10 @@ def test_why_a_job_waits() -> None:
     slot = h.submit("needs the slot")
     assert why(h.job(slot.job_id)) == "a free slot on node-a"
     queued = h.submit("queued", queue="nightly")
-    h.service.set_queue(QueueSettings("nightly", paused=True))
+    h.service.queues.update(QueueSettings("nightly", paused=True))
     assert why(h.job(queued.job_id)) == "queue nightly paused"
     h.report(running.job_id)
-    h.service.set_queue(QueueSettings("nightly", max_running=1))
+    h.service.queues.update(QueueSettings("nightly", max_running=1))
     h.claim(h.submit("takes the queue's place", queue="nightly").job_id)
     assert why(h.job(queued.job_id)) == "queue nightly at its limit (1 running)"
 

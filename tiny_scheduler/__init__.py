@@ -54,7 +54,7 @@ def create_app(
     settings = settings or Settings.from_env()
     backend = storage.open_store(settings.db_path, owner_wait_secs, settings.leader_lease_secs)
     store = storage.Writer(backend)
-    leadership = _leadership(settings, backend)
+    leadership = _leadership(settings, backend, clock)
     if leadership is None:
         try:
             loaded = store.load()
@@ -175,7 +175,7 @@ def _give_back_freed_memory() -> None:
     trim(0)
 
 
-def _leadership(settings: Settings, backend: storage.JobStore) -> Leadership | None:
+def _leadership(settings: Settings, backend: storage.JobStore, clock: Clock) -> Leadership | None:
     """With PostgreSQL, this daemon's part in the election (None with SQLite)."""
     from . import storage
 
@@ -187,25 +187,27 @@ def _leadership(settings: Settings, backend: storage.JobStore) -> Leadership | N
 
     assert isinstance(backend, PostgresStore)  # open_store chose it by the same test
     assert settings.advertise_url is not None  # Settings insists on it with PostgreSQL
-    return Leadership(settings.db_path, settings.advertise_url, settings.leader_lease_secs, backend)
+    # The same clock as the service's: `Terms.cluster` measures the roster's age since
+    # `roster_read_monotonic` on it.
+    return Leadership(
+        settings.db_path, settings.advertise_url, settings.leader_lease_secs, backend, clock
+    )
 
 
 def _run_terms(leadership: Leadership, service: Scheduler, background: Background) -> None:
     """What a term as leader begins and ends with: the jobs, and the loops."""
 
-    from .domain import jobs
-
     def elected(epoch: int) -> None:
-        service.take_over()
+        service.terms.take_over()
         _settle_loaded()
         # The previous leader ran the schedules until at most a lease (and a look) ago: fire
         # times since then are due, not missed. A fire it committed moved its schedule on.
         gap = leadership.lease_secs + 2 * SCHEDULE_TICK_SECS
-        background.start(schedules_since=jobs.now_us() - int(gap * 1_000_000))
+        background.start(schedules_since=service.clock.now_us() - int(gap * 1_000_000))
 
     def deposed(epoch: int) -> None:
         background.stop()
-        service.hand_over()
+        service.terms.hand_over()
 
     leadership.on_elected = elected
     leadership.on_deposed = deposed

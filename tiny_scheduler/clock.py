@@ -7,7 +7,13 @@ fires, how long a node list is fresh) reads one of two readings from a `Clock` i
 - `monotonic()`: seconds that only go forward, for intervals measured inside this process.
 
 The daemon runs on `SYSTEM`. Tests of pure decisions run on a `ManualClock`, which moves only
-when the test moves it: a rule can be checked exactly at its boundary, with no sleep.
+when the test moves it: a rule can be checked exactly at its boundary, with no sleep. There is
+no second wall clock to reach for: the dashboard reads the service's `clock` too.
+
+Deadlines on I/O in the plumbing (the storage writer, the lock file, connecting to PostgreSQL,
+forwarding over HTTP, the client's retries, the dashboard's cost of a chart) keep reading
+`time.monotonic()`: they bound real waits and real work, which a clock that a test holds still
+would never end, and no rule of the scheduler depends on them.
 """
 
 from __future__ import annotations

@@ -368,19 +368,19 @@ class _StateCollector(Collector):
         )
         if with_values:
             # Queue names come from submitters: bounded like the node series.
-            active = [view for view in service.list_queues() if view.pending or view.running]
+            active = [view for view in service.queues.listing() if view.pending or view.running]
             for status in (jobs.PENDING, jobs.RUNNING):
                 counts = {view.queue: getattr(view, status) for view in active}
                 for name, count in _bounded(counts):
                     by_queue.add_metric([name, status], count)
-            leader.add_metric([], 1 if service.is_serving() else 0)
-            changes.add_metric([], service.leader_changes())
-            for status, count in service.counts().items():
+            leader.add_metric([], 1 if service.terms.is_serving() else 0)
+            changes.add_metric([], service.terms.leader_changes())
+            for status, count in service.reads.counts().items():
                 by_status.add_metric([status], count)
-            healthy.add_metric([], 1 if service.store_health()[0] else 0)
+            healthy.add_metric([], 1 if service.reads.store_health()[0] else 0)
             queue_depth = self._metrics.queue_depth
             depth.add_metric([], queue_depth() if queue_depth is not None else 0)
-            for node, count in _bounded(service.queue_depths()):
+            for node, count in _bounded(service.reads.queue_depths()):
                 node_queue.add_metric([node], count)
         return [by_status, healthy, depth, node_queue, by_queue, leader, changes]
 
@@ -401,7 +401,7 @@ def init_app(app: Flask, service: Scheduler) -> Metrics:
     disable_created_metrics()
     metrics = Metrics(service)
     service.listeners.append(metrics.listener)
-    service.watch_commits(metrics.observe_commit)
+    service.reads.watch_commits(metrics.observe_commit)
     # First of all before-request hooks: a request the auth check refuses is timed too.
     app.before_request_funcs.setdefault(None, []).insert(0, metrics.request_started)
     app.after_request(metrics.request_finished)

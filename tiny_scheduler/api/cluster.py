@@ -18,7 +18,7 @@ bp = Blueprint("cluster", __name__)
 def cluster() -> Response:
     """`{"leader", "epoch", "daemons": [{"id","url","role","version","started_at",
     "last_seen_at"}...]}`, the leader first."""
-    view = scheduler().cluster(request.host_url.rstrip("/"))
+    view = scheduler().terms.cluster(request.host_url.rstrip("/"))
     daemons = [
         {
             "id": daemon.id,

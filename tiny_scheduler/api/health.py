@@ -20,5 +20,5 @@ def health() -> Response:
     the database cannot be reached)."""
     # The version lets `tiny-scheduler version` (and an operator's curl) tell which build a
     # daemon runs, e.g. halfway through a rolling upgrade.
-    body = {**scheduler().health(), "version": version()}
+    body = {**scheduler().terms.health(), "version": version()}
     return json_reply(body, 200 if body["status"] == "healthy" else 503)

@@ -22,7 +22,7 @@ def submit_job() -> Response:
     Idempotency-Key created (200)."""
     job_request = validation.parse_job_request(read_body(errors.DECODE_JOB))
     key = request.headers.get("Idempotency-Key") or None
-    job, created = scheduler().submit(job_request, f"http:{key}" if key else None)
+    job, created = scheduler().jobs.submit(job_request, f"http:{key}" if key else None)
     return json_reply(job.to_wire(), 201 if created else 200)
 
 
@@ -37,20 +37,20 @@ def list_jobs() -> Response:
         # A poll without a key is the tiny-aws agent's, and tells what its node runs.
         from_agent = "Authorization" not in request.headers
         found = inline.from_memory(
-            lambda: service.poll_in_memory(node_id, from_agent),
-            lambda: service.poll(node_id, from_agent),
+            lambda: service.dispatch.poll_in_memory(node_id, from_agent),
+            lambda: service.dispatch.poll(node_id, from_agent),
         )
         return json_reply([job.to_wire() for job in found])
     inline.may_wait()  # outputs are read from disk as the reply is written
     query = validation.parse_query(request.args)
-    page = service.list_jobs(query)
+    page = service.reads.list_jobs(query)
     headers = None
     if page.next_after is not None:
         following = dict(request.args.items(), after=f"{JOB_ID_PREFIX}{page.next_after}")
         headers = {"Link": f'<{request.path}?{urlencode(following)}>; rel="next"'}
     # Each job's output is read from disk as the reply gets to it, and a long reply is
     # streamed: ten thousand jobs of megabytes each are never in memory together.
-    found = (job.to_wire() for job in service.with_output(page.jobs))
+    found = (job.to_wire() for job in service.reads.with_output(page.jobs))
     return json_array_reply(found, headers=headers)
 
 
@@ -59,9 +59,9 @@ def get_job(job_id: str) -> Response:
     """One job with its earlier attempts, and the output of each (read from disk); while it
     is pending, also what it waits for."""
     service = scheduler()
-    job = service.get(job_id)
+    job = service.reads.get(job_id)
     wire = job.to_wire(with_attempts=True)
-    why = service.waiting_for(job)
+    why = service.reads.waiting_for(job)
     if why is not None:
         wire["waiting_for"] = why
     return json_reply(wire)
@@ -87,13 +87,13 @@ def update_job(job_id: str) -> Response:
         # A body that cannot even be read (a malformed chunk size...) cannot be decoded
         # either; the WSGI server raises its own exception types for these.
         raise errors.BadRequest(errors.DECODE_UPDATE) from None
-    return json_reply(service.update(job_id, update).to_wire())
+    return json_reply(service.jobs.update(job_id, update).to_wire())
 
 
 @bp.post("/jobs/<job_id>/cancel")
 def cancel_job(job_id: str) -> Response:
     """Cancel a job that has not ended: a pending one, or a running one (its agent stops it)."""
-    return json_reply(scheduler().cancel(job_id).to_wire())
+    return json_reply(scheduler().jobs.cancel(job_id).to_wire())
 
 
 def read_body(message: str) -> bytes:

@@ -44,7 +44,7 @@ def init_app(app: Flask) -> None:
 def leader() -> Response:
     """200 with the leader's URL and epoch on the leader; 503, same shape, on a standby."""
     service = scheduler()
-    view = service.leader()
+    view = service.terms.leader()
     if view is None:  # SQLite: this daemon is the only one, and leads
         url = service.settings.advertise_url or request.host_url.rstrip("/")
         return json_reply({"leader": url, "epoch": 0})
@@ -70,9 +70,9 @@ def standby_reply() -> tuple[Response | None, str | None]:
     else (the reply: 503 or 307, None). Decided from the head alone and never calling the
     leader, so the worker may ask it before `100 Continue` (`answered_before_body`)."""
     service = scheduler()
-    if request.endpoint in STANDBY_SERVES or service.is_serving():
+    if request.endpoint in STANDBY_SERVES or service.terms.is_serving():
         return None, None
-    view = service.leader()
+    view = service.terms.leader()
     own = service.settings.advertise_url
     # Never to itself: a daemon that sees its own URL in the lease row is about to lead or has
     # just stopped; either way nobody else would answer.

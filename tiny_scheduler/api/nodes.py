@@ -24,24 +24,24 @@ def heartbeat(node_id: str) -> Response:
     beat = parse_heartbeat(read_body(DECODE_HEARTBEAT))
     service = scheduler()
     orders = from_memory(
-        lambda: service.heartbeat_in_memory(node_id, beat),
-        lambda: service.heartbeat(node_id, beat),
+        lambda: service.nodes.heartbeat_in_memory(node_id, beat),
+        lambda: service.nodes.heartbeat(node_id, beat),
     )
     return json_reply(orders.to_wire())
 
 
 @bp.get("/nodes")
 def list_nodes() -> Response:
-    return json_reply([node.to_wire() for node in scheduler().nodes()])
+    return json_reply([node.to_wire() for node in scheduler().nodes.listing()])
 
 
 @bp.get("/nodes/<node_id>")
 def get_node(node_id: str) -> Response:
-    return json_reply(scheduler().node(node_id).to_wire())
+    return json_reply(scheduler().nodes.get(node_id).to_wire())
 
 
 @bp.patch("/nodes/<node_id>")
 def change_node(node_id: str) -> Response:
     """Drain a node (`{"drain":true}`) or undrain it."""
     drain = parse_drain(read_body(DECODE_NODE_CHANGE))
-    return json_reply(scheduler().set_drain(node_id, drain).to_wire())
+    return json_reply(scheduler().nodes.set_drain(node_id, drain).to_wire())

@@ -35,7 +35,7 @@ def append_output(job_id: str) -> Response:
     if not isinstance(stdout, str) or not isinstance(stderr, str):
         raise errors.BadRequest(STRINGS_MESSAGE)
     node_id, attempt = validation.report_names(data, DECODE_OUTPUT)
-    scheduler().append_output(job_id, stdout, stderr, node_id, attempt)
+    scheduler().output.append(job_id, stdout, stderr, node_id, attempt)
     return Response(status=204)
 
 
@@ -43,21 +43,21 @@ def append_output(job_id: str) -> Response:
 def read_output(job_id: str) -> Response:
     stream, offset, wait, attempt = _query()
     service = scheduler()
-    seen = service.output_signal.count  # before the look: a change after it wakes the wait
-    read = service.read_output(job_id, stream, offset, attempt)
+    seen = service.output.signal.count  # before the look: a change after it wakes the wait
+    read = service.output.read(job_id, stream, offset, attempt)
     now = SYSTEM.monotonic()
     deadline = request.environ.get(WAITED_KEY) or now + wait
     if not read.data and read.current and read.status == "running" and now < deadline:
         service.waiters.enter()
         if request.environ.get(PARK_KEY):
             # Parked in the worker's loop: this request runs again when something happens.
-            body = AskAgain(service.output_signal, seen, deadline, service.waiters.leave)
+            body = AskAgain(service.output.signal, seen, deadline, service.waiters.leave)
             return Response(body, status=200, direct_passthrough=True)
         try:
-            wait_in_thread(service.output_signal, deadline - now)
+            wait_in_thread(service.output.signal, deadline - now)
         finally:
             service.waiters.leave()
-        read = service.read_output(job_id, stream, offset, attempt)
+        read = service.output.read(job_id, stream, offset, attempt)
     headers = {
         "X-Output-Offset": str(read.next_offset),
         "X-Job-Status": read.status,

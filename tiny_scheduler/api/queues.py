@@ -17,11 +17,11 @@ bp = Blueprint("queues", __name__)
 @bp.get("/queues")
 def list_queues() -> Response:
     """Every queue that has jobs or settings, sorted by name."""
-    return json_reply([view.to_wire() for view in scheduler().list_queues()])
+    return json_reply([view.to_wire() for view in scheduler().queues.listing()])
 
 
 @bp.put("/queues/<name>")
 def set_queue(name: str) -> Response:
     """Replace a queue's settings (stored durably); 200 with the queue."""
     settings = validation.parse_queue_settings(name, read_body(errors.DECODE_QUEUE))
-    return json_reply(scheduler().set_queue(settings).to_wire())
+    return json_reply(scheduler().queues.update(settings).to_wire())

@@ -12,4 +12,4 @@ bp = Blueprint("schedule", __name__)
 @bp.get("/schedule")
 def schedule() -> Response:
     """Pick the next healthy node exactly as a submission would."""
-    return json_reply({"node_id": scheduler().schedule()})
+    return json_reply({"node_id": scheduler().reads.next_node()})

@@ -32,7 +32,6 @@ import dataclasses
 import logging
 import queue
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -219,7 +218,7 @@ class Leadership:
         self.leader_changes = 0
         """How often this daemon saw the lease change hands (the epoch rise) since it started."""
         self.roster = Roster((), 0)
-        self.roster_read_monotonic = 0.0  # time.monotonic() when the roster was read
+        self.roster_read_monotonic = 0.0  # the clock's monotonic() when the roster was read
         self._version = version()
         self._recorded_at = -RECORD_SECS  # monotonic
         self._recorded_role = ""
@@ -426,7 +425,7 @@ class Leadership:
         read_at = rows[-1][6] if rows else 0
         daemons = tuple(DaemonRow(*row[:6]) for row in rows)
         self.roster = Roster(daemons, read_at)
-        self.roster_read_monotonic = time.monotonic()
+        self.roster_read_monotonic = self._clock.monotonic()
 
     def _call(self, query: str, params: dict[str, object] | None = None) -> psycopg.Cursor[Any]:
         """One statement on the lease connection, broken by the watchdog if it hangs."""

@@ -28,7 +28,7 @@ import requests
 
 from ..client import Client, ClientError, job_state, settled
 from ..display import describe, format_table
-from ..domain.jobs import FINAL_STATUSES, TIMED_OUT_STDERR, now_us, parse_time
+from ..domain.jobs import FINAL_STATUSES, TIMED_OUT_STDERR, parse_time
 from .cluster import ClusterConfig, ClusterError, DevCluster
 from .daemon import PortReservation
 
@@ -223,7 +223,8 @@ class Demo:
             "/schedules",
             json={"name": "demo-every-minute", "cron": "* * * * *", "job": {"command": "date"}},
         )
-        wait = (parse_time(schedule["next_run_at"]) - now_us()) / 1e6
+        # A client of the scheduler: this machine's clock, the one the dev daemon runs on.
+        wait = (parse_time(schedule["next_run_at"]) - time.time_ns() // 1000) / 1e6
         self.say(
             f"  schedule {schedule['schedule_id']} {schedule['name']} ({schedule['cron']}):"
             f" fires next at {schedule['next_run_at']}, in {wait:.0f}s,"

@@ -467,10 +467,6 @@ def parse_job_id(job_id: str) -> int | None:
     return int(digits)
 
 
-def now_us() -> int:
-    return time.time_ns() // 1000
-
-
 def format_time(us: int) -> str:
     """RFC 3339 in UTC with microseconds and a Z, e.g. 2026-11-30T10:20:30.123456Z."""
     seconds, micros = divmod(us, 1_000_000)

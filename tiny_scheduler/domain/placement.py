@@ -43,11 +43,8 @@ ALL_DRAINED = "no healthy compute nodes (every healthy node is draining)"
 class Loads(Protocol):
     """Where the load counts come from (the job table), read for a few nodes at a time."""
 
-    def node_loads(
-        self, node_ids: Sequence[str], now: int | None = None
-    ) -> dict[str, tuple[int, int]]:
-        """For each node: (its pending `run` jobs due at `now` (default: the clock), its slots
-        in use)."""
+    def node_loads(self, node_ids: Sequence[str], now: int) -> dict[str, tuple[int, int]]:
+        """For each node: (its pending `run` jobs due at `now`, its slots in use)."""
         ...
 
 

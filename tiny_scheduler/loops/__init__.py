@@ -78,7 +78,7 @@ class Background:
             # From now on final states store their event, so those of requests served before
             # start() are published too.
             self.sns = SnsPublisher(service, settings, observers)
-            service.keep_final_events(event_message)
+            service.reads.keep_final_events(event_message)
             service.listeners.append(self.sns.listener)
         self._started = False
 

@@ -61,26 +61,26 @@ class Scan:
         agent's own report, with the job's output, comes first."""
         now = self.clock.now_us()
         expired = 0
-        fencing_nodes = self.service.fence_holds().keys()
+        fencing_nodes = self.service.nodes.fence_holds().keys()
         slack = self.settings.kill_grace_secs + 2 * self.settings.node_heartbeat_secs
-        for job in self.service.running():
+        for job in self.service.reads.running():
             deadline = jobs.run_deadline(job, self.settings.job_timeout_secs)
             if deadline is not None and job.node_id in fencing_nodes:
                 deadline += int(slack * 1_000_000)
             if deadline is None or now < deadline:
                 continue
-            if _guarded(self.service.fail_running, job, jobs.Reason.TIMEOUT):
+            if _guarded(self.service.jobs.fail_running, job, jobs.Reason.TIMEOUT):
                 log.warning("job %s timed out on node %s", job.job_id, job.node_id)
                 expired += 1
         return expired
 
     def handle_lost_nodes(self) -> None:
-        busy = self.service.busy_nodes()
+        busy = self.service.reads.busy_nodes()
         if not busy:
             self._down_since.clear()
             return
         try:
-            nodes = self.service.node_health()
+            nodes = self.service.reads.node_health()
         except errors.PlacementError as exc:
             log.warning("lost-node scan skipped: %s", exc.message)
             return
@@ -90,19 +90,21 @@ class Scan:
             self._down_since,
             self.clock.monotonic(),
             self.settings.node_lost_secs,
-            self.service.fence_holds(),
+            self.service.nodes.fence_holds(),
         )
         self._down_since = verdict.down_since
         for node in verdict.replace:
-            for job in self.service.jobs_on(node).pending:
-                _guarded(self.service.move_pending, job)  # it leaves pinned jobs where they are
+            for job in self.service.reads.jobs_on(node).pending:
+                _guarded(
+                    self.service.dispatch.move_pending, job
+                )  # it leaves pinned jobs where they are
         for node in verdict.lost:
-            on_node = self.service.jobs_on(node)
+            on_node = self.service.reads.jobs_on(node)
             for job in on_node.running:
-                if _guarded(self.service.fail_running, job, jobs.Reason.NODE_LOST):
+                if _guarded(self.service.jobs.fail_running, job, jobs.Reason.NODE_LOST):
                     log.warning("job %s lost with node %s", job.job_id, node)
             for job in on_node.held:
-                _guarded(self.service.release_slot, job)
+                _guarded(self.service.jobs.release_slot, job)
 
     def apply_retention(self) -> int:
         """Delete finished jobs older than JOB_RETENTION_SECS; returns how many."""
@@ -112,7 +114,7 @@ class Scan:
         cutoff = self.clock.now_us() - keep_secs * 1_000_000
         removed = 0
         while True:
-            count = self.service.expire(cutoff, RETENTION_BATCH)
+            count = self.service.jobs.expire(cutoff, RETENTION_BATCH)
             removed += count
             if count < RETENTION_BATCH:
                 return removed

@@ -65,7 +65,7 @@ class ScheduleFiring:
         """Look at every due schedule once; returns how many jobs were made."""
         now = self.clock()
         made = 0
-        for schedule in self.service.due_schedules(now):
+        for schedule in self.service.schedules.due(now):
             try:
                 made += self.look(schedule, now)
             except errors.ServiceError as exc:
@@ -78,7 +78,7 @@ class ScheduleFiring:
         """Fire or skip what is due of one schedule; 1 when a job was made."""
         failed = self._failures.get(schedule.seq)
         failure = failed[1] if failed and failed[0] == schedule.next_run_at else None
-        fired = self.service.fire_schedule(schedule.seq, now, self.since, failure)
+        fired = self.service.schedules.fire(schedule.seq, now, self.since, failure)
         if fired is None:
             return 0
         self._report_skips(fired)

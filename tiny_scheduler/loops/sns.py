@@ -2,7 +2,7 @@
 without ever slowing a request.
 
 Events are not kept in memory. The service stores each one in the store's outbox in the same
-transaction as the change that made the job final (`Scheduler.keep_final_events`), so a final
+transaction as the change that made the job final (`Reads.keep_final_events`), so a final
 state that was acknowledged has its event on disk, across crashes. One sender thread reads the
 outbox oldest first, a page at a time, publishes each event and removes it once SNS took it;
 a crash between the publish and the removal publishes it again after the restart
@@ -84,7 +84,7 @@ class SnsPublisher:
 
     def depth(self) -> int:
         """Events waiting to be published (the outbox's size; no I/O)."""
-        return self._service.events_waiting()
+        return self._service.reads.events_waiting()
 
     def listener(self, event: Event, job: Job | None, detail: str) -> None:
         """A service listener: a final state's event was just committed; go and send it."""
@@ -131,10 +131,10 @@ class SnsPublisher:
         event was published, an event was refused)."""
         if self._delivered and not self._remove_delivered():
             return False, True  # the store cannot be written: try again later
-        if self._service.events_waiting() == 0:
+        if self._service.reads.events_waiting() == 0:
             return False, False
         try:
-            page = self._service.waiting_events(PAGE_SIZE)
+            page = self._service.reads.waiting_events(PAGE_SIZE)
         except StoreError as exc:
             log.error("SNS: cannot read the outbox (%s); trying again", exc.__cause__)
             return False, True
@@ -156,7 +156,7 @@ class SnsPublisher:
         if not self._delivered:
             return True
         try:
-            self._service.events_delivered(self._delivered)
+            self._service.reads.events_delivered(self._delivered)
         except StoreError:
             return False
         self._delivered.clear()

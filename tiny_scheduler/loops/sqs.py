@@ -93,7 +93,7 @@ class SqsIngest:
             self.delete(message_id)
             return Handled.INVALID
         try:
-            job, created = self.service.submit(request, message_key(message_id, raw), "sqs")
+            job, created = self.service.jobs.submit(request, message_key(message_id, raw), "sqs")
         except errors.PlacementError as exc:
             log.warning("SQS message %s kept for later: %s", message_id, exc.message)
             return Handled.KEPT

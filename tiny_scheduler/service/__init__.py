@@ -16,8 +16,12 @@ It knows nothing of HTTP. Its parts each own one concern and decide apart from c
 - `reads`: every read (with why a pending job waits, `why_waiting`), and the outbox of
   final-state events.
 
-`Scheduler` below only wires them together and names their operations; it also keeps the
-event log of job changes (`GET /events`) and the count of waiting requests.
+`Scheduler` below only wires them together and hands them out as its public attributes,
+named for their concern (`scheduler.jobs.submit`, `scheduler.dispatch.poll`,
+`scheduler.schedules.create`, `scheduler.nodes.heartbeat`, `scheduler.queues.listing`,
+`scheduler.output.read`, `scheduler.terms.health`, `scheduler.reads.get`), so a caller's "go to
+definition" lands on the method that does the work; it also keeps the event log of job changes
+(`GET /events`) and the count of waiting requests.
 """
 
 from __future__ import annotations
@@ -65,7 +69,22 @@ __all__ = [
 
 
 class Scheduler:
-    """The facade: every change and every read of the jobs goes through one of its methods."""
+    """The facade: every change and every read of the jobs goes through one of its concern
+    objects, each a public attribute named for what it owns, so `scheduler.jobs.submit` is
+    the method itself (no alias in between):
+
+    - `jobs` (`Lifecycle`): submit, the agent's reports, cancel, retries, retention;
+    - `dispatch` (`Dispatch`): the agent poll and moving waiting work;
+    - `schedules` (`ScheduleOps`): schedule changes and fires;
+    - `nodes` (`NodeOps`): heartbeats, drains, the node listing;
+    - `queues` (`QueueOps`): the queues' listing and settings;
+    - `output` (`OutputOps`): live output;
+    - `terms` (`Terms`): leadership terms and `/health`;
+    - `reads` (`Reads`): every other read, and the outbox of final-state events.
+
+    Its own are the settings, the clock, the listeners of committed changes, the event log
+    (`events`) and the waiting requests (`waiters`).
+    """
 
     def __init__(
         self,
@@ -87,82 +106,20 @@ class Scheduler:
         self.clock = clock
         self.listeners = core.listeners
 
-        lifecycle = Lifecycle(core)
-        self.submit = lifecycle.submit
-        self.update = lifecycle.update
-        self.cancel = lifecycle.cancel
-        self.fail_running = lifecycle.fail_running
-        self.release_slot = lifecycle.release_slot
-        self.expire = lifecycle.expire
-
         book = book or NodeBook(clock, settings.node_heartbeat_secs, settings.node_lost_secs)
-        dispatch = Dispatch(core, lifecycle, book)
-        self.poll = dispatch.poll
-        self.poll_in_memory = dispatch.poll_in_memory
-        self.move_pending = dispatch.move_pending
-
-        schedule_ops = ScheduleOps(core, lifecycle)
-        self.list_schedules = schedule_ops.list_schedules
-        self.get_schedule = schedule_ops.get_schedule
-        self.create_schedule = schedule_ops.create_schedule
-        self.update_schedule = schedule_ops.update_schedule
-        self.delete_schedule = schedule_ops.delete_schedule
-        self.due_schedules = schedule_ops.due_schedules
-        self.fire_schedule = schedule_ops.fire_schedule
-        self.run_schedule = schedule_ops.run_schedule
-
-        node_ops = NodeOps(core, lifecycle, dispatch, book, settings.builtin_registry)
-        node_ops.load(nodes or [])
-        self.heartbeat = node_ops.heartbeat
-        self.heartbeat_in_memory = node_ops.heartbeat_in_memory
-        self.set_drain = node_ops.set_drain
-        self.nodes = node_ops.nodes
-        self.node = node_ops.node
-        self.fence_holds = node_ops.fence_holds
-
-        queue_ops = QueueOps(core)
-        self.list_queues = queue_ops.list_queues
-        self.set_queue = queue_ops.set_queue
-
-        output_ops = OutputOps(core)
-        self.append_output = output_ops.append
-        self.read_output = output_ops.read
-        self.output_signal = output_ops.signal
+        self.jobs = Lifecycle(core)
+        self.dispatch = Dispatch(core, self.jobs, book)
+        self.schedules = ScheduleOps(core, self.jobs)
+        self.nodes = NodeOps(core, self.jobs, self.dispatch, book, settings.builtin_registry)
+        self.nodes.load(nodes or [])
+        self.queues = QueueOps(core)
+        self.output = OutputOps(core)
+        self.terms = Terms(core, self.nodes, leadership)
+        self.reads = Reads(core)
 
         self.events = EventLog(clock)
         self.listeners.append(self._log_event)
         self.waiters = Waiters(settings.max_waiters)
-
-        terms = Terms(core, node_ops, leadership)
-        self.is_serving = terms.is_serving
-        self.leader = terms.leader
-        self.cluster = terms.cluster
-        self.leader_changes = terms.leader_changes
-        self.take_over = terms.take_over
-        self.hand_over = terms.hand_over
-        self.health = terms.health
-
-        reads = Reads(core)
-        self.get = reads.get
-        self.waiting_for = reads.waiting_for
-        self.list_jobs = reads.list_jobs
-        self.with_output = reads.with_output
-        self.counts = reads.counts
-        self.running = reads.running
-        self.busy_nodes = reads.busy_nodes
-        self.jobs_on = reads.jobs_on
-        self.queue_depths = reads.queue_depths
-        self.recent_jobs = reads.recent_jobs
-        self.node_health = reads.node_health
-        self.node_loads = reads.node_loads
-        self.cached_nodes = reads.cached_nodes
-        self.schedule = reads.schedule
-        self.store_health = reads.store_health
-        self.watch_commits = reads.watch_commits
-        self.keep_final_events = reads.keep_final_events
-        self.waiting_events = reads.waiting_events
-        self.events_delivered = reads.events_delivered
-        self.events_waiting = reads.events_waiting
 
     def _log_event(self, event: Event, job: Job | None, detail: str) -> None:
         if job is not None:

@@ -258,16 +258,16 @@ class NodeOps:
                     log.warning("drain of %s: job %s stays: %s", node_id, job.job_id, exc)
         else:
             log.info("node %s undrained", node_id)
-        return self.node(node_id)
+        return self.get(node_id)
 
     # --- the listing ---------------------------------------------------------------------
 
-    def nodes(self) -> list[NodeView]:
+    def listing(self) -> list[NodeView]:
         """Every known node, sorted by id."""
         cached = self._core.placement.source.cached_nodes()
         return [self._view(node_id, cached) for node_id in sorted(self._known(cached))]
 
-    def node(self, node_id: str) -> NodeView:
+    def get(self, node_id: str) -> NodeView:
         cached = self._core.placement.source.cached_nodes()
         if node_id not in self._known(cached):
             raise errors.NotFound(NODE_NOT_FOUND)

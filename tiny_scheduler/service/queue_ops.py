@@ -36,7 +36,7 @@ class QueueOps:
         # Two changes of settings at once: the table must end with what the store has.
         self._changing = threading.Lock()
 
-    def list_queues(self) -> list[QueueView]:
+    def listing(self) -> list[QueueView]:
         """Every queue that has jobs (of any status) or settings, by name."""
         with self._core.table.queue_limits() as limits:
             settings = limits.settings()
@@ -46,7 +46,7 @@ class QueueOps:
             for name in sorted(set(settings) | set(counts))
         ]
 
-    def set_queue(self, settings: QueueSettings) -> QueueView:
+    def update(self, settings: QueueSettings) -> QueueView:
         """Store a queue's settings, then apply them; the queue as it stands after."""
         core = self._core
         with self._changing:

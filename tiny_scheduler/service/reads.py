@@ -27,7 +27,7 @@ from .core import Core, job_seq
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Page:
-    jobs: list[Job]  # without their output: `Scheduler.with_output` reads it
+    jobs: list[Job]  # without their output: `Reads.with_output` reads it
     next_after: int | None  # seq to continue after, when more jobs match
 
 
@@ -130,7 +130,7 @@ class Reads:
         """The node list as last fetched, however old; never waits on a peer."""
         return self._core.placement.source.cached_nodes()
 
-    def schedule(self) -> str:
+    def next_node(self) -> str:
         """The node the next submission would go to; a pure read (the rotation stays)."""
         return self._core.placement.peek()
 

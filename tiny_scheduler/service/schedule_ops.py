@@ -5,7 +5,7 @@ carried out here: the job is made exactly as `POST /jobs` would make it (`Lifecy
 and it is committed together with the schedule's new state, under a dedupe key that names the
 schedule and the fire time, so a fire time never gets two jobs, whatever crashed when.
 
-A run now (`run_schedule`, an operator's "do it once more, now") is a fire outside the cron
+A run now (`ScheduleOps.run`, an operator's "do it once more, now") is a fire outside the cron
 times: the same job, committed the same way, but under a fresh dedupe key, since it has no
 fire time to be unique for; it leaves the next fire time alone.
 """
@@ -32,17 +32,17 @@ class ScheduleOps:
         self._core = core
         self._lifecycle = lifecycle
 
-    def list_schedules(self) -> list[Schedule]:
+    def listing(self) -> list[Schedule]:
         """Every schedule, oldest first."""
         return self._core.schedules.all()
 
-    def get_schedule(self, schedule_id: str) -> Schedule:
+    def get(self, schedule_id: str) -> Schedule:
         schedule = self._core.schedules.get(schedule_seq(schedule_id))
         if schedule is None:
             raise errors.NotFound(errors.SCHEDULE_NOT_FOUND)
         return schedule
 
-    def create_schedule(self, change: ScheduleChange, now: int | None = None) -> Schedule:
+    def create(self, change: ScheduleChange, now: int | None = None) -> Schedule:
         """A new schedule from a checked POST body (name, cron and job given), durable before
         this returns; its first fire time is the first after `now` (default: the clock).
         Conflict for a taken name."""
@@ -74,14 +74,12 @@ class ScheduleOps:
         )
         return schedule
 
-    def update_schedule(
-        self, schedule_id: str, change: ScheduleChange, now: int | None = None
-    ) -> Schedule:
+    def update(self, schedule_id: str, change: ScheduleChange, now: int | None = None) -> Schedule:
         """Change the given fields. A new cron or time zone, or a resume, computes the next
         fire time afresh from `now` (default: the clock): times that passed while it was
         paused do not fire."""
         with self._core.schedules.changing():
-            old = self.get_schedule(schedule_id)
+            old = self.get(schedule_id)
             given = change.given()
             if given.get("name", old.name) != old.name:
                 self._check_name_free(given["name"])
@@ -97,19 +95,19 @@ class ScheduleOps:
             log.info("schedule %s (%s) changed: %s", new.schedule_id, new.name, sorted(given))
         return new
 
-    def delete_schedule(self, schedule_id: str) -> None:
+    def delete(self, schedule_id: str) -> None:
         """Remove a schedule; the jobs it made stay, and its id is never used again."""
         with self._core.schedules.changing():
-            schedule = self.get_schedule(schedule_id)
+            schedule = self.get(schedule_id)
             self._core.store.delete_schedule(schedule.seq)
             self._core.schedules.remove(schedule.seq)
         log.info("schedule %s (%s) deleted", schedule.schedule_id, schedule.name)
 
-    def due_schedules(self, now: int) -> list[Schedule]:
+    def due(self, now: int) -> list[Schedule]:
         """Unpaused schedules whose next fire time has come by `now`."""
         return self._core.schedules.due(now)
 
-    def fire_schedule(
+    def fire(
         self, seq: int, now: int, since: int, failure: schedules.SkipCause | None = None
     ) -> Fired | None:
         """Look at one due schedule at `now` and do what `schedules.plan` decides: skip fire
@@ -142,12 +140,12 @@ class ScheduleOps:
             self._core.created(job, "schedule")
         return Fired(schedule, plan, job, created)
 
-    def run_schedule(self, schedule_id: str) -> Job:
+    def run(self, schedule_id: str) -> Job:
         """Submit the schedule's job once, now, as a fire would (paused or not: someone asked
         for it); the schedule records it as its last job, so `overlap: skip` waits for it.
         NotFound for an unknown id; PlacementError when no node can take it."""
         with self._core.schedules.changing():
-            schedule = self.get_schedule(schedule_id)
+            schedule = self.get(schedule_id)
             now = self._core.now()
             # Fresh each time: two runs now are two jobs, unlike two looks at one fire time.
             key = f"sched:{schedule.schedule_id}:now:{uuid.uuid4().hex}"

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 import uuid
 from typing import TYPE_CHECKING
 
-from ..domain.jobs import now_us
 from ..state.schedule_table import ScheduleTable
 from ..state.table import JobTable
 from ..version import version
@@ -26,7 +24,6 @@ if TYPE_CHECKING:  # psycopg is imported only by a daemon on PostgreSQL
 log = logging.getLogger("tiny_scheduler.service")
 
 _SQLITE_ID = uuid.uuid4().hex[:12]
-_STARTED_US = now_us()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,6 +56,7 @@ class Terms:
         self._core = core
         self._node_ops = node_ops
         self._leadership = leadership  # None with SQLite: the one daemon always serves
+        self._started_us = core.clock.now_us()  # this daemon's start, as `/cluster` shows it
 
     def is_serving(self) -> bool:
         """Whether this daemon answers the API itself: always with SQLite; with PostgreSQL
@@ -79,15 +77,15 @@ class Terms:
         advertises no URL."""
         leadership = self._leadership
         if leadership is None:
-            now = now_us()
+            now = self._core.clock.now_us()
             url = self._core.settings.advertise_url or own_url
-            me = DaemonView(_SQLITE_ID, url, "leader", version(), _STARTED_US, now, 0.0)
+            me = DaemonView(_SQLITE_ID, url, "leader", version(), self._started_us, now, 0.0)
             return ClusterView(url, 0, (me,), _SQLITE_ID)
         view = leadership.view()
         roster = leadership.roster
         # The rows' ages by the database's clock when read, plus the time since: no
         # comparison of this machine's clock with the database's.
-        since = max(0.0, time.monotonic() - leadership.roster_read_monotonic)
+        since = max(0.0, self._core.clock.monotonic() - leadership.roster_read_monotonic)
         # The lease, not a row, says who leads: a leader killed before it could write its row
         # again still says "leader" there; it is listed as what it is now, not leading, and
         # its "last seen" stops.

@@ -67,7 +67,7 @@ _HEADERS = {
 
 def init_app(app: Flask, service: Scheduler) -> None:
     """Serve the dashboard on `app` and start remembering failures for its overview."""
-    failures = pages.RecentFailures()
+    failures = pages.RecentFailures(service.clock)
     service.listeners.append(failures.listener)
     app.extensions[_EXTENSION] = failures
     app.extensions[_CHARTS] = pages.ActivityCache()

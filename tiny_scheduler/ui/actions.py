@@ -38,7 +38,7 @@ SCHEDULE_ACTIONS = ("pause", "resume", "run", "delete")
 def cancel(service: Scheduler, job_id: str) -> str:
     """Cancel a pending job or stop a running one; the notice key (NotFound passes up)."""
     try:
-        job = service.cancel(job_id)
+        job = service.jobs.cancel(job_id)
     except errors.Conflict:
         return "conflict"
     # A cancelled job is failed already; whether it had started shows in `running_at`.
@@ -48,7 +48,7 @@ def cancel(service: Scheduler, job_id: str) -> str:
 def retry(service: Scheduler, job_id: str) -> str:
     """Submit a finished job's request again as a new job; the new job's id (NotFound for an
     unknown id, PlacementError when no node can take it)."""
-    old = service.get(job_id)
+    old = service.reads.get(job_id)
     request = JobRequest(
         **{
             field.name: getattr(old, field.name)
@@ -56,13 +56,13 @@ def retry(service: Scheduler, job_id: str) -> str:
             if field.name not in _NOT_REPEATED and hasattr(old, field.name)
         }
     )
-    new, _ = service.submit(request, source="dashboard")
+    new, _ = service.jobs.submit(request, source="dashboard")
     return new.job_id
 
 
 def drain(service: Scheduler, node_id: str, on: bool) -> str:
     """Drain a node or undrain it; the notice key (NotFound passes up)."""
-    service.set_drain(node_id, on)
+    service.nodes.set_drain(node_id, on)
     return "drained" if on else "undrained"
 
 
@@ -70,15 +70,15 @@ def schedule_action(service: Scheduler, schedule_id: str, action: str) -> tuple[
     """Pause, resume, run now or delete a schedule: (notice key, the new job's id for a run).
     NotFound passes up."""
     if action in ("pause", "resume"):
-        service.update_schedule(schedule_id, ScheduleChange(paused=action == "pause"))
+        service.schedules.update(schedule_id, ScheduleChange(paused=action == "pause"))
         return ("paused" if action == "pause" else "resumed"), ""
     if action == "run":
         try:
-            job = service.run_schedule(schedule_id)
+            job = service.schedules.run(schedule_id)
         except errors.PlacementError:
             return "no_node", ""
         return "ran", job.job_id
-    service.delete_schedule(schedule_id)
+    service.schedules.delete(schedule_id)
     return "deleted", ""
 
 

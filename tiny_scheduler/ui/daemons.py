@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..domain.jobs import now_us
 from ..service import Scheduler
 
 
@@ -35,8 +34,8 @@ class Daemons:
 def daemons(service: Scheduler, forwarded_by: str | None, own_url: str) -> Daemons:
     """The daemons as this daemon knows them; `forwarded_by` is the standby the request came
     through, if any; `own_url` this daemon's URL as the browser reached it."""
-    view = service.cluster(own_url)
-    now = now_us()
+    view = service.terms.cluster(own_url)
+    now = service.clock.now_us()
     own = service.settings.advertise_url or own_url
     here = forwarded_by or own
     rows = [

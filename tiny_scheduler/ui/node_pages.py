@@ -2,7 +2,7 @@
 (`nodes`), and one node with all of its jobs (`node_detail`).
 
 A node is listed when the registry lists it, when it has jobs, or when its agent heartbeats
-(`service.nodes()`, what GET /nodes answers); the registry's health wins while it answers.
+(`service.nodes.listing()`, what GET /nodes answers); the registry's health wins while it answers.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from ..domain import jobs
 from ..domain.jobs import Job
 from ..service import NodeView, Scheduler
 from . import actions
@@ -59,10 +58,10 @@ def nodes(service: Scheduler) -> NodesView:
     slots, drain state, agent and jobs."""
     health, registry_error = node_health(service)
     # After the registry was asked: the listing reads its cached list, fresh now.
-    infos = {info.node_id: info for info in service.nodes()}
-    node_ids = sorted(set(health) | service.busy_nodes() | set(infos))
+    infos = {info.node_id: info for info in service.nodes.listing()}
+    node_ids = sorted(set(health) | service.reads.busy_nodes() | set(infos))
     details = _node_details(service, node_ids, health, registry_error, infos)
-    return NodesView(now=jobs.now_us(), registry_error=registry_error, nodes=details)
+    return NodesView(now=service.clock.now_us(), registry_error=registry_error, nodes=details)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,11 +75,11 @@ class NodePage:
 def node_detail(service: Scheduler, node_id: str, notice: str = "") -> NodePage:
     """One node with every job it waits for or runs; NotFound for a node nobody knows."""
     health, registry_error = node_health(service)
-    info = service.node(node_id)
+    info = service.nodes.get(node_id)
     (detail,) = _node_details(
         service, [node_id], health, registry_error, {node_id: info}, NODE_PAGE_PENDING_SHOWN
     )
-    return NodePage(jobs.now_us(), registry_error, detail, actions.NOTICES.get(notice))
+    return NodePage(service.clock.now_us(), registry_error, detail, actions.NOTICES.get(notice))
 
 
 def _node_details(
@@ -93,8 +92,8 @@ def _node_details(
 ) -> list[NodeDetail]:
     details = []
     # The slots and loads placement itself uses (MAX_JOBS_PER_NODE=auto: each node's own).
-    for load in service.node_loads(node_ids, service.cached_nodes()):
-        on_node = service.jobs_on(load.node_id)
+    for load in service.reads.node_loads(node_ids, service.reads.cached_nodes()):
+        on_node = service.reads.jobs_on(load.node_id)
         info = infos.get(load.node_id)
         # The registry's word when it answered; else what the listing knows (heartbeats).
         fallback = info.health if info is not None else GONE

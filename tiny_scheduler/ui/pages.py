@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping
 
 from .. import errors
+from ..clock import Clock
 from ..domain import jobs, queues, validation
 from ..domain.jobs import Attempt, Job
 from ..service import QueueView, Scheduler
@@ -69,7 +70,8 @@ class Failure:
 class RecentFailures:
     """The last failed attempts since start-up, newest first; a service listener feeds it."""
 
-    def __init__(self, size: int = RECENT_FAILURES) -> None:
+    def __init__(self, clock: Clock, size: int = RECENT_FAILURES) -> None:
+        self._clock = clock  # the service's: an attempt that ended without a time ends now
         self._lock = threading.Lock()
         self._ring: collections.deque[Failure] = collections.deque(maxlen=size)
 
@@ -93,7 +95,7 @@ class RecentFailures:
             exit_code=ended.exit_code,
             reason=formatting.ending(reason, ended.exit_code, ended.stderr.strip()),
             last_line=lines[-1][:200] if lines else "",
-            finished_at=ended.finished_at or jobs.now_us(),
+            finished_at=ended.finished_at or self._clock.now_us(),
             retried=retried,
         )
         with self._lock:
@@ -133,11 +135,11 @@ class Overview:
 def overview(service: Scheduler, failures: RecentFailures, charts: ActivityCache) -> Overview:
     """Counts by status, the last hour's chart, every node with its health and jobs, and the
     recent failures."""
-    counts = service.counts()
+    counts = service.reads.counts()
     health, registry_error = node_health(service)
     rows = []
-    for node_id in sorted(set(health) | service.busy_nodes()):
-        on_node = service.jobs_on(node_id)
+    for node_id in sorted(set(health) | service.reads.busy_nodes()):
+        on_node = service.reads.jobs_on(node_id)
         running, pending = on_node.running, on_node.pending
         rows.append(
             NodeRow(
@@ -150,8 +152,8 @@ def overview(service: Scheduler, failures: RecentFailures, charts: ActivityCache
                 pending_more=max(0, len(pending) - NODE_JOBS_SHOWN),
             )
         )
-    healthy, store_error = service.store_health()
-    now = jobs.now_us()
+    healthy, store_error = service.reads.store_health()
+    now = service.clock.now_us()
     return Overview(
         now=now,
         counts=counts,
@@ -167,7 +169,7 @@ def overview(service: Scheduler, failures: RecentFailures, charts: ActivityCache
 def node_health(service: Scheduler) -> tuple[dict[str, str], str | None]:
     """Each node the registry lists with its status, or no nodes and the registry's error."""
     try:
-        return dict(service.node_health().status), None
+        return dict(service.reads.node_health().status), None
     except errors.PlacementError as exc:
         return {}, exc.message
 
@@ -187,9 +189,11 @@ class ActivityCache:
 
     def get(self, service: Scheduler, now_us: int) -> Activity:
         with self._lock:  # one computation at a time; the others wait and take its result
+            # The real time the walk took, not the service's clock: what is paid off is the
+            # machine's work, which a test's clock that stands still would not measure.
             started = time.monotonic()
             if self._last is None or started >= self._fresh_until:
-                found = service.recent_jobs(activity.window_start(now_us))
+                found = service.reads.recent_jobs(activity.window_start(now_us))
                 self._last = activity.activity(found, now_us)
                 cost = time.monotonic() - started
                 self._fresh_until = started + cost / self._budget
@@ -320,10 +324,10 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
         error = exc.message
         wanted["after"] = ""
         query = validation.parse_query({**wanted, "limit": str(limit)})
-    page = service.list_jobs(query)
+    page = service.reads.list_jobs(query)
     health, _ = node_health(service)
     return JobList(
-        now=jobs.now_us(),
+        now=service.clock.now_us(),
         jobs=page.jobs,
         node_id=wanted["node_id"],
         status=wanted["status"],
@@ -334,7 +338,7 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
         after=wanted["after"],
         next_after=jobs.job_id_of(page.next_after) if page.next_after else None,
         error=error,
-        nodes=sorted(set(health) | service.busy_nodes()),
+        nodes=sorted(set(health) | service.reads.busy_nodes()),
     )
 
 
@@ -379,7 +383,7 @@ def job_detail(
     service: Scheduler, job_id: str, show_env: bool, notice: str, notice_from: str = ""
 ) -> JobDetail:
     """One job with every attempt; raises NotFound. Env values only when asked for."""
-    job = service.get(job_id)
+    job = service.reads.get(job_id)
     attempts = [
         _attempt_row(number, attempt, jobs.FAILED, current=False)
         for number, attempt in enumerate(job.attempts, start=1)
@@ -387,7 +391,7 @@ def job_detail(
     attempts.append(_attempt_row(len(attempts) + 1, job, job.status, current=True))
     env = [(name, value if show_env else None) for name, value in (job.env_vars or {}).items()]
     return JobDetail(
-        now=jobs.now_us(),
+        now=service.clock.now_us(),
         job=job,
         attempts=attempts,
         env=env,
@@ -395,7 +399,7 @@ def job_detail(
         cancellable=jobs.can_cancel(job),
         retryable=actions.can_retry(job),
         notice=actions.NOTICES.get(notice),
-        waiting_for=service.waiting_for(job),
+        waiting_for=service.reads.waiting_for(job),
         notice_key=notice if notice in actions.NOTICES else "",
         # Only a job id is ever shown from the URL, so a link cannot put words on the page.
         notice_from=notice_from if jobs.parse_job_id(notice_from) is not None else "",
@@ -423,13 +427,13 @@ def _attempt_row(number: int, run: Job | Attempt, status: str, current: bool) ->
 
 def queue_list(service: Scheduler) -> list[QueueView]:
     """Every queue that has jobs or settings, by name."""
-    return service.list_queues()
+    return service.queues.listing()
 
 
 def set_paused(service: Scheduler, name: str, paused: bool) -> None:
     """Pause or resume a queue, keeping its limit (raises BadRequest for a bad name)."""
     if not queues.is_valid_name(name):
         raise errors.BadRequest(validation.QUEUE_MESSAGE)
-    current = next((view for view in service.list_queues() if view.queue == name), None)
+    current = next((view for view in service.queues.listing() if view.queue == name), None)
     limit = current.max_running if current is not None else None
-    service.set_queue(queues.QueueSettings(name, limit, paused))
+    service.queues.update(queues.QueueSettings(name, limit, paused))

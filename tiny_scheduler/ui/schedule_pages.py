@@ -38,16 +38,16 @@ class ScheduleList:
 def schedule_list(service: Scheduler, notice: str = "", named: str = "") -> ScheduleList:
     """Every schedule with its next and last fire, and the status of the last job it made."""
     rows = []
-    for schedule in service.list_schedules():
+    for schedule in service.schedules.listing():
         last_job = None
         # A job removed by retention is not found; the row says so.
         with contextlib.suppress(errors.NotFound):
             if schedule.last_job_id is not None:
-                last_job = service.get(schedule.last_job_id)
+                last_job = service.reads.get(schedule.last_job_id)
         rows.append(ScheduleRow(schedule, last_job))
     named_ok = named.startswith("sched-") and named[6:].isascii() and named[6:].isdigit()
     return ScheduleList(
-        now=jobs.now_us(),
+        now=service.clock.now_us(),
         rows=rows,
         notice=actions.NOTICES.get(notice),
         notice_schedule=named if named_ok else "",
@@ -70,18 +70,18 @@ def schedule_detail(
     service: Scheduler, schedule_id: str, notice: str = "", notice_job: str = ""
 ) -> SchedulePage:
     """One schedule with the jobs it made lately; NotFound for an unknown id."""
-    schedule = service.get_schedule(schedule_id)
-    now = jobs.now_us()
+    schedule = service.schedules.get(schedule_id)
+    now = service.clock.now_us()
     made = [
         job
-        for job in service.recent_jobs(now - SCHEDULE_JOBS_SECS * 1_000_000)
+        for job in service.reads.recent_jobs(now - SCHEDULE_JOBS_SECS * 1_000_000)
         if job.schedule_id == schedule.schedule_id
     ]
     made.sort(key=lambda job: job.seq, reverse=True)
     last_job = None
     with contextlib.suppress(errors.NotFound):
         if schedule.last_job_id is not None:
-            last_job = service.get(schedule.last_job_id)
+            last_job = service.reads.get(schedule.last_job_id)
     return SchedulePage(
         now=now,
         schedule=schedule,
