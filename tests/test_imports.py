@@ -215,3 +215,27 @@ def test_few_modules_are_left_loose_at_the_top() -> None:
     assert len(loose) < 20, sorted(p.name for p in loose)
     for package in (p.parent for p in PACKAGE.glob("*/__init__.py")):
         assert ast.get_docstring(ast.parse((package / "__init__.py").read_text())), package
+
+
+RULES = ("domain", "state", "cluster.lease", "cluster.node_book", "service.moves")
+"""Where the scheduler's decisions live: each of these modules' tests are found from it."""
+
+
+def test_each_rules_tests_are_found_from_the_rule() -> None:
+    # A rule's tests are `tests/test_<module>.py`, or the module's docstring names them
+    # ("Tests: `tests/test_x.py`"), each of which exists.
+    tests = PACKAGE.parent / "tests"
+    unfound = []
+    for name, path in module_names().items():
+        part = name.removeprefix("tiny_scheduler.")
+        if path.name == "__init__.py" or not any(
+            part == rule or part.startswith(rule + ".") for rule in RULES
+        ):
+            continue
+        if (tests / f"test_{path.stem}.py").exists():
+            continue
+        docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+        named = [word for word in docstring.split("`") if word.startswith("tests/test_")]
+        if not named or not all((PACKAGE.parent / word).exists() for word in named):
+            unfound.append(name)
+    assert unfound == []

@@ -6,6 +6,8 @@ believe it still does. A renewal sent at `sent` keeps the leader serving until
 when the renewal was *sent* (not answered), so the leader stops before a standby may take
 over, whatever the network delayed. `is_valid` is strict: at `valid_until` itself it no longer
 serves.
+
+Tests: `tests/test_decisions.py` (leases).
 """
 
 from __future__ import annotations

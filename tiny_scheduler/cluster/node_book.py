@@ -14,6 +14,8 @@ drains; and the two node sources built on it.
 
 Health from heartbeats is read at the instant asked, from the clock handed in; nothing here
 calls a peer, so every read is instant.
+
+Tests: `tests/test_node_decisions.py`.
 """
 
 from __future__ import annotations

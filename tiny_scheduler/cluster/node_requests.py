@@ -1,5 +1,8 @@
 """The checks of what agents and operators send about nodes: a heartbeat (`PUT /nodes/{id}`)
-and a drain (`PATCH /nodes/{id}`). Each refusal is a 400 whose text starts with the field."""
+and a drain (`PATCH /nodes/{id}`). Each refusal is a 400 whose text starts with the field.
+
+Tests: `tests/test_nodes_api.py`.
+"""
 
 from __future__ import annotations
 

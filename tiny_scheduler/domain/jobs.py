@@ -13,6 +13,8 @@ The state machine lives only in this module: `pending → running → done | fai
 the retry of a failed attempt back to `pending`, and the slot a timed-out attempt keeps until
 its agent's late report. There are exactly four statuses, because every existing client waits
 for `done` or `failed`; *why* a job failed for good is its `reason`.
+
+Tests: `tests/test_jobs_model.py` (the state machine and the wire shape).
 """
 
 from __future__ import annotations

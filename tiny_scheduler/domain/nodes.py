@@ -11,6 +11,8 @@ A source answers two questions: `nodes()`, a list fresh enough to place work by 
 a peer, so only paths that may wait a peer's deadline ask it), and `cached_nodes()`, the last
 list it had, however old, which never waits on anything: the agent poll and `/health` read
 only that.
+
+Tests: `tests/test_placement.py` (node lists as placement reads them).
 """
 
 from __future__ import annotations

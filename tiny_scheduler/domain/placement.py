@@ -21,6 +21,8 @@ waiting jobs an idle node may take over from others.
 A `NodeSource` (the registry client, or any other) supplies the nodes, the job table (through
 the `Loads` interface) the load counts, and a `Clock` the time at which a delayed job counts as
 due; this module owns the rules and touches neither the store nor the network itself.
+
+Tests: `tests/test_placement.py`.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ table, which applies them when it hands work out.
 
 The rules here are pure: what a queue name may be, and how many more of a queue's jobs may
 start given how many run (`room`).
+
+Tests: `tests/test_queue_limits.py`, `tests/test_workflow_queues.py`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ time that exists twice (the hour repeated in autumn) fires once, at its first oc
 No I/O and no clock here: every function is given the time it should think it is, so the
 firing rules can be tested at any moment of any year. The service commits what `plan` decides;
 the loop in `loops/schedules.py` decides when to look.
+
+Tests: `tests/test_schedule_times.py`, `tests/test_schedule_firing.py`.
 """
 
 from __future__ import annotations

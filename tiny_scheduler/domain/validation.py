@@ -3,6 +3,8 @@
 Both the HTTP API and the SQS loop call `parse_job_request`, so a job is accepted by exactly the
 same rules whichever way it arrives. Checks run in the spec's order and raise `BadRequest` with
 the spec's exact messages. A JSON `null` counts as an absent field, as it did in the original.
+
+Tests: `tests/test_validation.py`.
 """
 
 from __future__ import annotations

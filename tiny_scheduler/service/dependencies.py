@@ -13,6 +13,8 @@ runs. An `any` dependent of a failure becomes due as for any other end.
 
 Nothing here touches the table, the store or a clock: each function is given the jobs and the
 time it needs.
+
+Tests: `tests/test_workflow_dependencies.py`.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@ jobs of a node that went down placed again, and what a poll proves about claimed
 
 What moves where is decided in `moves` (pure); this part reads the table, holds the jobs
 busy while it checks them again, and hands the moves to the core's committer.
+
+Tests: `tests/test_moving_work.py`, `tests/test_agent_cycle.py`.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ retention.
 Each operation holds the job busy in the table (`table.changing`), lets the state machine
 (`jobs`) decide the next version, and hands it to the core's one committer. Placement is asked
 for a node only when a job is created or retried.
+
+Tests: `tests/test_decisions.py`, `tests/test_harness.py`.
 """
 
 from __future__ import annotations

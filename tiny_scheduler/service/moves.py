@@ -19,6 +19,8 @@ instant without a daemon.
   starts them detached and goes on polling), and nodes whose agent heartbeats never (this
   project's agent runs several jobs at once and polls meanwhile; its heartbeat's `running`
   list is the evidence there).
+
+Tests: `tests/test_moving_work.py`, `tests/test_decisions.py`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ they must stop), drains, and the node listing.
 - A **drain** is stored, takes the node out of placement at once and moves its pending jobs
   (not pinned ones) elsewhere; its running jobs finish.
 - The **listing** joins the node source's list, the heartbeats, the drains and the jobs.
+
+Tests: `tests/test_node_decisions.py`, `tests/test_nodes_api.py`.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ table or the clock itself.
 The reasons are checked in the order they would have to clear: its dependencies end, its
 `not_before` passes, its queue hands work out again, a slot frees on its node, its node's
 agent polls.
+
+Tests: `tests/test_workflow_queues.py`, `tests/test_delayed.py`,
+`tests/test_workflow_dependencies.py`.
 """
 
 from __future__ import annotations

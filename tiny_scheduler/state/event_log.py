@@ -8,6 +8,8 @@ another run of the daemon), a `reset` first, after which it should read the jobs
 
 Ids start each run at the wall clock in microseconds, so an id of an earlier run is never
 taken for one of this run (it is smaller than every id here, hence "too old").
+
+Tests: `tests/test_live_output.py` (the event stream).
 """
 
 from __future__ import annotations

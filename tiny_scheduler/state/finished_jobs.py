@@ -1,6 +1,8 @@
 """Finished jobs in the order they finished: retention takes the oldest from the front, the
 dashboard's recent history reads the newest from the back. Ids only: the job table has the
 jobs. Not thread-safe by itself: the table calls it under its lock.
+
+Tests: `tests/test_table.py`, `tests/test_loops.py` (retention).
 """
 
 from __future__ import annotations

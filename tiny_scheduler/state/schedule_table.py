@@ -7,6 +7,8 @@ taken twice, and a fire never races an edit or a delete of its schedule. Reads t
 lock of their own and never wait for a change in progress.
 
 No disk or network I/O here: the service commits, then `put()`s what it committed.
+
+Tests: `tests/test_schedule_firing.py`.
 """
 
 from __future__ import annotations

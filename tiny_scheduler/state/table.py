@@ -31,6 +31,8 @@ was still being committed, and never see job-7.
 
 No disk or network I/O here, and no lock is held while a caller does any. Nothing here
 waits but for another change of the same job: the service decides where that may happen.
+
+Tests: `tests/test_table.py`.
 """
 
 from __future__ import annotations
