@@ -22,13 +22,13 @@ from . import (
     jobs,
     leader,
     metrics,
+    next_node,
     nodes,
     openapi,
     output,
     queues,
     replies,
     root,
-    schedule,
     schedules,
 )
 
@@ -41,7 +41,7 @@ def init_app(app: Flask) -> None:
     app.register_blueprint(health.bp)
     app.register_blueprint(leader.bp)
     app.register_blueprint(cluster.bp)
-    app.register_blueprint(schedule.bp)
+    app.register_blueprint(next_node.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(schedules.bp)
     app.register_blueprint(queues.bp)

@@ -1,4 +1,5 @@
-"""GET /schedule: the node the next submission would be placed on."""
+"""GET /schedule: the node the next submission would be placed on (a placement preview; the
+wire path keeps the seed's name, the code says what it is)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ from flask import Blueprint, Response
 
 from .replies import json_reply, scheduler
 
-bp = Blueprint("schedule", __name__)
+bp = Blueprint("next_node", __name__)
 
 
 @bp.get("/schedule")
-def schedule() -> Response:
+def next_node() -> Response:
     """Pick the next healthy node exactly as a submission would."""
     return json_reply({"node_id": scheduler().reads.next_node()})
