@@ -45,6 +45,8 @@ ELSEWHERE = {
     "make install": "every other make target runs it first (its prerequisite)",
     "make lint": "ruff check . and ruff format --check ., the house rule before each commit",
     "make soak": "pytest -m slow: the tests marked slow",
+    "make test-quick": "pytest -m quick: the tests conftest.py marks quick (a part of this suite)",
+    "make test-stress": "tests/stress.sh around this suite (CI runs this suite itself)",
     "make bench": "benchmarks/__main__.py; docs/benchmarks.md holds its last figures",
     "tiny-scheduler dev": "tests/test_front_door.py::test_the_dev_banner_names_the_dashboard",
     "tiny-scheduler dev --standby 2": "tests/test_ha.py: a dev cluster with standbys",
