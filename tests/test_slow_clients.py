@@ -350,7 +350,7 @@ def test_more_complete_requests_than_threads_wait_their_turn(scheduler: Schedule
 def test_the_daemon_config_keeps_idle_connections_past_the_clients_reuse(tmp_path: Path) -> None:
     """The settings gunicorn reads, loaded as it loads them."""
     code = (
-        "import json; from tiny_scheduler import gunicorn_conf as c; "
+        "import json; from tiny_scheduler.server import gunicorn_conf as c; "
         "print(json.dumps([c.worker_class, c.keepalive, c.worker_connections]))"
     )
     env = {**os.environ, "SCHEDULER_DB": str(tmp_path / "conf.db")}
