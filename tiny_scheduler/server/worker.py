@@ -14,19 +14,20 @@ The design, one selector loop and a pool of request threads:
   the client to take an answer, for a lingering close. Only a connection with a whole
   request is handed to a thread (`_hand_over`), and it comes back to the loop when the
   thread is done (`_served`).
-- Every write to a connection goes through its `Outbox` (outbox.py), which gunicorn's code
-  takes for the socket: a non-blocking send, and what the kernel does not take waits there
-  for the loop, which sends it when the socket is writable. A thread thus finishes an answer
-  that fits the outbox's bound without waiting for the client at all; only an answer larger
-  than that bound makes its thread wait for room, and never longer than the client's
-  progress allows (outbox.RESPONSE_WRITE_SECS without any closes the connection).
+- Every write to a connection goes through its `WriteBuffer` (write_buffer.py), which
+  gunicorn's code takes for the socket: a non-blocking send, and what the kernel does not
+  take waits there for the loop, which sends it when the socket is writable. A thread thus
+  finishes an answer that fits the write buffer's bound without waiting for the client at
+  all; only an answer larger than that bound makes its thread wait for room, and never
+  longer than the client's progress allows (write_buffer.RESPONSE_WRITE_SECS without any
+  closes the connection).
 - A connection whose answer still waits reads nothing more (`_finish`): a client that does
   not read gets no more of its pipelined requests answered, so what it costs stays bounded.
 - Requests that wait on events hold no thread either (waiting.py says what the app hands
   over). An output read that has nothing yet returns `AskAgain`: the connection is parked in
   the loop (`_park`) until the signal it names fires or its deadline passes, and the same
   request then runs again on a thread. An event stream returns a `Stream`: a thread sends
-  its headers, then the loop writes its chunks through the outbox as they come (`_pump`),
+  its headers, then the loop writes its chunks through the write buffer as they come (`_pump`),
   and drops a client whose unsent backlog passes STREAM_BACKLOG_BYTES. The WSGI app is
   called through `_Parking`, which puts `PARK_KEY` in every environ and turns those two
   bodies into exceptions that leave gunicorn's request handling before it writes anything.
@@ -85,7 +86,7 @@ from gunicorn.workers import gthread
 
 from . import fasthttp, inline
 from .waiting import END, PARK_KEY, WAITED_KEY, AskAgain, Stream
-from .write_buffer import OUTPUT_BUFFER_BYTES, Outbox
+from .write_buffer import OUTPUT_BUFFER_BYTES, WriteBuffer
 
 REQUEST_READ_SECS = 10.0
 """Seconds a request may take to arrive in full, counted from its first byte (from the accept
@@ -147,14 +148,14 @@ _HEAD_READ = 8192
 it reaches its own size verdicts (414, 431) the same way."""
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-# Every read and write passes MSG_DONTWAIT (writes in outbox.py), so the sockets' own mode
+# Every read and write passes MSG_DONTWAIT (writes in write_buffer.py), so the sockets' own mode
 # never matters and is never switched back and forth.
 _NOWAIT = socket.MSG_DONTWAIT
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
 
 # reading: the loop reads a request; busy: a thread has it; writing: the thread is done and
-# its answer still waits in the outbox; lingering: closing after the last answer.
+# its answer still waits in the write buffer; lingering: closing after the last answer.
 _READING, _BUSY, _WRITING, _LINGERING, _CLOSED = "reading", "busy", "writing", "lingering", "closed"
 # parked: a request waits in the loop to run again; streaming: the loop writes a stream's body.
 _PARKED, _STREAMING = "parked", "streaming"
@@ -407,11 +408,11 @@ class _ChunkScanner:
 
 
 class _Answering:
-    """What gunicorn's handle_request takes as a connection: the outbox as its socket."""
+    """What gunicorn's handle_request takes as a connection: the write buffer as its socket."""
 
     __slots__ = ("client", "server", "sock")
 
-    def __init__(self, sock: Outbox, client: Any, server: Any) -> None:
+    def __init__(self, sock: WriteBuffer, client: Any, server: Any) -> None:
         self.sock = sock
         self.client = client
         self.server = server
@@ -459,7 +460,7 @@ class _Conn:
         self.sock = sock
         self.client = client
         self.server = server
-        self.out = Outbox(sock, functools.partial(wake, self), loop_thread)
+        self.out = WriteBuffer(sock, functools.partial(wake, self), loop_thread)
         self.answering = _Answering(self.out, client, server)
         self.state = _READING
         self.events = 0  # what the selector watches the socket for
@@ -504,7 +505,7 @@ class BufferingWorker(gthread.ThreadWorker):
         # ones are also in keepalived_conns, which gthread's handle_request counts.
         self.waiting: set[_Conn] = set()
         self.keepalived_conns: set[_Conn] = set()  # type: ignore[assignment]
-        # Connections whose answers wait in their outbox for the socket to be writable,
+        # Connections whose answers wait in their write buffer for the socket to be writable,
         # swept for clients that take none of them.
         self.writing: set[_Conn] = set()
         # Requests parked until their signal fires or their deadline passes, and streams
@@ -636,7 +637,7 @@ class BufferingWorker(gthread.ThreadWorker):
     def _sweep(self, now: float) -> None:
         """Close the connections past their deadline: idle ones after `keepalive`, requests
         that did not arrive in time, lingering closes that ran out, clients that took none of
-        their answers for outbox.RESPONSE_WRITE_SECS."""
+        their answers for write_buffer.RESPONSE_WRITE_SECS."""
         expired = [
             conn for conn in self.waiting if now >= conn.deadline + conn.body_bytes / BODY_MIN_RATE
         ]
@@ -1001,7 +1002,7 @@ class BufferingWorker(gthread.ThreadWorker):
             self.log.debug("Ignored premature client disconnection. %s", exc)
         except StopIteration as exc:
             self.log.debug("Closing connection. %s", exc)
-        except BrokenPipeError:  # the outbox gave up: the client did not read its answers
+        except BrokenPipeError:  # the write buffer gave up: the client did not read its answers
             self.log.debug("Client %s did not read its answer in time", conn.client)
         except OSError as exc:
             if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
@@ -1169,7 +1170,7 @@ class BufferingWorker(gthread.ThreadWorker):
     # --- writing answers out -------------------------------------------------------------
 
     def _wake(self, conn: _Conn) -> None:
-        """From the outbox, in whichever thread wrote: bytes wait to be sent."""
+        """From the write buffer, in whichever thread wrote: bytes wait to be sent."""
         if threading.get_ident() == self.loop_thread:
             self._want_write(conn)
         else:
@@ -1186,7 +1187,7 @@ class BufferingWorker(gthread.ThreadWorker):
         try:
             done = conn.out.flush()
         except OSError:
-            done = False  # the outbox is failed: a thread writing finds out
+            done = False  # the write buffer is failed: a thread writing finds out
         if conn.out.closed:
             self._close(conn)
         elif done:
@@ -1241,7 +1242,7 @@ class BufferingWorker(gthread.ThreadWorker):
 
     def _refuse(self, conn: _Conn, exc: BaseException) -> None:
         """Send gunicorn's error page for a head it refused, then close."""
-        # Through the outbox, which the loop's writes never wait on; the close follows once
+        # Through the write buffer, which the loop's writes never wait on; the close follows once
         # the page is out.
         self.handle_error(None, conn.out, conn.client, exc)
         self._finish(conn, False)
