@@ -22,7 +22,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import agents, ha, owners, placement, priorities, profile, report, scenarios, waiters
+from . import (
+    agents,
+    ha,
+    owners,
+    placement,
+    priorities,
+    profile,
+    report,
+    scenarios,
+    waiters,
+    worker_floor,
+)
 from .history import node_names
 from .procs import RegistryProcess
 
@@ -34,6 +45,7 @@ SCENARIOS = (
     "history",
     "cycle",
     "floor",
+    "worker",
     "postgres",
     "placement",
     "waiters",
@@ -158,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             "report": scenarios.reports,
             "cycle": scenarios.cycle,
             "floor": scenarios.floor,
+            # Issue 32: stock gthread, our buffering alone, buffering and the fast path.
+            "worker": worker_floor.scenario,
             "postgres": ha.postgres,
             # Its own registries (4 nodes each), not the 50-node one.
             "placement": lambda _: placement.run(workdir, env, args.placement_scale),

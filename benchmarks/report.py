@@ -173,6 +173,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
         out.append(Row("", "submit -> done p50 / p99 ms", _ms(m)))
 
     out += _floor_rows(results, sizes)
+    out += _worker_floor_rows(results.get("worker_floor"))
     out += _postgres_rows(results)
     out += _placement_rows(results.get("placement"))
     out += _waiters_rows(results)
@@ -578,3 +579,24 @@ def _owner_rows(case: dict[str, Any] | None) -> list[Row]:
         ),
         Row("", "owner start to job start ms", _num(case["start_ms"], 1)),
     ]
+
+
+def _worker_floor_rows(case: dict[str, Any] | None) -> list[Row]:
+    """Issue 32: the worker alone (worker_floor.py), CPU per request of stock gthread, of our
+    buffering alone and of buffering with the fast path, each as a share of gthread's."""
+    if not case:
+        return []
+    out = []
+    for shape, workers in case.items():
+        floor = workers["gthread"]["cpu_us"]
+        cells = " / ".join(_num(m["cpu_us"]) for m in workers.values())
+        shares = " / ".join(f"{m['cpu_us'] / floor:.2f}" for m in workers.values())
+        out.append(
+            Row(
+                f"worker, {shape}",
+                "CPU us/req: gthread / buffering / +fast path",
+                f"{cells} ({shares})",
+                cpu=f"other {max(m['other'] for m in workers.values()):.2f}",
+            )
+        )
+    return out

@@ -1,9 +1,12 @@
 """The floor of the daemon's gunicorn worker: server CPU per request of our
 `tiny_scheduler.server.worker.BufferingWorker` against gunicorn's own `gthread`, same settings,
-same load.
+same load; and between them our worker with its fast path off (`BufferingOnly`), to tell what
+the loop's buffering costs or saves by itself from what the fast path (httptools, no
+gunicorn request and response objects, inline answers) adds.
 
-    .venv/bin/python -m benchmarks.worker_floor            # 3 passes of each, ~2 minutes
+    .venv/bin/python -m benchmarks.worker_floor            # 3 passes of each, ~4 minutes
     .venv/bin/python -m benchmarks.worker_floor --runs 1 --seconds 3
+    .venv/bin/python -m benchmarks --only worker           # the same, in `make bench`
 
 Each pass starts a fresh gunicorn (one worker, 32 threads, keep-alive) and drives it with 8
 keep-alive clients in 2 processes (the benchmark's load generator, `loadgen.py`) back to back
@@ -14,7 +17,7 @@ for a measuring window, then reads the worker's CPU over that window. Three requ
 - `daemon /health`: the scheduler itself (its production config; plain gthread through
   `GUNICORN_CMD_ARGS=--worker-class gthread`), on an empty database.
 
-Passes alternate between the two workers so that noise on the machine hits both alike; the
+Passes alternate between the workers so that noise on the machine hits both alike; the
 table shows medians. CPU time is all a shared VM offers (no hardware counters), and it moves
 with whatever else runs; `--syscalls` adds a figure that does not: the system calls the
 worker makes per request (strace -c on it while one client sends requests one at a time),
@@ -44,14 +47,28 @@ from typing import Any
 
 from tiny_scheduler.dev.daemon import SchedulerProcess, free_port
 from tiny_scheduler.dev.registry import FakeRegistry
+from tiny_scheduler.server.worker import BufferingWorker
 
 from .loadgen import Recorder, Session, Window, request, run_load
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class BufferingOnly(BufferingWorker):
+    """The daemon's worker with its fast path off: requests are read whole in the loop and
+    written through the write buffer as always, but every one is parsed by gunicorn, answered
+    by its response code, and on a thread (no inline answers). Only this benchmark uses it."""
+
+    fast_path = False
+
+
 WORKERS = {
     "gthread": "gthread",
-    "ours": "tiny_scheduler.server.worker.BufferingWorker",
+    "buffering": "benchmarks.worker_floor.BufferingOnly",
+    "fast": "tiny_scheduler.server.worker.BufferingWorker",
 }
-"""The two workers compared: gunicorn's own and the daemon's."""
+"""The workers compared: gunicorn's own; ours with buffering alone; ours as the daemon runs it
+(buffering and the fast path)."""
 
 BODY = b'{"command":"echo hello from the floor benchmark","env_vars":{"N":"1","M":"2","K":"3"}}'
 
@@ -88,7 +105,6 @@ SHAPES = {
 def bare_gunicorn(worker_class: str, threads: int) -> Iterator[tuple[int, int]]:
     """gunicorn serving `app` with the daemon's worker settings; yields (port, worker pid)."""
     port = free_port()
-    root = Path(__file__).resolve().parent.parent
     # An empty config file: not the repository's gunicorn.conf.py (the daemon's), which
     # gunicorn reads by default from the working directory.
     with tempfile.NamedTemporaryFile(suffix=".py") as config:
@@ -98,7 +114,7 @@ def bare_gunicorn(worker_class: str, threads: int) -> Iterator[tuple[int, int]]:
             *("--keep-alive", "120", "--bind", f"127.0.0.1:{port}", "--no-control-socket"),
             *("--log-level", "warning", "benchmarks.worker_floor:app"),
         ]
-        proc = subprocess.Popen(argv, cwd=root, start_new_session=True)
+        proc = subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
         try:
             wait_answering(port, "/")
             yield port, only_child(proc.pid)
@@ -115,6 +131,8 @@ def daemon(worker_class: str, registry_url: str, threads: int) -> Iterator[tuple
             "REGISTRY_URL": registry_url,
             "SCHEDULER_THREADS": str(threads),
             "GUNICORN_CMD_ARGS": f"--worker-class {worker_class}",
+            # gunicorn imports the worker class by name: BufferingOnly is in this package.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
         proc = SchedulerProcess(os.path.join(folder, "floor.db"), env=env)
         proc.start(timeout=60)
@@ -227,7 +245,7 @@ def print_syscalls(args: argparse.Namespace) -> None:
         raise SystemExit("--syscalls needs strace")
     shapes = [shape for shape in args.only.split(",") if shape.startswith("wsgi")]
     print(f"\nsystem calls per request of the worker, one client, {args.syscalls} requests")
-    row = "{:<16} {:<8} {:>9} {:>9} {:>9}"
+    row = "{:<16} {:<10} {:>9} {:>9} {:>9}"
     print(row.format("shape", "worker", "all", "futex", "others"))
     for shape in shapes:
         for worker in WORKERS:
@@ -259,40 +277,74 @@ def main(argv: list[str] | None = None) -> None:
         print_cpu(args)
 
 
+def measure(
+    shapes: list[str], args: argparse.Namespace, registry_url: str
+) -> dict[str, dict[str, dict[str, float]]]:
+    """`args.runs` passes of each shape on each worker, interleaved; the medians, by shape and
+    worker: req/s, worker CPU µs per request, and the cores busy elsewhere (`other`)."""
+    results: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for shape in shapes:
+        for _ in range(args.runs):
+            for worker in WORKERS:
+                results.setdefault((shape, worker), []).append(
+                    one_pass(shape, worker, args, registry_url)
+                )
+    return {
+        shape: {
+            worker: {
+                key: statistics.median(r[key] for r in results[(shape, worker)])
+                for key in ("rps", "cpu_us", "other")
+            }
+            for worker in WORKERS
+        }
+        for shape in shapes
+    }
+
+
 def print_cpu(args: argparse.Namespace) -> None:
     registry = FakeRegistry()
     registry.start()
     registry.set_node("node-a")
-    results: dict[tuple[str, str], list[dict[str, float]]] = {}
     try:
-        for shape in args.only.split(","):
-            for _ in range(args.runs):
-                for worker in WORKERS:
-                    results.setdefault((shape, worker), []).append(
-                        one_pass(shape, worker, args, registry.url)
-                    )
+        medians = measure(args.only.split(","), args, registry.url)
     finally:
         registry.stop()
-
     print(f"\nworker floor: {args.clients} keep-alive clients, {args.threads} threads, ", end="")
     print(f"medians of {args.runs} pass(es) of {args.seconds:.0f} s, {os.cpu_count()} cores")
-    row = "{:<16} {:<8} {:>9} {:>12} {:>10} {:>7}"
-    print(row.format("shape", "worker", "req/s", "CPU µs/req", "ours/gth", "other"))
-    for shape in args.only.split(","):
-        floor = statistics.median(r["cpu_us"] for r in results[(shape, "gthread")])
-        for worker in WORKERS:
-            runs = results[(shape, worker)]
-            cpu = statistics.median(r["cpu_us"] for r in runs)
-            print(
+    print(text_table(medians))
+
+
+def text_table(medians: dict[str, dict[str, dict[str, float]]]) -> str:
+    row = "{:<16} {:<10} {:>9} {:>12} {:>10} {:>7}"
+    lines = [row.format("shape", "worker", "req/s", "CPU µs/req", "x gthread", "other")]
+    for shape, workers in medians.items():
+        floor = workers["gthread"]["cpu_us"]
+        for worker, m in workers.items():
+            lines.append(
                 row.format(
                     shape,
                     worker,
-                    f"{statistics.median(r['rps'] for r in runs):.0f}",
-                    f"{cpu:.0f}",
-                    f"{cpu / floor:.2f}",
-                    f"{statistics.median(r['other'] for r in runs):.2f}",
+                    f"{m['rps']:.0f}",
+                    f"{m['cpu_us']:.0f}",
+                    f"{m['cpu_us'] / floor:.2f}",
+                    f"{m['other']:.2f}",
                 )
             )
+    return "\n".join(lines)
+
+
+def scenario(bench: Any) -> dict[str, Any]:
+    """`make bench`'s `worker` case: the three workers on the three shapes, with the bench's
+    runs, window and registry (the JSON keeps the medians; report.py shows them)."""
+    options = bench.options
+    args = argparse.Namespace(
+        runs=options.runs,
+        seconds=options.duration_s,
+        warmup=options.warmup_s,
+        clients=8,
+        threads=32,
+    )
+    return {"worker_floor": measure(list(SHAPES), args, bench.registry.url)}
 
 
 if __name__ == "__main__":

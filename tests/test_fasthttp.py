@@ -13,7 +13,7 @@ from gunicorn.http import wsgi
 from gunicorn.http.message import Request
 
 from tiny_scheduler.server import fasthttp
-from tiny_scheduler.server.worker import _Received
+from tiny_scheduler.server.gunicorn_private import HeadBytes
 
 CFG = Config()
 CLIENT = ("127.0.0.1", 40404)
@@ -26,7 +26,7 @@ def plain(data: bytes) -> fasthttp.Head | None:
 
 
 def gunicorn_request(data: bytes) -> Request:
-    return Request(CFG, _Received(data), CLIENT, 1)
+    return Request(CFG, HeadBytes(data), CLIENT, 1)
 
 
 class Sink:

@@ -1,5 +1,5 @@
 """Idle, slow and silent clients against the live daemon, and the HTTP framing its worker
-(tiny_scheduler/worker.py) reads in its event loop.
+(tiny_scheduler/server/worker.py) reads in its event loop.
 
 - A crowd of stalled connections (issue 10's figure: 1,000 idle, 200 slowloris, 50 bodies
   announced and never sent) costs no request thread: a normal client's /health, agent poll
@@ -46,7 +46,7 @@ from helpers import Agent, Api, compact, expect_json, wait_for
 
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
-from tiny_scheduler.server import worker
+from tiny_scheduler.server import connections, reading
 
 CLOSE_LIMIT_SECS = 15.0
 """Each stalled connection must be closed by the server within this many seconds."""
@@ -294,7 +294,7 @@ def test_a_crowd_of_stalled_connections_starves_nobody(
                 agent.poll()
                 acked.append(api.submit(command=f"under the crowd {round_}")["job_id"])
             # The check of the load itself: all of it was open while we were served (stalled
-            # requests are dropped only after worker.REQUEST_READ_SECS).
+            # requests are dropped only after connections.REQUEST_READ_SECS).
             assert crowd.open_count == crowd.total, "the crowd was not all open during the probes"
 
             # Nothing acknowledged is lost: the agent gets every job, claims and finishes it.
@@ -319,7 +319,7 @@ def test_a_crowd_of_stalled_connections_starves_nobody(
         assert not [s.answered for s in closed if s.answered]
 
         # The kept-alive connection, idle longer than a request may take to arrive, still serves.
-        assert time.monotonic() - kept_idle_since > worker.REQUEST_READ_SECS
+        assert time.monotonic() - kept_idle_since > connections.REQUEST_READ_SECS
         kept.sendall(GET_HEALTH)
         assert read_reply(kept_reader)[0] == 200
 
@@ -350,7 +350,7 @@ def test_more_complete_requests_than_threads_wait_their_turn(scheduler: Schedule
 def test_the_daemon_config_keeps_idle_connections_past_the_clients_reuse(tmp_path: Path) -> None:
     """The settings gunicorn reads, loaded as it loads them."""
     code = (
-        "import json; from tiny_scheduler import gunicorn_conf as c; "
+        "import json; from tiny_scheduler.server import gunicorn_conf as c; "
         "print(json.dumps([c.worker_class, c.keepalive, c.worker_connections]))"
     )
     env = {**os.environ, "SCHEDULER_DB": str(tmp_path / "conf.db")}
@@ -370,14 +370,14 @@ def test_an_idle_connection_is_closed_after_the_keepalive_setting(
     with connection(proc.port) as (sock, reader):
         sock.sendall(GET_HEALTH)
         assert read_reply(reader)[0] == 200
-        sock.settimeout(worker.REQUEST_READ_SECS)  # closed long before a request would be
+        sock.settimeout(connections.REQUEST_READ_SECS)  # closed long before a request would be
         assert sock.recv(1) == b""
 
 
 def test_the_daemon_raises_its_open_files_limit(scheduler_factory: SchedulerFactory) -> None:
     """Started with a soft limit of 256 open files, the daemon still holds 1,000 idle
-    connections: it raised its own limit (tiny_scheduler/gunicorn_conf.py, at start-up, with
-    worker.connection_limit)."""
+    connections: it raised its own limit (tiny_scheduler/server/gunicorn_conf.py, at start-up, with
+    connections.connection_limit)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
     try:
@@ -386,7 +386,7 @@ def test_the_daemon_raises_its_open_files_limit(scheduler_factory: SchedulerFact
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     limits = Path(f"/proc/{worker_pid(proc)}/limits").read_text()
     line = next(line for line in limits.splitlines() if line.startswith("Max open files"))
-    wanted = worker.MAX_CONNECTIONS + worker.RESERVED_FILES
+    wanted = connections.MAX_CONNECTIONS + connections.RESERVED_FILES
     if hard != resource.RLIM_INFINITY:
         wanted = min(wanted, hard)
     assert int(line.split()[3]) == wanted, line
@@ -528,8 +528,8 @@ def test_a_request_that_passes_gets_100_continue_then_its_answer(
 def test_a_body_larger_than_memory_holds_arrives_intact(
     scheduler: SchedulerProcess, api: Api, chunked: bool
 ) -> None:
-    """Past worker.MEMORY_BODY_BYTES a body waits for its thread in a temporary file."""
-    command = "".join(chr(0x41 + i % 26) for i in range(3 * worker.MEMORY_BODY_BYTES))
+    """Past reading.MEMORY_BODY_BYTES a body waits for its thread in a temporary file."""
+    command = "".join(chr(0x41 + i % 26) for i in range(3 * reading.MEMORY_BODY_BYTES))
     body = compact({"command": command})
     with connection(scheduler.port) as (sock, reader):
         if chunked:

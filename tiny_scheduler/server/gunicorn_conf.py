@@ -22,7 +22,7 @@ from flask import Flask
 from tiny_scheduler import storage
 from tiny_scheduler.config import OWNER_WAIT_SECS, ConfigError, Settings
 from tiny_scheduler.logs import EscapeControlCharacters, LogWriter
-from tiny_scheduler.server import banner, preflight, worker
+from tiny_scheduler.server import banner, connections, preflight
 
 try:
     _settings = Settings.from_env()
@@ -43,17 +43,17 @@ bind = [_settings.bind]
 workers = 1
 # gunicorn's gthread worker, except that connections are read in its event loop and a thread
 # gets a request only once it has arrived in full: idle, slow and silent clients cost no
-# thread (see tiny_scheduler/worker.py).
+# thread (see tiny_scheduler/server/worker.py).
 worker_class = "tiny_scheduler.server.worker.BufferingWorker"
 # Threads serve concurrent requests. Requests waiting on a group commit each hold one, so more
 # threads mean bigger batches for the same fsync.
 threads = _settings.threads
 # Idle kept-alive connections cost the worker only a socket: keep them past the agents' and
 # the Go CLI's 90 s of reuse, so we never close one just as its next request is sent.
-keepalive = worker.KEEPALIVE_SECS
+keepalive = connections.KEEPALIVE_SECS
 # As many connections as the open-files limit allows (its soft limit is raised here up to the
-# hard limit, and the worker inherits it), up to worker.MAX_CONNECTIONS.
-worker_connections = worker.connection_limit()
+# hard limit, and the worker inherits it), up to connections.MAX_CONNECTIONS.
+worker_connections = connections.connection_limit()
 # A request waits for at most one registry call (a few seconds) and one commit.
 timeout = 60
 graceful_timeout = 15

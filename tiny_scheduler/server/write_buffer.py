@@ -1,6 +1,6 @@
 """The answers on their way to one client connection, and the only place its socket is written.
 
-An `Outbox` stands where gunicorn expects the connection's socket (its response code calls
+A `WriteBuffer` stands where gunicorn expects the connection's socket (its response code calls
 `sendall`, `sendfile` and the few other socket methods below), so gunicorn still formats
 every answer while the writing is ours. Nothing here ever blocks on the client:
 
@@ -16,7 +16,7 @@ every answer while the writing is ours. Nothing here ever blocks on the client:
   reads nothing thus loses its connection that long after its kernel buffers filled, however
   the kernel's buffers grow by a few bytes at a time meanwhile.
 
-Threads and the loop share an outbox under its lock; the socket is only ever sent to under
+Threads and the loop share a write buffer under its lock; the socket is only ever sent to under
 it, and closed by the loop only once no thread uses the connection any more.
 """
 
@@ -45,7 +45,7 @@ _NOWAIT = socket.MSG_DONTWAIT
 _SMALL = 16 * 1024  # waiting pieces smaller than this are joined before a send
 
 
-class Outbox:
+class WriteBuffer:
     """The bytes one connection still has to send, and its socket for gunicorn's writers."""
 
     __slots__ = (
@@ -79,7 +79,7 @@ class Outbox:
 
     def flush(self) -> bool:
         """Send what the kernel takes now; whether nothing waits any more. Raises OSError
-        when the connection is dead (the outbox is then failed)."""
+        when the connection is dead (the write buffer is then failed)."""
         with self.cond:
             self._push()
             return not self.pending_bytes
@@ -216,4 +216,4 @@ class Outbox:
         self.cond.notify_all()
 
     def __repr__(self) -> str:
-        return f"<Outbox {self.pending_bytes} bytes waiting{' closed' if self.closed else ''}>"
+        return f"<WriteBuffer {self.pending_bytes} bytes waiting{' closed' if self.closed else ''}>"

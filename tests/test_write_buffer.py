@@ -1,7 +1,7 @@
-"""The outbox (tiny_scheduler/outbox.py) on a real connected socket pair: what the kernel does
-not take waits in order, a writer never waits for a client within the bound, and a writer
-past the bound is released when the connection is given up. The live daemon's side of it
-(clients that never read) is in tests/test_slow_clients.py."""
+"""The write buffer (tiny_scheduler/server/write_buffer.py) on a real connected socket pair:
+what the kernel does not take waits in order, a writer never waits for a client within the
+bound, and a writer past the bound is released when the connection is given up. The live
+daemon's side of it (clients that never read) is in tests/test_slow_clients.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from helpers import wait_for
 
-from tiny_scheduler.server.write_buffer import OUTPUT_BUFFER_BYTES, RESPONSE_WRITE_SECS, Outbox
+from tiny_scheduler.server.write_buffer import OUTPUT_BUFFER_BYTES, RESPONSE_WRITE_SECS, WriteBuffer
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def test_what_the_kernel_does_not_take_waits_in_order_without_holding_the_writer
     ours, theirs = pair
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)  # the kernel takes little
     wakes: list[int] = []
-    out = Outbox(ours, lambda: wakes.append(1), loop_thread=-1)
+    out = WriteBuffer(ours, lambda: wakes.append(1), loop_thread=-1)
     # Distinct bytes, more than the pair's buffers take: nobody reads yet.
     pieces = [bytes([i]) * 4096 for i in range(1, 60)]
     for piece in pieces:
@@ -58,7 +58,7 @@ def test_a_writer_past_the_bound_waits_until_the_connection_is_given_up(
     pair: tuple[socket.socket, socket.socket],
 ) -> None:
     ours, _ = pair
-    out = Outbox(ours, lambda: None, loop_thread=-1)
+    out = WriteBuffer(ours, lambda: None, loop_thread=-1)
     failure: list[BaseException] = []
 
     def write() -> None:
