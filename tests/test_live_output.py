@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import pytest
 import requests
-from conftest import SchedulerFactory
-from helpers import Api, expect_error, expect_json
+from conftest import SchedulerFactory, stop_scheduler
+from helpers import Api, expect_error, expect_json, wait_for
 
 RUNNING = {"status": "running", "exit_code": None, "stdout": "", "stderr": ""}
 
@@ -235,3 +235,39 @@ def test_each_attempt_keeps_its_output_and_stale_reports_get_409(live: Api) -> N
     )
     bad = {**late, "attempt": -1}
     expect_error(live.patch(f"/jobs/{job_id}", bad), 400, "failed to decode update")
+
+
+def test_a_stopping_daemon_ends_its_streams_and_answers_its_waits_at_once(
+    scheduler_factory: SchedulerFactory,
+) -> None:
+    # Parked waits and streams would otherwise hold the worker for its whole graceful timeout
+    # and then be cut off: a clean end of the stream, and the wait's answer, say they were not.
+    proc = scheduler_factory({"REGISTRY_URL": "builtin", "MAX_WAITERS": "2"})
+    api = Api(proc.url)
+    expect_json(api.request("PUT", "/nodes/n1", data=b'{"cpu_count":4,"running":[]}'), 200)
+    job_id = running_job(api)
+    output = f"{api.base_url}/jobs/{job_id}/output"
+
+    def whole_stream() -> bytes:
+        with requests.get(api.base_url + "/events", stream=True, timeout=60) as response:
+            # Raises ChunkedEncodingError when the stream is cut off instead of ended.
+            return b"".join(response.iter_content(None))
+
+    with ThreadPoolExecutor(2) as pool:
+        stream = pool.submit(whole_stream)
+        wait = None
+
+        def both_waiting() -> bool:
+            """The stream and one wait hold both MAX_WAITERS places (a probe is refused)."""
+            nonlocal wait
+            if wait is None or wait.done():  # a probe may have taken its place: again
+                wait = pool.submit(requests.get, output, params={"wait": 30}, timeout=60)
+            probe = requests.get(output, params={"wait": 0.2}, timeout=10)
+            return probe.status_code == 503 and not wait.done()
+
+        wait_for(both_waiting, timeout=30, message="the stream and the wait to be parked")
+        assert stop_scheduler(proc) == 0
+        assert wait is not None
+        answer = wait.result(30)
+        assert answer.status_code == 200 and answer.headers["X-Job-Status"] == "running"
+        assert stream.result(30).startswith(b"retry:")  # and not cut off (no error)

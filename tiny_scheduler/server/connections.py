@@ -334,14 +334,15 @@ class ConnectionLoop:
 
     def _stop(self) -> None:
         """Stop gracefully: no new connections; idle ones close soon (a request already on
-        its way is still answered, with `Connection: close`); requests being received or
-        served get until the graceful timeout."""
+        its way is still answered, with `Connection: close`); waits end now (`_end_waits`);
+        requests being received or served get until the graceful timeout."""
         self._accept_from_listeners(False)
         now = time.monotonic()
         soon = now + STOP_LINGER_SECS
         for conn in self.waiting:
             if conn.idle or (conn.state == READING and not conn.buf and conn.req is None):
                 conn.deadline = min(conn.deadline, soon)
+        self._end_waits(now)
         give_up = now + self.cfg.graceful_timeout
         next_notify = 0.0
         while self.nr_conns > 0 and time.monotonic() < give_up:

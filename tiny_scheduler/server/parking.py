@@ -105,6 +105,22 @@ class Parking:
         for conn in [c for c, (_, stream) in self.streams.items() if now >= stream.next_deadline()]:
             self._pump(conn)
 
+    def _end_waits(self, now: float) -> None:
+        """The worker is stopping: a parked request is answered now with what there is (its
+        wait is over), a stream ends cleanly (its client resumes from its last event id at
+        whichever daemon answers next). Else each would hold the worker for the whole
+        graceful timeout, and a restart would take that long."""
+        for conn, (_, ask) in list(self.parked.items()):
+            ask.deadline = now
+            self._unpark(conn)
+        for conn, (resp, _) in list(self.streams.items()):
+            try:
+                resp.close()  # the last chunk
+            except OSError:
+                self._end_stream(conn, close=True)
+                continue
+            self._end_stream(conn, close=False)
+
     def _park(self, conn: Conn, req: Any, ask: AskAgain) -> None:
         conn.state = PARKED
         self.parked[conn] = (req, ask)
