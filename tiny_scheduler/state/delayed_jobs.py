@@ -14,16 +14,15 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-from sortedcontainers import SortedDict
-
 from ..domain.jobs import Job
+from .jobs_by_node import JobsByNode
 
 
 class DelayedJobs:
     """The pending jobs that are not due yet."""
 
     def __init__(self) -> None:
-        self.by_node: dict[str, SortedDict] = {}  # node -> its delayed jobs, by seq
+        self.by_node = JobsByNode()
         self._heap: list[tuple[int, int]] = []  # (not_before, seq)
         self.due_until = 0  # every job with not_before at or before this has come due
 
@@ -32,25 +31,15 @@ class DelayedJobs:
         return not job.is_due(self.due_until)
 
     def add(self, job: Job) -> None:
-        queue = self.by_node.get(job.node_id)
-        if queue is None:
-            queue = self.by_node[job.node_id] = SortedDict()
-        queue[job.seq] = job
+        self.by_node.add(job)
         heapq.heappush(self._heap, (job.not_before, job.seq))
 
     def __contains__(self, job: Job) -> bool:
-        queue = self.by_node.get(job.node_id)
-        return queue is not None and job.seq in queue
+        return job in self.by_node
 
     def discard(self, job: Job) -> bool:
         """Forget a delayed job (its heap entry is skipped later); False when it was not."""
-        queue = self.by_node.get(job.node_id)
-        if queue is None or job.seq not in queue:
-            return False
-        del queue[job.seq]
-        if not queue:
-            del self.by_node[job.node_id]
-        return True
+        return self.by_node.discard(job)
 
     def due(self, now: int, lookup: Callable[[int], Job | None]) -> list[Job]:
         """Take out and return the delayed jobs whose time has come by `now` (`lookup` gives

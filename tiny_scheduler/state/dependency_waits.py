@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sortedcontainers import SortedDict
-
 from ..domain import jobs
 from ..domain.jobs import Job
+from .jobs_by_node import JobsByNode
 
 
 def dependencies_met(job: Job, lookup: Callable[[int], Job | None]) -> bool:
@@ -34,29 +33,21 @@ class DependencyWaits:
     """The pending jobs whose dependencies have not all ended."""
 
     def __init__(self) -> None:
-        self.by_node: dict[str, SortedDict] = {}  # node -> its waiting jobs, by seq
+        self.by_node = JobsByNode()
         self._dependents: dict[int, set[int]] = {}  # dependency -> the jobs waiting for it
 
     def add(self, job: Job) -> None:
-        queue = self.by_node.get(job.node_id)
-        if queue is None:
-            queue = self.by_node[job.node_id] = SortedDict()
-        queue[job.seq] = job
+        self.by_node.add(job)
         for dependency in job.depends_on:
             self._dependents.setdefault(dependency, set()).add(job.seq)
 
     def __contains__(self, job: Job) -> bool:
-        queue = self.by_node.get(job.node_id)
-        return queue is not None and job.seq in queue
+        return job in self.by_node
 
     def discard(self, job: Job) -> bool:
         """Forget the job's wait; False when it was not waiting."""
-        queue = self.by_node.get(job.node_id)
-        if queue is None or job.seq not in queue:
+        if not self.by_node.discard(job):
             return False
-        del queue[job.seq]
-        if not queue:
-            del self.by_node[job.node_id]
         for dependency in job.depends_on:
             waiting = self._dependents.get(dependency)
             if waiting is not None:

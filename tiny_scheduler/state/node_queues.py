@@ -29,6 +29,7 @@ from sortedcontainers import SortedDict
 
 from ..domain import jobs
 from ..domain.jobs import Job
+from .jobs_by_node import JobsByNode
 
 
 def order(job: Job) -> tuple[int, int]:
@@ -40,11 +41,11 @@ class NodeQueues:
     """The active jobs of every node."""
 
     def __init__(self) -> None:
-        self.due: dict[str, SortedDict] = {}  # node -> due pending jobs, by seq
+        self.due = JobsByNode()  # due pending jobs
         self._ready: dict[str, dict[str, SortedDict]] = {}  # node -> queue -> by order
         self._queue_ready: dict[str, SortedDict] = {}  # queue -> its due jobs, by order
-        self.running: dict[str, SortedDict] = {}  # node -> running jobs, by seq
-        self.held: dict[str, SortedDict] = {}  # node -> timed-out jobs keeping a slot
+        self.running = JobsByNode()
+        self.held = JobsByNode()  # timed-out jobs keeping a slot
         self._movable: dict[str, dict[str, SortedDict]] = {}  # node -> queue -> by order
         self.slots_used: collections.Counter[str] = collections.Counter()
         self._due_runs: collections.Counter[str] = collections.Counter()
@@ -54,7 +55,7 @@ class NodeQueues:
 
     def add_due(self, job: Job) -> None:
         node, key = job.node_id, order(job)
-        _queue(self.due, node)[job.seq] = job
+        self.due.add(job)
         _queue(_queues_of(self._ready, node), job.queue)[key] = job
         _queue(self._queue_ready, job.queue)[key] = job
         if job.takes_slot:
@@ -65,7 +66,7 @@ class NodeQueues:
 
     def remove_due(self, job: Job) -> None:
         node, key = job.node_id, order(job)
-        _discard(self.due, node, job.seq)
+        self.due.discard(job)
         _discard_nested(self._ready, node, job.queue, key)
         _discard(self._queue_ready, job.queue, key)
         if job.takes_slot:
@@ -75,21 +76,21 @@ class NodeQueues:
             _discard_nested(self._movable, node, job.queue, key)
 
     def add_running(self, job: Job) -> None:
-        _queue(self.running, job.node_id)[job.seq] = job
+        self.running.add(job)
 
     def remove_running(self, job: Job) -> None:
-        _discard(self.running, job.node_id, job.seq)
+        self.running.discard(job)
 
     def add_slot_facts(self, job: Job) -> None:
         """What any version of a job says about its node's slots (whatever its status)."""
         if job.holds_slot:
-            _queue(self.held, job.node_id)[job.seq] = job
+            self.held.add(job)
         if job.uses_slot:
             self.slots_used[job.node_id] += 1
 
     def remove_slot_facts(self, job: Job) -> None:
         if job.holds_slot:
-            _discard(self.held, job.node_id, job.seq)
+            self.held.discard(job)
         if job.uses_slot:
             _decrement(self.slots_used, job.node_id)
 
