@@ -167,8 +167,17 @@ REAL_PARTS = frozenset(
 )
 """Fixtures that start or reach a real process, port or database."""
 
-SPAWNS = ("subprocess", "Popen", "start_scheduler", "DevCluster", "webdriver", "netns")
-"""Words in a test module's source that mean its tests start processes of their own."""
+SPAWNS = (
+    "subprocess",
+    "Popen",
+    "start_scheduler",
+    "DevCluster",
+    "webdriver",
+    "netns",
+    "tiny_scheduler.dev.",
+)
+"""Words in a test module's source that mean its tests start processes or servers of their own
+(`tiny_scheduler.dev.`: the stand-in peers, real HTTP servers on loopback)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

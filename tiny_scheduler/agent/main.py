@@ -52,26 +52,19 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from ..domain import fencing
 from ..domain.jobs import TIMED_OUT_STDERR, with_last_line
+from .beating import Heartbeating
 from .config import AgentConfig
 from .dev_registry import DevRegistry
 from .groups import Groups
-from .heartbeat import Beat, Facts, agent_version, beat
+from .heartbeat import agent_version
 from .protocol import RUNNING_UPDATE, PolledJob, parse_poll_reply, report_update
+from .reporting import BACKOFF_FIRST_SECS, Reporting
 from .runner import Outcome, PrepareError, Runner
 from .spool import Report, Spool
 from .wire import Unreachable, Wire
 
 log = logging.getLogger("tiny_scheduler.agent")
-
-OUTPUT_SECS = 1.0
-"""Seconds between two sends of a running job's new output."""
-
-BACKOFF_FIRST_SECS = 0.5
-BACKOFF_MAX_SECS = 30.0
-"""A report no scheduler took is tried again after 0.5 s, then twice as long each time, up
-to this."""
 
 FLUSH_SECS = 10.0
 """Seconds a draining agent spends on delivering its reports before it exits anyway (they
@@ -80,9 +73,6 @@ stay in the spool)."""
 FLUSH_TIMEOUT = (2.0, 5.0)
 """(connect, read) seconds per call while flushing at exit."""
 
-REFUSED_FOR_GOOD = frozenset({400, 404, 409, 410, 413, 422})
-"""Answers to a final report that no retry would change: the report is dropped."""
-
 AGENT_ID_FILE = "agent_id"
 """File in the work directory: this agent's id, the same across its restarts."""
 
@@ -90,7 +80,10 @@ DETACH_SECS = 5.0
 """Seconds a detaching agent spends on delivering the reports in hand before it exits."""
 
 
-class Agent:
+class Agent(Reporting, Heartbeating):
+    """One node's agent: its threads and slots; reports (`Reporting`) and heartbeats
+    (`Heartbeating`) are parts of their own."""
+
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         os.makedirs(config.work_dir, exist_ok=True)
@@ -470,260 +463,7 @@ class Agent:
         # A scheduler out of reach while the job ran may have given it up meanwhile.
         self._deliver(report, check=adopted or self.wire.outages != outages_at_claim)
 
-    def _spool(self, report: Report) -> None:
-        """Keep the report on disk. When the spool cannot take it, the job's result is still
-        in its folder (the next start reports it from there), but the agent takes no new
-        work until the spool can be written again, and says why."""
-        try:
-            self.spool.put(report)
-        except OSError as exc:
-            fault = exc.strerror or str(exc)
-            if not self._spool_fault:
-                log.error(
-                    "cannot write the spool %s (%s): taking no new work until it can be "
-                    "written; the report of %s is kept in its job folder",
-                    self.spool.folder,
-                    fault,
-                    report.job_id,
-                )
-            self._spool_fault = fault
-
-    def _hold(self, report: Report, next_try: float) -> None:
-        with self._lock:
-            self._held[report.job_id] = report
-            self._next_try[report.job_id] = next_try
-            self._delay.setdefault(report.job_id, BACKOFF_FIRST_SECS)
-
-    def _deliver(
-        self, report: Report, check: bool, timeout: tuple[float, float] | None = None
-    ) -> bool:
-        """Try once to have a scheduler take `report`; whether it is settled (taken, refused
-        for good, or no longer wanted). An unsettled report is tried again later."""
-        job_id = report.job_id
-        with self._lock:
-            if job_id in self._in_flight or self._held.get(job_id) is not report:
-                return False
-            self._in_flight.add(job_id)
-        kwargs: dict[str, Any] = {"timeout": timeout} if timeout else {}
-        try:
-            # A scheduler that fences tells a stale report from a current one itself (409,
-            # keeping its output on its own attempt); an older one is asked first.
-            if check and not self._scheduler_fences and not self._still_wanted(report, kwargs):
-                log.warning("%s: the scheduler has moved on; its report is dropped", job_id)
-                self._settle(report)
-                return True
-            reply = self.wire.call("PATCH", f"/jobs/{quote(job_id)}", json=report.body, **kwargs)
-        except Unreachable:
-            self._note_reach(False)
-            self._later(report)
-            return False
-        finally:
-            with self._lock:
-                self._in_flight.discard(job_id)
-        self._note_reach(True)
-        if reply.ok:
-            self._settle(report)
-            log.info("%s reported %s", job_id, report.body["status"])
-            return True
-        if reply.status_code in REFUSED_FOR_GOOD:
-            log.warning(
-                "%s: report refused with %d (%s); dropped",
-                job_id,
-                reply.status_code,
-                reply.text.strip()[:200],
-            )
-            self._settle(report)
-            return True
-        log.warning("%s: report answered %d; will retry", job_id, reply.status_code)
-        self._later(report)
-        return False
-
-    def _still_wanted(self, report: Report, kwargs: dict[str, Any]) -> bool:
-        """Whether the scheduler still waits for this attempt's outcome: the job is running
-        on this node in the same attempt, or ended by timeout or cancel during it (the late
-        report). Raises Unreachable when no scheduler answers."""
-        reply = self.wire.call("GET", f"/jobs/{quote(report.job_id)}", **kwargs)
-        if reply.status_code == 404:
-            return False
-        if not reply.ok:
-            return True  # cannot tell (no key for the lookup, say): the PATCH will
-        try:
-            job = json.loads(reply.content)
-        except ValueError:
-            return True
-        if not isinstance(job, dict):
-            return True
-        same = job.get("node_id") == self.config.node_id and (
-            report.retry_count is None or job.get("retry_count") == report.retry_count
-        )
-        late = job.get("status") == "failed" and job.get("reason") in ("timeout", "cancelled")
-        return same and (job.get("status") == "running" or late)
-
-    def _settle(self, report: Report) -> None:
-        with contextlib.suppress(OSError):
-            self.spool.remove(report.job_id)
-        if report.folder:
-            shutil.rmtree(report.folder, ignore_errors=True)
-        with self._lock:
-            if self._held.get(report.job_id) is report:
-                del self._held[report.job_id]
-                self._next_try.pop(report.job_id, None)
-                self._delay.pop(report.job_id, None)
-
-    def _later(self, report: Report) -> None:
-        with self._lock:
-            if self._held.get(report.job_id) is not report:
-                return
-            delay = self._delay.get(report.job_id, BACKOFF_FIRST_SECS)
-            self._next_try[report.job_id] = time.monotonic() + delay
-            self._delay[report.job_id] = min(delay * 2, BACKOFF_MAX_SECS)
-
-    def _spool_loop(self) -> None:
-        while not self._done.is_set():
-            if self._spool_fault and self.spool.writable() is None:
-                log.info("the spool can be written again: taking work again")
-                self._spool_fault = ""
-            now = time.monotonic()
-            with self._lock:
-                due = [self._held[j] for j, when in self._next_try.items() if when <= now]
-                upcoming = [w for w in self._next_try.values() if w > now and w != math.inf]
-            for report in due:
-                if self._done.is_set():
-                    return
-                self._deliver(report, check=True)
-            wait = min([*(w - time.monotonic() for w in upcoming), 1.0])
-            self._spool_wake.wait(max(wait, 0.01))
-            self._spool_wake.clear()
-
     # --- heartbeat, stop orders, live output ------------------------------------------------
-
-    def _heartbeat_loop(self) -> None:
-        while not self._done.is_set():
-            self.heartbeat_once()
-            self._done.wait(self._heartbeat_secs)
-
-    def heartbeat_once(self) -> bool:
-        """Send one heartbeat and act on its reply; whether a scheduler answered it."""
-        with self._beat_lock:
-            facts = Facts(
-                cpu_count=self.config.slots,
-                attempts=self.running_attempts(),
-                version=self.version,
-                agent_id=self.agent_id,
-                fence_secs=self._fence_secs,
-                refusing_work=self.refusing_work(),
-            )
-            sent_at = time.monotonic()
-            result = beat(self.wire, self.config.node_id, facts)
-            self._on_beat(result, sent_at)
-            if result.answered:
-                self._beaten.set()
-            return result.answered
-
-    def _on_beat(self, result: Beat, sent_at: float) -> None:
-        if result.status != self._beat_status and result.answered:
-            if result.status // 100 != 2 and result.supported:
-                log.warning("heartbeat answered %d: %s", result.status, result.text)
-            self._beat_status = result.status
-        if result.status == 409:
-            if not self._other_agent:
-                log.error(
-                    "the scheduler says another agent serves node %s (%s): taking no work",
-                    self.config.node_id,
-                    result.text,
-                )
-            self._other_agent = result.text or "another agent serves this node"
-            return
-        if not result.answered:
-            self._note_reach(False)
-        elif not result.supported:
-            self._note_reach(True)
-            if not self._heartbeats_unsupported:
-                log.info(
-                    "the scheduler has no heartbeat endpoint (%d); polling on, and "
-                    "trying the heartbeat again every %gs",
-                    result.status,
-                    self._heartbeat_secs,
-                )
-            self._heartbeats_unsupported = True
-        elif result.status // 100 == 2:
-            self._note_reach(True)
-            self._heartbeats_unsupported = False
-            if self._other_agent:
-                log.info("the scheduler takes this agent's heartbeats again: taking work")
-                self._other_agent = ""
-            if result.heartbeat_secs:
-                self._heartbeat_secs = result.heartbeat_secs
-            if result.job_timeout_secs is not None:
-                self._job_timeout_secs = result.job_timeout_secs
-            self._renew_fence(result, sent_at)
-            if result.drain != self._drain_flag:
-                # The scheduler gives a draining node no new work; nothing to do here
-                # but say so.
-                self._drain_flag = result.drain
-                log.info("the scheduler %s this node", "drains" if result.drain else "undrains")
-            self._obey_stops(result.stop)
-
-    def _renew_fence(self, result: Beat, sent_at: float) -> None:
-        """After a heartbeat the leader answered: the fence moves on, counted from when the
-        heartbeat was sent (the answer is no older than that)."""
-        if result.node_lost_secs is None:
-            return  # a scheduler from before fencing: it waits NODE_LOST_SECS alone
-        self._scheduler_fences = True
-        period = result.heartbeat_secs or self._heartbeat_secs
-        asked = self.config.fence_secs
-        if asked is not None:
-            refusal = fencing.fence_refusal(asked, result.node_lost_secs, period)
-            if refusal is not None:
-                self.fatal = refusal
-                log.error("%s: exiting", refusal)
-                self._draining.set()
-                return
-        fence = (
-            asked if asked is not None else fencing.fence_secs_auto(result.node_lost_secs, period)
-        )
-        if fence != self._fence_secs:
-            log.info("fence: the jobs stop when no heartbeat is answered for %gs", fence)
-        self._fence_secs = fence
-        self._fence_deadline = sent_at + fence
-        for runner in self._live():
-            runner.renew_fence(self._fence_deadline)
-
-    def _obey_stops(self, job_ids: tuple[str, ...]) -> None:
-        with self._lock:
-            runners = [self._runners[j] for j in job_ids if j in self._runners]
-        for runner in runners:
-            log.info("stopping %s at the scheduler's request", runner.job_id)
-            runner.stop(note="\n[tiny-scheduler agent: stopped at the scheduler's request]\n")
-
-    def _output_loop(self) -> None:
-        while not self._done.wait(OUTPUT_SECS):
-            for runner in self._live():
-                if runner.live_output:
-                    self._send_output(runner)
-
-    def _send_output(self, runner: Runner) -> None:
-        out, err = runner.stdout.unsent(), runner.stderr.unsent()
-        if not out and not err:
-            return
-        body = {
-            "stdout": out.decode("utf-8", "replace"),
-            "stderr": err.decode("utf-8", "replace"),
-            **self._names(runner.attempt),
-        }
-        try:
-            reply = self.wire.call("POST", f"/jobs/{quote(runner.job_id)}/output", json=body)
-        except Unreachable:
-            reply = None
-        if reply is not None and reply.status_code in (404, 405, 409):
-            # No such endpoint on this scheduler, or the job is no longer running there: the
-            # final report carries the output all the same.
-            runner.live_output = False
-            return
-        if reply is not None and reply.ok:
-            runner.stdout.sent += len(out)
-            runner.stderr.sent += len(err)
-            runner.save_sent()
 
     def _registry_loop(self) -> None:
         assert self.registry is not None

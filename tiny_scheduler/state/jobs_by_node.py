@@ -1,6 +1,8 @@
 """Jobs grouped by node, each node's by id: the shape of most of the table's indexes (due,
 running, delayed, waiting for dependencies, timed-out). A node's entry exists only while it
 has jobs, so nodes that come and go leave nothing behind.
+
+Tests: `tests/test_table.py`, `tests/test_delayed_jobs.py`, `tests/test_dependency_waits.py`.
 """
 
 from __future__ import annotations
