@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import socket
 import sys
 import urllib.parse
@@ -48,6 +49,13 @@ from helpers import DEFAULT_NODES, Agent, Api, set_nodes, unique_node  # noqa: E
 from tiny_scheduler import Settings, create_app, stop_background  # noqa: E402
 from tiny_scheduler.dev.daemon import PortReservation, SchedulerProcess  # noqa: E402
 from tiny_scheduler.dev.registry import FakeRegistry  # noqa: E402
+
+# A suite started in the background (nohup, `cmd &` in a script) inherits SIGINT ignored, and so
+# would every process the tests start: a test's Ctrl-C would then do nothing and the command
+# would never stop. The tests press Ctrl-C as a terminal would, so its default comes back here
+# (each xdist worker runs this too; a handler, unlike "ignored", is not inherited across exec).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 START_TIMEOUT = 30.0
 """Seconds a scheduler may take to answer /health (the machine is shared: be generous)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from typing import Any
 
 from . import gunicorn_private, inline
@@ -109,24 +110,36 @@ class Parking:
         """The worker is stopping: a parked request is answered now with what there is (its
         wait is over), a stream ends cleanly (its client resumes from its last event id at
         whichever daemon answers next). Else each would hold the worker for the whole
-        graceful timeout, and a restart would take that long."""
+        graceful timeout, and a restart would take that long. Waits that begin while it
+        stops (a request woken on a thread at that moment, a new one on a kept-alive
+        connection) end as they begin (`_park`, `_start_stream`)."""
         for conn, (_, ask) in list(self.parked.items()):
-            ask.deadline = now
-            self._unpark(conn)
-        for conn, (resp, _) in list(self.streams.items()):
-            try:
-                resp.close()  # the last chunk
-            except OSError:
-                self._end_stream(conn, close=True)
-                continue
-            self._end_stream(conn, close=False)
+            self._answer_now(conn, ask, now)
+        for conn in list(self.streams):
+            self._end_stream_now(conn)
+
+    def _answer_now(self, conn: Conn, ask: AskAgain, now: float) -> None:
+        """Run a parked request again at once, its wait over: it answers with what there is."""
+        ask.deadline = now
+        self._unpark(conn)
+
+    def _end_stream_now(self, conn: Conn) -> None:
+        resp, _ = self.streams[conn]
+        try:
+            resp.close()  # the last chunk
+        except OSError:
+            self._end_stream(conn, close=True)
+            return
+        self._end_stream(conn, close=False)
 
     def _park(self, conn: Conn, req: Any, ask: AskAgain) -> None:
         conn.state = PARKED
         self.parked[conn] = (req, ask)
         conn.wake_cb = functools.partial(self.method_queue.defer, self._unpark, conn)
         ask.signal.subscribe(conn.wake_cb)
-        if ask.signal.count != ask.seen:
+        if not self.alive:
+            self._answer_now(conn, ask, time.monotonic())  # stopping: no wait begins now
+        elif ask.signal.count != ask.seen:
             self._unpark(conn)  # it fired between the app's look and the subscription
 
     def _unpark(self, conn: Conn) -> None:
@@ -149,6 +162,8 @@ class Parking:
         conn.wake_cb = functools.partial(self._stream_woken, conn)
         conn.armed = False
         self._pump(conn)
+        if not self.alive and conn in self.streams:
+            self._end_stream_now(conn)  # stopping: what there is, then the end
 
     def _stream_woken(self, conn: Conn) -> None:
         """From whichever thread fired the stream's signal."""
