@@ -225,6 +225,7 @@ def test_dev_command_leaves_no_process_behind(
     else:
         wait_for(
             lambda: processes_using(work) == [],
+            timeout=60,  # a loaded machine: the watchdog's turn, then the kills, take a while
             message=lambda: f"the watchdog to kill {processes_using(work)}",
         )
 

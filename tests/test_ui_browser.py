@@ -728,9 +728,15 @@ def test_overview_survives_a_registry_outage(
     scheduler: SchedulerProcess, registry: FakeRegistry, jobs: Jobs
 ) -> None:
     registry.fault = "error"
-    overview = requests.get(f"{scheduler.url}/ui/", timeout=10)
-    assert overview.status_code == 200
-    assert "Registry: failed to reach registry." in overview.text
+
+    def overview_after_the_fault() -> requests.Response | None:
+        # A page asked while a fetch begun before the fault is still on its way shares that
+        # fetch's answer (concurrent requests share one): the next page sees the fault.
+        page = requests.get(f"{scheduler.url}/ui/", timeout=10)
+        assert page.status_code == 200
+        return page if "Registry: failed to reach registry." in page.text else None
+
+    overview = wait_for(overview_after_the_fault, timeout=30, message="the page to see the fault")
     # Nodes with jobs are still listed, their health unknown rather than gone.
     node = jobs.running["node_id"]
     assert re.search(rf'data-node="{node}">.*?badge-unknown', overview.text, re.DOTALL)
