@@ -248,13 +248,18 @@ def test_a_stopping_daemon_ends_its_streams_and_answers_its_waits_at_once(
     job_id = running_job(api)
     output = f"{api.base_url}/jobs/{job_id}/output"
 
+    opened = threading.Event()
+
     def whole_stream() -> bytes:
         with requests.get(api.base_url + "/events", stream=True, timeout=60) as response:
+            assert response.status_code == 200, response.text
+            opened.set()  # the stream holds its MAX_WAITERS place from here
             # Raises ChunkedEncodingError when the stream is cut off instead of ended.
             return b"".join(response.iter_content(None))
 
     with ThreadPoolExecutor(2) as pool:
         stream = pool.submit(whole_stream)
+        assert opened.wait(30), "the stream did not open"
         wait = None
 
         def both_waiting() -> bool:
@@ -262,7 +267,7 @@ def test_a_stopping_daemon_ends_its_streams_and_answers_its_waits_at_once(
             nonlocal wait
             if wait is None or wait.done():  # a probe may have taken its place: again
                 wait = pool.submit(requests.get, output, params={"wait": 30}, timeout=60)
-            probe = requests.get(output, params={"wait": 0.2}, timeout=10)
+            probe = requests.get(output, params={"wait": 0.01}, timeout=10)
             return probe.status_code == 503 and not wait.done()
 
         wait_for(both_waiting, timeout=30, message="the stream and the wait to be parked")
