@@ -142,6 +142,9 @@ def test_cluster_runs_50_jobs_and_survives_a_killed_node(tmp_path: pathlib.Path)
             message="the first job to run",
         )
         victim = running["node_id"]
+        # Claimed ("running") comes before its command starts: wait until it has left its mark,
+        # or a node killed in between never ran it and its rerun takes the other branch.
+        wait_for(mark.exists, timeout=30, message="the first job's command to start")
         # Round robin spreads submissions, so a few land on the victim; they wait there,
         # its one slot being taken.
         queued: list[dict[str, Any]] = []
