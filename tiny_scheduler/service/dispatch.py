@@ -17,6 +17,7 @@ from ..cluster.node_book import NodeBook
 from ..domain import jobs
 from ..domain.jobs import Job
 from ..domain.nodes import Nodes
+from ..state.node_queues import order
 from . import moves
 from .core import Core, Event, Move
 from .lifecycle import Lifecycle
@@ -141,7 +142,7 @@ class Dispatch:
                 job = held.enter_context(table.changing(candidate.seq))
                 if moves.still_movable(job, candidate, table.just_offered(job, now), node_id):
                     moved.append(job.evolve(node_id=node_id, moved_from=job.node_id))
-            moved.sort(key=_order)
+            moved.sort(key=order)  # the poll's order: they join the node's own in the answer
             if not moved:
                 return []
             try:
@@ -162,8 +163,3 @@ class Dispatch:
 
 def _seq_of(job: Job) -> int:
     return job.seq
-
-
-def _order(job: Job) -> tuple[int, int]:
-    # The poll's order: the moved jobs join the node's own in the answer, highest first.
-    return (-job.priority, job.seq)

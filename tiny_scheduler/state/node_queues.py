@@ -70,8 +70,8 @@ class NodeQueues:
         _discard_nested(self._ready, node, job.queue, key)
         _discard(self._queue_ready, job.queue, key)
         if job.takes_slot:
-            _decrement(self._due_runs, node)
-            _decrement(self._due_runs_by_queue, (node, job.queue))
+            decrement(self._due_runs, node)
+            decrement(self._due_runs_by_queue, (node, job.queue))
         if jobs.can_move(job):
             _discard_nested(self._movable, node, job.queue, key)
 
@@ -92,7 +92,7 @@ class NodeQueues:
         if job.holds_slot:
             self.held.discard(job)
         if job.uses_slot:
-            _decrement(self.slots_used, job.node_id)
+            decrement(self.slots_used, job.node_id)
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -147,10 +147,12 @@ class NodeQueues:
         return list(self._movable)
 
 
-def _decrement(counter: collections.Counter[Any], key: Any) -> None:
+def decrement(counter: collections.Counter[Any], key: Any) -> None:
+    """One less of `key`; a count that reaches zero is dropped (nodes and queues come and
+    go: no zero is kept for each forever)."""
     counter[key] -= 1
     if not counter[key]:
-        del counter[key]  # nodes come and go: don't keep a zero for each forever
+        del counter[key]
 
 
 def _queue(index: dict[str, SortedDict], key: str) -> SortedDict:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterable
-from typing import Any
 
 from .. import errors
 from ..domain import jobs, queues
 from ..domain.jobs import Job
 from ..domain.queues import QueueSettings
+from .node_queues import decrement
 
 
 class QueueLimits:
@@ -37,9 +37,9 @@ class QueueLimits:
             self._running[job.queue] += 1
 
     def discard(self, job: Job) -> None:
-        _decrement(self._counts, (job.queue, job.status))
+        decrement(self._counts, (job.queue, job.status))
         if job.status == jobs.RUNNING and job.takes_slot:
-            _decrement(self._running, job.queue)
+            decrement(self._running, job.queue)
 
     def add_counts(self, counts: Iterable[tuple[tuple[str, str], int]]) -> None:
         """Count many finished jobs at once (start-up): only their status counts change."""
@@ -77,7 +77,7 @@ class QueueLimits:
 
     def release(self, job: Job) -> None:
         """The claim `reserve` counted is over (committed or not)."""
-        _decrement(self._starting, job.queue)
+        decrement(self._starting, job.queue)
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -104,9 +104,3 @@ class QueueLimits:
                     running += count
                 found[name] = (pending, running)
         return found
-
-
-def _decrement(counter: collections.Counter[Any], key: Any) -> None:
-    counter[key] -= 1
-    if not counter[key]:
-        del counter[key]  # queues come and go: don't keep a zero for each forever
