@@ -20,7 +20,8 @@ import pytest
 from conftest import PostgresDatabases
 from fixtures import make_fixtures
 
-from tiny_scheduler.domain.jobs import Dependency, Job
+from tiny_scheduler.domain.jobs import Attempt, Dependency, Job
+from tiny_scheduler.domain.validation import JobRequest
 from tiny_scheduler.storage import schema
 from tiny_scheduler.storage.postgres import PostgresStore
 from tiny_scheduler.storage.sqlite import SqliteStore
@@ -49,10 +50,28 @@ def assert_holds_the_fixture(found: dict[str, Any]) -> None:
     jobs = found.pop("jobs")
     expected_jobs = EXPECTED["jobs"]
     assert [job["seq"] for job in jobs] == [job["seq"] for job in expected_jobs]
+    attempt_defaults = {
+        f.name: make_fixtures.plain(f.default)
+        for f in dataclasses.fields(Attempt)
+        if f.default is not dataclasses.MISSING
+    }
     for job, expected in zip(jobs, expected_jobs, strict=True):
+        # An attempt field added since reads as its declared default too.
+        for attempt, expected_attempt in zip(job["attempts"], expected["attempts"], strict=True):
+            for name in set(attempt) - set(expected_attempt):
+                assert attempt.pop(name) == attempt_defaults[name], f"job-{job['seq']}"
         assert {name: job[name] for name in expected} == expected
         newer = {name: value for name, value in job.items() if name not in expected}
         assert newer == {name: defaults[name] for name in newer}, f"job-{job['seq']}"
+    request_defaults = {
+        f.name: make_fixtures.plain(f.default)
+        for f in dataclasses.fields(JobRequest)
+        if f.default is not dataclasses.MISSING
+    }
+    for schedule, expected_schedule in zip(found["schedules"], EXPECTED["schedules"], strict=True):
+        # A request field added since reads as its default in a stored schedule's job.
+        for name in set(schedule["job"]) - set(expected_schedule["job"]):
+            assert schedule["job"].pop(name) == request_defaults[name], schedule["name"]
     assert found == {name: value for name, value in EXPECTED.items() if name != "jobs"}
 
 

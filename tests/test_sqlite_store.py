@@ -389,6 +389,19 @@ OFF_DEFAULT: dict[str, object] = {
     "holds_slot": True,
     "moved_from": "node-z",
     "named_claim": True,
+    "name": "nightly-report",
+    "owner": "alice",
+    "cpus": 4,
+    "memory_mb": 512,
+    "gpus": 1,
+    "node_selector": {"gpu": "a100"},
+    "node_ids": ("node-a",),
+    "max_retries": 0,
+    "array_id": 3,
+    "array_index": 0,
+    "held": True,
+    "retry_of": 2,
+    "usage": jobs.Usage(1.5, 20.0, 2.25),
 }
 
 

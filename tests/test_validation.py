@@ -262,3 +262,89 @@ def test_agent_poll_is_node_and_pending() -> None:
     # With anything more it is a listing, not the poll (and not exempt from the key).
     for extra in ("after", "limit", "job_type", "x"):
         assert validation.agent_poll_node({"node_id": "n", "status": "pending", extra: "1"}) is None
+
+
+# --- round four: what a job needs, and the batch comforts ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"cpus": 0}, validation.CPUS_MESSAGE),
+        ({"cpus": 1025}, validation.CPUS_MESSAGE),
+        ({"cpus": "4"}, validation.CPUS_MESSAGE),
+        ({"cpus": 1.5}, validation.CPUS_MESSAGE),
+        ({"cpus": True}, validation.CPUS_MESSAGE),
+        ({"memory_mb": -1}, validation.MEMORY_MESSAGE),
+        ({"memory_mb": 16_777_217}, validation.MEMORY_MESSAGE),
+        ({"gpus": 65}, validation.GPUS_MESSAGE),
+        ({"gpus": -1}, validation.GPUS_MESSAGE),
+        ({"node_selector": ["gpu"]}, validation.NODE_SELECTOR_MESSAGE),
+        ({"node_selector": {"gpu": 1}}, validation.NODE_SELECTOR_MESSAGE),
+        ({"node_selector": {f"k{i}": "v" for i in range(21)}}, validation.NODE_SELECTOR_MESSAGE),
+        ({"node_ids": "node-a"}, validation.NODE_IDS_MESSAGE),
+        ({"node_ids": ["node a"]}, validation.NODE_IDS_MESSAGE),
+        ({"node_ids": [""]}, validation.NODE_IDS_MESSAGE),
+        ({"node_ids": ["x" * 254]}, validation.NODE_IDS_MESSAGE),
+        ({"node_ids": [f"n{i}" for i in range(101)]}, validation.NODE_IDS_MESSAGE),
+        ({"name": ""}, validation.NAME_MESSAGE),
+        ({"name": "x" * 201}, validation.NAME_MESSAGE),
+        ({"name": "two\nlines"}, validation.NAME_MESSAGE),
+        ({"name": 7}, validation.NAME_MESSAGE),
+        ({"max_retries": 11}, validation.MAX_RETRIES_MESSAGE),
+        ({"max_retries": -1}, validation.MAX_RETRIES_MESSAGE),
+        ({"array": 0}, validation.ARRAY_MESSAGE),
+        ({"array": 10_001}, validation.ARRAY_MESSAGE),
+    ],
+)
+def test_round_four_fields_out_of_range_are_named(fields: dict[str, Any], message: str) -> None:
+    assert request_error({"command": "x", **fields}) == message
+    assert message.startswith(next(iter(fields)))
+
+
+def test_a_long_selector_label_is_refused_naming_the_bounds() -> None:
+    message = request_error({"command": "x", "node_selector": {"k" * 64: "v"}})
+    assert message.startswith("node_selector names must be 1 to 63 characters")
+
+
+def test_round_four_fields_are_read_and_absent_ones_keep_their_defaults() -> None:
+    body = {
+        "command": "x",
+        "cpus": 4,
+        "memory_mb": 8192,
+        "gpus": 1,
+        "node_selector": {"zone": "b", "gpu": "a100"},
+        "node_ids": ["node-c", "node-a", "node-c"],
+        "name": "nightly sweep ✓",
+        "max_retries": 0,
+        "array": 100,
+    }
+    parsed = validation.parse_job_request(json.dumps(body).encode())
+    assert (parsed.cpus, parsed.memory_mb, parsed.gpus) == (4, 8192, 1)
+    assert parsed.node_selector == {"gpu": "a100", "zone": "b"}
+    assert parsed.node_ids == ("node-c", "node-a")  # each once, in the order given
+    assert (parsed.name, parsed.max_retries, parsed.array) == ("nightly sweep ✓", 0, 100)
+    plain = validation.parse_job_request(b'{"command":"x","cpus":null,"max_retries":null}')
+    assert (plain.cpus, plain.max_retries, plain.array, plain.node_ids) == (0, None, 0, ())
+    # A schedule stores its job as the wire form, which reads back to the same request.
+    again = validation.job_request_from(
+        json.loads(json.dumps(validation.job_request_to_wire(parsed)))
+    )
+    assert again == parsed
+
+
+def test_a_report_carries_its_usage_and_out_of_memory_and_a_bad_usage_is_dropped() -> None:
+    usage = {"cpu_secs": 1.25, "max_rss_mb": 30, "wall_secs": 2}
+    body = {"status": "failed", "exit_code": 137, "reason": "out_of_memory", "usage": usage}
+    update = validation.parse_update(json.dumps(body).encode())
+    assert update.out_of_memory and not update.timed_out
+    assert update.usage == validation.jobs.Usage(1.25, 30.0, 2.0)
+    for bad in ({"cpu_secs": "1"}, [1, 2, 3], {"cpu_secs": -1, "max_rss_mb": 1, "wall_secs": 1}):
+        dropped = validation.parse_update(json.dumps({"status": "done", "usage": bad}).encode())
+        assert dropped.usage is None
+    # A report of any size keeps it too (read as a stream past the first piece).
+    big = {"status": "done", "exit_code": 0, "stdout": "x" * 300_000, "usage": usage}
+    data = json.dumps(big).encode()
+    pieces = [data[i : i + 65536] for i in range(0, len(data), 65536)] + [b""]
+    streamed = validation.read_update(lambda _size: pieces.pop(0), 1024)
+    assert streamed.usage == validation.jobs.Usage(1.25, 30.0, 2.0)

@@ -55,6 +55,13 @@ MAX_STRUCTURE_BYTES = 64 * 1024
 """Bytes outside the contents of strings a document may have (see above): each costs a step
 in Python. The agent's report has a few dozen."""
 
+SMALL_OBJECT = -1
+"""A `keep` value: the member's value is kept whole when it is an array or an object of at
+most SMALL_OBJECT_BYTES of text (a report's `usage`); a larger one comes back empty, and a
+string as None."""
+
+SMALL_OBJECT_BYTES = 4096
+
 _LONGEST_ESCAPE = 12  # the longest escape a piece's end may cut short: \ud83d\ude00
 # The contents of a string up to its closing quote, whole characters and escapes only: runs
 # of plain bytes, runs of escapes other than \u, a \u that is not a high surrogate, or a high
@@ -96,8 +103,8 @@ def read_object(
 
     A string value of member `name` comes back as a str when its UTF-8 form fits in
     `keep[name]` bytes, else as a `Tail` of that many bytes; an array or an object as an empty
-    list or dict (its contents are checked, not kept); numbers, booleans and null as
-    themselves.
+    list or dict (its contents are checked, not kept) unless `keep[name]` is SMALL_OBJECT;
+    numbers, booleans and null as themselves.
     """
     scanner = _Scanner(read, chunk)
     if scanner.peek() != _OPEN_OBJECT:
@@ -164,6 +171,10 @@ class _Scanner:
         self.pos = 0
         self.dropped = 0  # bytes of the body consumed before buf
         self.text = 0  # bytes of strings' contents consumed
+        # While a small container is kept (`small_container`): its bytes before buf, and
+        # where in buf it (or buf itself) starts; None once it outgrew SMALL_OBJECT_BYTES.
+        self.capture: bytearray | None = None
+        self.capture_from = 0
 
     def more(self) -> bool:
         """Add the next piece of the body to the window; False at the body's end. Refuses a
@@ -174,6 +185,11 @@ class _Scanner:
         data = self._read(self._chunk)
         if not data:
             return False
+        if self.capture is not None:
+            self.capture += self.buf[self.capture_from : self.pos]
+            self.capture_from = 0
+            if len(self.capture) > SMALL_OBJECT_BYTES:
+                self.capture = None
         self.dropped += self.pos
         self.buf = self.buf[self.pos :] + data
         self.pos = 0
@@ -197,9 +213,26 @@ class _Scanner:
         """One value; strings kept as `_Kept(keep)` says, or only checked when keep is None."""
         byte = self.peek()
         if byte in (_OPEN_OBJECT, _OPEN_ARRAY):
+            if keep == SMALL_OBJECT:
+                return self.small_container(byte)
             self.container()
             return {} if byte == _OPEN_OBJECT else []
-        return self.scalar(byte, keep)
+        return self.scalar(byte, None if keep == SMALL_OBJECT else keep)
+
+    def small_container(self, byte: int) -> Any:
+        """An array or object kept whole when its text is at most SMALL_OBJECT_BYTES, else
+        empty (checked all the same)."""
+        self.capture, self.capture_from = bytearray(), self.pos
+        try:
+            self.container()
+            captured = self.capture
+            if captured is not None:
+                captured += self.buf[self.capture_from : self.pos]
+        finally:
+            self.capture = None
+        if captured is None or len(captured) > SMALL_OBJECT_BYTES:
+            return {} if byte == _OPEN_OBJECT else []
+        return orjson.loads(bytes(captured))
 
     def scalar(self, byte: int, keep: int | None) -> Any:
         if byte == _QUOTE:

@@ -56,6 +56,7 @@ class Reason(WireEnum):
     NODE_LOST = "node_lost"
     CANCELLED = "cancelled"
     DEPENDENCY_FAILED = "dependency_failed"  # a job it depends on (`ok`) failed for good
+    OUT_OF_MEMORY = "out_of_memory"  # its node's agent saw it killed for its memory limit
 
 
 class Dependency(WireEnum):
@@ -92,6 +93,8 @@ JOB_ID_PREFIX = "job-"
 TIMED_OUT_STDERR = "job timed out"
 NODE_LOST_STDERR = "node lost"
 CANCELLED_STDERR = "job cancelled"
+OUT_OF_MEMORY_STDERR = "job killed: out of memory"
+"""The last stderr line of an attempt its node killed for its memory limit."""
 LOST_BY_AGENT = "lost by its agent"
 """The stderr of an attempt failed because its own agent's reports show it runs it no more."""
 CANCEL = "cancelled"
@@ -128,6 +131,39 @@ class Output(NamedTuple):
 _NO_OUTPUT = Output("", "")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Usage:
+    """What one attempt used, as its agent measured it (Slurm's `sacct` TotalCPU, MaxRSS and
+    Elapsed): CPU seconds (user + system), the peak resident memory in MiB, wall seconds."""
+
+    cpu_secs: float
+    max_rss_mb: float
+    wall_secs: float
+
+    def to_wire(self) -> dict[str, float]:
+        return {
+            "cpu_secs": self.cpu_secs,
+            "max_rss_mb": self.max_rss_mb,
+            "wall_secs": self.wall_secs,
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any) -> Usage | None:
+        """The usage a report (or a stored attempt) carries; None for anything malformed (a
+        bad `usage` is dropped, never a reason to refuse a final report)."""
+        if not isinstance(value, dict):
+            return None
+        numbers = []
+        for name in ("cpu_secs", "max_rss_mb", "wall_secs"):
+            number = value.get(name)
+            if isinstance(number, bool) or not isinstance(number, int | float):
+                return None
+            if not 0 <= number < 1e15:  # also refuses NaN
+                return None
+            numbers.append(round(float(number), 3))
+        return cls(*numbers)
+
+
 class TransitionError(Exception):
     """The job's current status does not allow the requested change (HTTP 409)."""
 
@@ -147,6 +183,7 @@ class Attempt:
     stderr: str
     running_at: int | None
     finished_at: int | None
+    usage: Usage | None = None
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"node_id": self.node_id}
@@ -160,6 +197,8 @@ class Attempt:
             out["running_at"] = format_time(self.running_at)
         if self.finished_at is not None:
             out["finished_at"] = format_time(self.finished_at)
+        if self.usage is not None:
+            out["usage"] = self.usage.to_wire()
         return out
 
     def with_output(self, output: Output) -> Attempt:
@@ -206,6 +245,23 @@ class Job:
     created_at: int = _field(ALWAYS, 0, time=True)  # set by the service when it creates one
     running_at: int | None = _field(OPTIONAL, None, time=True)
     finished_at: int | None = _field(OPTIONAL, None, time=True)
+    # Round four: fields after finished_at and before attempts (the spec's rule for new ones),
+    # each left out of the wire while unset, so a job that uses none looks as it did before.
+    name: str = _field(OPTIONAL, "")  # a name people give it (Slurm's -J)
+    owner: str = _field(OPTIONAL, "")  # the user whose token submitted it ("" for the key)
+    # What it needs (see `fit`): CPUs (0: unset, which counts as 1), memory (MiB, 0: none),
+    # GPUs, the labels its node must have, and the only nodes it may run on.
+    cpus: int = _field(OPTIONAL, 0)
+    memory_mb: int = _field(OPTIONAL, 0)
+    gpus: int = _field(OPTIONAL, 0)
+    node_selector: dict[str, str] | None = _field(OPTIONAL, None)
+    node_ids: tuple[str, ...] = _field(OPTIONAL, ())
+    max_retries: int | None = _field(OPTIONAL, None)  # None: MAX_JOB_RETRIES
+    array_id: int = _field(OPTIONAL, 0, job=True)  # seq of the array's first job (0: none)
+    array_index: int | None = _field(OPTIONAL, None)  # its place in the array, from 0
+    held: bool = _field(OPTIONAL, False)  # held by a person: pending, but not handed out
+    retry_of: int = _field(OPTIONAL, 0, job=True)  # seq of the job it retries as a new job
+    usage: Usage | None = _field(OPTIONAL, None)  # what its latest finished attempt used
     attempts: tuple[Attempt, ...] = _field(DETAIL, ())
     # Where the job came from, for deduplication (an Idempotency-Key or an SQS message).
     dedupe_key: str | None = _field(HIDDEN, None)
@@ -331,9 +387,11 @@ def finish(
     stderr: str,
     now: int,
     reason: Reason = Reason.EXIT,
+    usage: Usage | None = None,
 ) -> Job:
     """End the running attempt as done or failed (before any retry decision). A failure
-    carries `reason` until a retry takes the job back to pending."""
+    carries `reason` until a retry takes the job back to pending; `usage` is what the
+    attempt used, when its agent measured it."""
     check_update(job, status)
     return job.evolve(
         status=status,
@@ -342,6 +400,7 @@ def finish(
         stdout=stdout or job.stdout,
         stderr=stderr or job.stderr,
         finished_at=now,
+        usage=usage,
     )
 
 
@@ -376,10 +435,13 @@ def release_slot(job: Job) -> Job:
     return job.evolve(holds_slot=False)
 
 
-def should_retry(job: Job, max_retries: int) -> bool:
-    """A failed attempt goes back to pending while retries are left, unless it timed out (a
-    timeout is final: the same command would most likely time out again) or was cancelled."""
-    return job.status == FAILED and job.reason in _RETRIED_REASONS and job.retry_count < max_retries
+def should_retry(job: Job, default_max_retries: int) -> bool:
+    """A failed attempt goes back to pending while retries are left (the job's own
+    `max_retries`, else MAX_JOB_RETRIES), unless it timed out (a timeout is final: the same
+    command would most likely time out again), ran out of memory (so would it) or was
+    cancelled."""
+    limit = default_max_retries if job.max_retries is None else job.max_retries
+    return job.status == FAILED and job.reason in _RETRIED_REASONS and job.retry_count < limit
 
 
 _RETRIED_REASONS = frozenset((Reason.EXIT, Reason.NODE_LOST))
@@ -394,6 +456,7 @@ def retry(job: Job, node_id: str) -> Job:
         stderr=job.stderr,
         running_at=job.running_at,
         finished_at=job.finished_at,
+        usage=job.usage,
     )
     return job.evolve(
         status=PENDING,
@@ -407,6 +470,7 @@ def retry(job: Job, node_id: str) -> Job:
         stderr="",
         running_at=None,
         finished_at=None,
+        usage=None,
         attempts=(*job.attempts, attempt),
     )
 
@@ -607,6 +671,12 @@ def _wire_encoder(field: dataclasses.Field) -> Callable[[Any], Any] | None:
         return lambda attempts: [attempt.to_wire() for attempt in attempts]
     if field.name == "depends_on":
         return lambda seqs: [job_id_of(seq) for seq in seqs]
+    if field.metadata.get("job"):  # another job's seq, shown as its id
+        return job_id_of
+    if field.name == "node_ids":
+        return list
+    if field.name == "usage":
+        return Usage.to_wire
     return None
 
 

@@ -34,6 +34,31 @@ PRIORITY_MESSAGE = (
 )
 QUEUE_MESSAGE = f"queue must be 1 to {queues.MAX_NAME} characters of A-Za-z0-9._-"
 
+# Round four: what a job needs (Resources and fit) and the batch comforts.
+MAX_CPUS = 1024
+MAX_MEMORY_MB = 16_777_216
+MAX_GPUS = 64
+MAX_SELECTOR_LABELS = 20
+MAX_NODE_IDS = 100
+MAX_JOB_NAME = 200
+MAX_JOB_RETRIES_ASKED = 10
+MAX_ARRAY = 10_000
+CPUS_MESSAGE = f"cpus must be an integer between 1 and {MAX_CPUS}"
+MEMORY_MESSAGE = f"memory_mb must be an integer between 0 and {MAX_MEMORY_MB}"
+GPUS_MESSAGE = f"gpus must be an integer between 0 and {MAX_GPUS}"
+NODE_SELECTOR_MESSAGE = (
+    f"node_selector must map at most {MAX_SELECTOR_LABELS} label names to strings"
+)
+NODE_IDS_MESSAGE = f"node_ids must be a list of at most {MAX_NODE_IDS} node ids"
+NAME_MESSAGE = f"name must be 1 to {MAX_JOB_NAME} printable characters"
+MAX_RETRIES_MESSAGE = f"max_retries must be an integer between 0 and {MAX_JOB_RETRIES_ASKED}"
+ARRAY_MESSAGE = f"array must be an integer between 1 and {MAX_ARRAY}"
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""What a name may not hold: control characters and line breaks (it is shown on one line)."""
+MAX_NODE_ID = 253
+NODE_ID_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,253}")
+"""A node id: 1-253 characters of A-Za-z0-9._- (a host name fits)."""
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class JobRequest:
@@ -53,6 +78,16 @@ class JobRequest:
     dependency: jobs.Dependency = jobs.Dependency.OK
     priority: int = jobs.DEFAULT_PRIORITY
     queue: str = queues.DEFAULT_QUEUE
+    # Round four (Resources and fit; Batch comforts). `array` is not a field of the job it
+    # makes: it is how many copies of it to make.
+    cpus: int = 0  # 0: not asked, which counts as 1
+    memory_mb: int = 0
+    gpus: int = 0
+    node_selector: dict[str, str] | None = None
+    node_ids: tuple[str, ...] = ()
+    name: str = ""
+    max_retries: int | None = None
+    array: int = 0  # 0: not an array
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,6 +103,9 @@ class JobUpdate:
     attempt: int | None = None
     # `timeout`: the agent stopped the job at its timeout (a failure that is not retried).
     timed_out: bool = False
+    # `out_of_memory`: the job was killed for its memory limit (final, as a timeout).
+    out_of_memory: bool = False
+    usage: jobs.Usage | None = None  # what the attempt used, as its agent measured it
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -187,6 +225,22 @@ def job_request_from(data: dict[str, Any]) -> JobRequest:
         queue = queues.DEFAULT_QUEUE
     elif not queues.is_valid_name(queue):
         raise errors.BadRequest(QUEUE_MESSAGE)
+    cpus = _bounded(data.get("cpus"), 0, 1, MAX_CPUS, CPUS_MESSAGE)
+    memory_mb = _bounded(data.get("memory_mb"), 0, 0, MAX_MEMORY_MB, MEMORY_MESSAGE)
+    gpus = _bounded(data.get("gpus"), 0, 0, MAX_GPUS, GPUS_MESSAGE)
+    node_selector = _node_selector(data.get("node_selector"))
+    node_ids = _node_ids(data.get("node_ids"))
+    name = data.get("name")
+    if name is None:
+        name = ""
+    elif (
+        not isinstance(name, str) or not 1 <= len(name) <= MAX_JOB_NAME or _UNPRINTABLE.search(name)
+    ):
+        raise errors.BadRequest(NAME_MESSAGE)
+    max_retries = data.get("max_retries")
+    if max_retries is not None:
+        max_retries = _bounded(max_retries, None, 0, MAX_JOB_RETRIES_ASKED, MAX_RETRIES_MESSAGE)
+    array = _bounded(data.get("array"), 0, 1, MAX_ARRAY, ARRAY_MESSAGE)
     if not command and not deploy_url:
         raise errors.BadRequest(errors.COMMAND_REQUIRED)
     return JobRequest(
@@ -203,7 +257,67 @@ def job_request_from(data: dict[str, Any]) -> JobRequest:
         dependency=dependency,
         priority=priority,
         queue=queue,
+        cpus=cpus,
+        memory_mb=memory_mb,
+        gpus=gpus,
+        node_selector=node_selector,
+        node_ids=node_ids,
+        name=name,
+        max_retries=max_retries,
+        array=array,
     )
+
+
+def _bounded(value: Any, absent: Any, low: int, high: int, message: str) -> Any:
+    """An integer field between `low` and `high` (`absent` when the field is absent or
+    null), else BadRequest(message)."""
+    if value is None:
+        return absent
+    number = _integer(value)
+    if number is None or not low <= number <= high:
+        raise errors.BadRequest(message)
+    return number
+
+
+def _node_selector(value: Any) -> dict[str, str] | None:
+    """Labels a node must have, each with exactly that value."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, dict)
+        or len(value) > MAX_SELECTOR_LABELS
+        or not all(isinstance(v, str) for v in value.values())
+    ):
+        raise errors.BadRequest(NODE_SELECTOR_MESSAGE)
+    for key, text in value.items():
+        if not 1 <= len(key) <= MAX_LABEL_NAME or len(text) > MAX_LABEL_VALUE:
+            raise errors.BadRequest(
+                f"node_selector names must be 1 to {MAX_LABEL_NAME} characters and values at "
+                f"most {MAX_LABEL_VALUE}"
+            )
+    return dict(sorted(value.items())) or None
+
+
+def _node_ids(value: Any) -> tuple[str, ...]:
+    """The only nodes a job may run on, each once, in the order given."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_NODE_IDS:
+        raise errors.BadRequest(NODE_IDS_MESSAGE)
+    for item in value:
+        if not isinstance(item, str) or not is_node_id(item):
+            raise errors.BadRequest(NODE_IDS_MESSAGE)
+    return tuple(dict.fromkeys(value))
+
+
+MAX_LABEL_NAME = 63
+MAX_LABEL_VALUE = 63
+"""A label's name is 1-63 characters and its value at most 63 (as Kubernetes' label values)."""
+
+
+def is_node_id(text: str) -> bool:
+    """Whether `text` is a node id: 1-253 characters of A-Za-z0-9._-."""
+    return NODE_ID_PATTERN.fullmatch(text) is not None
 
 
 def _depends_on(value: Any) -> tuple[int, ...]:
@@ -347,6 +461,7 @@ def read_update(read: Callable[[int], bytes], max_output_bytes: int) -> JobUpdat
         "node_id": _MAX_NAME_BYTES,
         "attempt": 0,
         "reason": 16,
+        "usage": jsonstream.SMALL_OBJECT,
     }
     try:
         data = jsonstream.read_object(rest, keep)
@@ -375,6 +490,7 @@ def _update_from(data: Mapping[str, Any], max_output_bytes: int | None) -> JobUp
         raise errors.BadRequest(errors.DECODE_UPDATE)
     if status not in jobs.UPDATE_STATUSES:
         raise errors.BadRequest(errors.INVALID_STATUS)
+    failed = status == jobs.FAILED
     return JobUpdate(
         status=jobs.Status(status),
         exit_code=exit_code,
@@ -382,7 +498,9 @@ def _update_from(data: Mapping[str, Any], max_output_bytes: int | None) -> JobUp
         stderr=stderr or "",
         node_id=node_id,
         attempt=number,
-        timed_out=reason == jobs.Reason.TIMEOUT and status == jobs.FAILED,
+        timed_out=reason == jobs.Reason.TIMEOUT and failed,
+        out_of_memory=reason == jobs.Reason.OUT_OF_MEMORY and failed,
+        usage=jobs.Usage.from_wire(data.get("usage")) if status != jobs.RUNNING else None,
     )
 
 
@@ -398,8 +516,11 @@ def report_names(data: Mapping[str, Any], message: str) -> tuple[str | None, int
     return node_id, number
 
 
-_REPORTED_REASONS = frozenset((jobs.Reason.EXIT.value, jobs.Reason.TIMEOUT.value))
-"""The reasons an agent's final report may give: its own timeout, or the command's exit."""
+_REPORTED_REASONS = frozenset(
+    (jobs.Reason.EXIT.value, jobs.Reason.TIMEOUT.value, jobs.Reason.OUT_OF_MEMORY.value)
+)
+"""The reasons an agent's final report may give: its own timeout, the job's memory limit,
+or the command's exit."""
 _MAX_NAME_BYTES = 256
 """A node id named in a report longer than this is not one (the stream keeps no more)."""
 

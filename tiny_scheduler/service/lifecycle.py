@@ -161,6 +161,8 @@ class Lifecycle:
         stored = self._attempt_output(job, job.retry_count)
         kept = self._merged(stored, update)
         new = job.evolve(stdout=kept.stdout, stderr=kept.stderr) if kept != stored else job
+        if update.usage is not None and new.usage != update.usage:
+            new = new.evolve(usage=update.usage)  # what the attempt used, up to its end
         if job.holds_slot:
             new = jobs.release_slot(new)
             log.info("job %s: node %s's slot freed", job.job_id, job.node_id)
@@ -180,10 +182,11 @@ class Lifecycle:
             return  # not that attempt's node: not its output either
         stored = self._attempt_output(job, number)
         kept = self._merged(stored, update)
-        if kept == stored:
+        usage = update.usage or attempt.usage
+        if kept == stored and usage == attempt.usage:
             return
         attempts = list(job.attempts)
-        attempts[number] = attempt.with_output(kept)
+        attempts[number] = dataclasses.replace(attempt.with_output(kept), usage=usage)
         self._core.commit(job.evolve(attempts=tuple(attempts)), becomes_final=False)
 
     def _attempt_output(self, job: Job, number: int) -> jobs.Output:
@@ -255,7 +258,23 @@ class Lifecycle:
         if update.timed_out:
             # The agent stopped it at its timeout: final, as the scan's timeout is.
             stderr = jobs.with_last_line(update.stderr, jobs.TIMED_OUT_STDERR)
-            new = jobs.finish(job, jobs.FAILED, -1, update.stdout, stderr, now, jobs.Reason.TIMEOUT)
+            new = jobs.finish(
+                job, jobs.FAILED, -1, update.stdout, stderr, now, jobs.Reason.TIMEOUT, update.usage
+            )
+            return self._capped(new)
+        if update.out_of_memory:
+            # Killed for its memory limit on the node: final too (it would run out again).
+            stderr = jobs.with_last_line(update.stderr, jobs.OUT_OF_MEMORY_STDERR)
+            new = jobs.finish(
+                job,
+                jobs.FAILED,
+                update.exit_code,
+                update.stdout,
+                stderr,
+                now,
+                jobs.Reason.OUT_OF_MEMORY,
+                update.usage,
+            )
             return self._capped(new)
         new = jobs.finish(
             job,
@@ -264,6 +283,7 @@ class Lifecycle:
             jobs.cap_output(update.stdout, cap),
             jobs.cap_output(update.stderr, cap),
             now,
+            usage=update.usage,
         )
         return self._maybe_retry(new)
 

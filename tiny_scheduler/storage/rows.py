@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from ..domain import validation
-from ..domain.jobs import Attempt, Dependency, Job, JobType, Output, Reason, Status
+from ..domain.jobs import Attempt, Dependency, Job, JobType, Output, Reason, Status, Usage
 from ..domain.schedules import Overlap, Schedule
 
 _FIELDS = dataclasses.fields(Job)
@@ -104,6 +104,13 @@ def from_row(row: Sequence[Any]) -> Job:
     if job.env_vars is not None:
         job.env_vars = orjson.loads(job.env_vars)
     job.attempts = () if job.attempts is None else _attempts(job.attempts)
+    job.held = bool(job.held)
+    job.owner = intern(job.owner)
+    if job.node_selector is not None:
+        job.node_selector = orjson.loads(job.node_selector)
+    job.node_ids = tuple(orjson.loads(job.node_ids)) if job.node_ids is not None else ()
+    if job.usage is not None:
+        job.usage = Usage.from_wire(orjson.loads(job.usage))
     return job
 
 
@@ -236,14 +243,21 @@ def _attempts_text(value: Sequence[Attempt]) -> str | None:
     ).decode()
 
 
-def _depends_on_text(value: Sequence[int]) -> str | None:
+def _list_text(value: Sequence[object]) -> str | None:
     return orjson.dumps(list(value)).decode() if value else None
+
+
+def _usage_text(value: Usage | None) -> str | None:
+    return orjson.dumps(value.to_wire()).decode() if value is not None else None
 
 
 _JSON_TEXT: dict[str, Callable[[Any], str | None]] = {
     "env_vars": _env_vars_text,
     "attempts": _attempts_text,
-    "depends_on": _depends_on_text,
+    "depends_on": _list_text,
+    "node_selector": _env_vars_text,  # a string map, as the environment
+    "node_ids": _list_text,
+    "usage": _usage_text,
 }
 """The columns SQL has no type for, stored as JSON text (NULL when empty), and how."""
 _JSON = frozenset(_JSON_TEXT)
@@ -289,9 +303,9 @@ def _attempt(item: Any) -> Attempt:
     # rewrote the oldest files' attempts, lists in the declaration's order, as objects).
     if not isinstance(item, dict):
         raise TypeError(f"an attempt is stored as an object, not as {type(item).__name__}")
-    return Attempt(
-        **{name: item.get(name, "" if name in _OUTPUT else None) for name in _ATTEMPT_FIELDS}
-    )
+    fields = {name: item.get(name, "" if name in _OUTPUT else None) for name in _ATTEMPT_FIELDS}
+    fields["usage"] = Usage.from_wire(fields["usage"])  # None for attempts stored before it
+    return Attempt(**fields)
 
 
 def schedule_to_row(schedule: Schedule) -> tuple[object, ...]:
