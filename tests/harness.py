@@ -23,6 +23,7 @@ from tiny_scheduler.cluster.node_book import BuiltinNodes, Drains, NodeBook
 from tiny_scheduler.cluster.node_requests import Heartbeat
 from tiny_scheduler.config import BUILTIN_REGISTRY, Settings
 from tiny_scheduler.domain import jobs, validation
+from tiny_scheduler.domain.fit import UNREPORTED_MEMORY, Capacity, Picker, Resources
 from tiny_scheduler.domain.jobs import Job
 from tiny_scheduler.domain.nodes import NodeSource, StaticNodes
 from tiny_scheduler.domain.placement import Placement
@@ -212,3 +213,25 @@ class Harness:
         seq = jobs.parse_job_id(job_id)
         assert seq is not None
         return self.database.jobs[seq]
+
+
+# --- the job table alone --------------------------------------------------------------
+
+
+def no_timeout(job: Job, start: int) -> int | None:
+    return None
+
+
+def table_poll(
+    table: JobTable, node_id: str, slots: int, now: int, remember: bool = False
+) -> list[Job]:
+    """The table's poll for a node of `slots` CPUs (nothing else asked of it)."""
+    capacity = Capacity(node_id, Resources(slots, UNREPORTED_MEMORY))
+    return table.poll(capacity, now, no_timeout, remember=remember)[0]
+
+
+def table_movable(table: JobTable, node_ids: list[str], now: int, limit: int) -> list[Job]:
+    """What an idle node with room for `limit` plain jobs could take from `node_ids`."""
+    taker = Capacity("taker", Resources(limit, UNREPORTED_MEMORY))
+    picker = Picker(taker, taker.total, list, now, no_timeout)
+    return table.movable(node_ids, now, picker, lambda job: False, limit)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import SchedulerFactory
-from harness import Harness
+from harness import Harness, table_poll
 from helpers import Agent, Api, wait_for
 
 from tiny_scheduler import errors
@@ -118,9 +118,9 @@ def test_null_counts_as_absent() -> None:
 def test_a_delayed_job_is_not_polled_before_its_time_and_is_at_it() -> None:
     table = JobTable()
     table.put(make(1, not_before=T0 + 10 * SECOND))
-    assert table.poll("node-a", 5, now=T0) == []
-    assert table.poll("node-a", 5, now=T0 + 10 * SECOND - 1) == []
-    assert seqs(table.poll("node-a", 5, now=T0 + 10 * SECOND)) == [1]
+    assert table_poll(table, "node-a", 5, T0) == []
+    assert table_poll(table, "node-a", 5, T0 + 10 * SECOND - 1) == []
+    assert seqs(table_poll(table, "node-a", 5, T0 + 10 * SECOND)) == [1]
 
 
 def test_a_due_job_takes_its_place_among_the_nodes_jobs_by_id() -> None:
@@ -129,9 +129,9 @@ def test_a_due_job_takes_its_place_among_the_nodes_jobs_by_id() -> None:
     table.put(make(2, not_before=T0 + 5 * SECOND))
     table.put(make(3))
     table.put(make(4, not_before=T0 + 1))  # already due when it was made
-    assert seqs(table.poll("node-a", 10, now=T0 + SECOND)) == [1, 3, 4]
-    assert seqs(table.poll("node-a", 10, now=T0 + 5 * SECOND)) == [1, 2, 3, 4]
-    assert seqs(table.poll("node-a", 2, now=T0 + 5 * SECOND)) == [1, 2]
+    assert seqs(table_poll(table, "node-a", 10, T0 + SECOND)) == [1, 3, 4]
+    assert seqs(table_poll(table, "node-a", 10, T0 + 5 * SECOND)) == [1, 2, 3, 4]
+    assert seqs(table_poll(table, "node-a", 2, T0 + 5 * SECOND)) == [1, 2]
 
 
 def test_jobs_waiting_for_their_time_do_not_hold_back_due_ones() -> None:
@@ -139,7 +139,7 @@ def test_jobs_waiting_for_their_time_do_not_hold_back_due_ones() -> None:
     for seq in range(1, 1001):
         table.put(make(seq, not_before=T0 + 3600 * SECOND))
     table.put(make(1001))
-    assert seqs(table.poll("node-a", 1, now=T0)) == [1001]
+    assert seqs(table_poll(table, "node-a", 1, T0)) == [1001]
 
 
 def test_listings_and_the_node_view_show_delayed_jobs_as_pending() -> None:
@@ -160,9 +160,9 @@ def test_a_delayed_job_moved_to_another_node_still_waits_and_is_polled_there() -
     table = JobTable()
     table.put(make(1, not_before=T0 + 10 * SECOND))
     table.put(make(1, "node-b", not_before=T0 + 10 * SECOND))
-    assert table.poll("node-b", 5, now=T0) == []
-    assert table.poll("node-a", 5, now=T0 + 20 * SECOND) == []
-    assert seqs(table.poll("node-b", 5, now=T0 + 20 * SECOND)) == [1]
+    assert table_poll(table, "node-b", 5, T0) == []
+    assert table_poll(table, "node-a", 5, T0 + 20 * SECOND) == []
+    assert seqs(table_poll(table, "node-b", 5, T0 + 20 * SECOND)) == [1]
 
 
 def test_a_delayed_job_cancelled_or_claimed_before_its_time_is_never_polled() -> None:
@@ -171,7 +171,7 @@ def test_a_delayed_job_cancelled_or_claimed_before_its_time_is_never_polled() ->
     table.put(make(2, not_before=T0 + 10 * SECOND))
     table.put(jobs.cancel(make(1, not_before=T0 + 10 * SECOND), T0))
     table.put(jobs.start(make(2, not_before=T0 + 10 * SECOND), T0))
-    assert table.poll("node-a", 5, now=T0 + 20 * SECOND) == []
+    assert table_poll(table, "node-a", 5, T0 + 20 * SECOND) == []
     assert table.counts()[jobs.PENDING] == 0
 
 
@@ -179,17 +179,17 @@ def test_a_retried_delayed_job_is_due_at_once_on_its_new_node() -> None:
     table = JobTable()
     job = make(1, not_before=T0 + 10 * SECOND)
     table.put(job)
-    assert seqs(table.poll("node-a", 1, now=T0 + 10 * SECOND)) == [1]
+    assert seqs(table_poll(table, "node-a", 1, T0 + 10 * SECOND)) == [1]
     running = jobs.start(job, T0 + 11 * SECOND)
     failed = jobs.finish(running, jobs.FAILED, 1, "", "", T0 + 12 * SECOND)
     table.put(jobs.retry(failed, "node-b"))
-    assert seqs(table.poll("node-b", 1, now=T0 + 12 * SECOND)) == [1]
+    assert seqs(table_poll(table, "node-b", 1, T0 + 12 * SECOND)) == [1]
 
 
 def test_delayed_jobs_loaded_at_start_up_wait_too() -> None:
     table = JobTable([make(1, not_before=T0 + 10 * SECOND), make(2)], last_seq=2)
-    assert seqs(table.poll("node-a", 5, now=T0)) == [2]
-    assert seqs(table.poll("node-a", 5, now=T0 + 10 * SECOND)) == [1, 2]
+    assert seqs(table_poll(table, "node-a", 5, T0)) == [2]
+    assert seqs(table_poll(table, "node-a", 5, T0 + 10 * SECOND)) == [1, 2]
 
 
 # --- the service, on the harness ----------------------------------------------------------

@@ -21,6 +21,7 @@ from conftest import PostgresDatabases
 from fixtures import make_fixtures
 
 from tiny_scheduler.domain.jobs import Attempt, Dependency, Job
+from tiny_scheduler.domain.nodes import NodeRecord
 from tiny_scheduler.domain.validation import JobRequest
 from tiny_scheduler.storage import schema
 from tiny_scheduler.storage.postgres import PostgresStore
@@ -39,39 +40,33 @@ def restore(dump: Path, url: str) -> None:
         conn.execute(script)
 
 
-def assert_holds_the_fixture(found: dict[str, Any]) -> None:
-    """`found` (`make_fixtures.read_back`) is what the fixtures were made with; a job field
-    added since reads as its declared default."""
+def drop_added_defaults(found: dict[str, Any], expected: dict[str, Any], cls: type) -> None:
+    """Take out of `found` (one stored record, as JSON) the fields of `cls` added since the
+    fixtures were made, each of which must read as its declared default."""
     defaults = {
         f.name: make_fixtures.plain(f.default)
-        for f in dataclasses.fields(Job)
+        for f in dataclasses.fields(cls)
         if f.default is not dataclasses.MISSING
     }
+    for name in set(found) - set(expected):
+        assert found.pop(name) == defaults[name], f"{cls.__name__}.{name} in {expected}"
+
+
+def assert_holds_the_fixture(found: dict[str, Any]) -> None:
+    """`found` (`make_fixtures.read_back`) is what the fixtures were made with; a field added
+    since (of a job, an attempt, a schedule's job, a node) reads as its declared default."""
     jobs = found.pop("jobs")
     expected_jobs = EXPECTED["jobs"]
     assert [job["seq"] for job in jobs] == [job["seq"] for job in expected_jobs]
-    attempt_defaults = {
-        f.name: make_fixtures.plain(f.default)
-        for f in dataclasses.fields(Attempt)
-        if f.default is not dataclasses.MISSING
-    }
     for job, expected in zip(jobs, expected_jobs, strict=True):
-        # An attempt field added since reads as its declared default too.
         for attempt, expected_attempt in zip(job["attempts"], expected["attempts"], strict=True):
-            for name in set(attempt) - set(expected_attempt):
-                assert attempt.pop(name) == attempt_defaults[name], f"job-{job['seq']}"
-        assert {name: job[name] for name in expected} == expected
-        newer = {name: value for name, value in job.items() if name not in expected}
-        assert newer == {name: defaults[name] for name in newer}, f"job-{job['seq']}"
-    request_defaults = {
-        f.name: make_fixtures.plain(f.default)
-        for f in dataclasses.fields(JobRequest)
-        if f.default is not dataclasses.MISSING
-    }
+            drop_added_defaults(attempt, expected_attempt, Attempt)
+        drop_added_defaults(job, expected, Job)
+        assert job == expected
     for schedule, expected_schedule in zip(found["schedules"], EXPECTED["schedules"], strict=True):
-        # A request field added since reads as its default in a stored schedule's job.
-        for name in set(schedule["job"]) - set(expected_schedule["job"]):
-            assert schedule["job"].pop(name) == request_defaults[name], schedule["name"]
+        drop_added_defaults(schedule["job"], expected_schedule["job"], JobRequest)
+    for node, expected_node in zip(found["nodes"], EXPECTED["nodes"], strict=True):
+        drop_added_defaults(node, expected_node, NodeRecord)
     assert found == {name: value for name, value in EXPECTED.items() if name != "jobs"}
 
 

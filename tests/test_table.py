@@ -7,6 +7,8 @@ import threading
 from collections.abc import Iterable
 
 import pytest
+from harness import table_movable as movable
+from harness import table_poll as poll
 
 from tiny_scheduler import errors
 from tiny_scheduler.domain import jobs
@@ -44,32 +46,32 @@ def seqs(found: Iterable[Job]) -> list[int]:
 
 def test_poll_is_fifo_per_node_and_capped_at_free_slots() -> None:
     table = table_of(make(s, "node-a" if s % 2 else "node-b") for s in range(1, 11))
-    assert seqs(table.poll("node-a", 10, T0)) == [1, 3, 5, 7, 9]
-    assert seqs(table.poll("node-b", 10, T0)) == [2, 4, 6, 8, 10]
-    assert seqs(table.poll("node-a", 1, T0)) == [1]
-    assert seqs(table.poll("node-a", 2, T0)) == [1, 3]
-    assert table.poll("node-z", 10, T0) == []
+    assert seqs(poll(table, "node-a", 10, T0)) == [1, 3, 5, 7, 9]
+    assert seqs(poll(table, "node-b", 10, T0)) == [2, 4, 6, 8, 10]
+    assert seqs(poll(table, "node-a", 1, T0)) == [1]
+    assert seqs(poll(table, "node-a", 2, T0)) == [1, 3]
+    assert poll(table, "node-z", 10, T0) == []
 
 
 def test_running_run_jobs_take_slots_and_services_do_not() -> None:
     table = table_of(make(s) for s in range(1, 6))
     table.put(make(1, status=jobs.RUNNING, running_at=T0))
-    assert seqs(table.poll("node-a", 1, T0)) == []
-    assert seqs(table.poll("node-a", 2, T0)) == [2]
+    assert seqs(poll(table, "node-a", 1, T0)) == []
+    assert seqs(poll(table, "node-a", 2, T0)) == [2]
 
     table.put(make(2, job_type=jobs.SERVICE, status=jobs.RUNNING, running_at=T0))
-    assert seqs(table.poll("node-a", 2, T0)) == [3]
+    assert seqs(poll(table, "node-a", 2, T0)) == [3]
 
     table.put(make(1, status=jobs.DONE, running_at=T0, finished_at=T0 + 1, exit_code=0))
-    assert seqs(table.poll("node-a", 2, T0)) == [3, 4]
+    assert seqs(poll(table, "node-a", 2, T0)) == [3, 4]
 
 
 def test_a_claimed_or_moved_job_leaves_its_nodes_queue() -> None:
     table = table_of(make(1), make(2), make(3))
     table.put(make(1, status=jobs.RUNNING, running_at=T0, job_type=jobs.SERVICE))
     table.put(make(2, "node-b"))
-    assert seqs(table.poll("node-a", 5, T0)) == [3]
-    assert seqs(table.poll("node-b", 5, T0)) == [2]
+    assert seqs(poll(table, "node-a", 5, T0)) == [3]
+    assert seqs(poll(table, "node-b", 5, T0)) == [2]
 
 
 # --- listings -------------------------------------------------------------------------------
@@ -359,8 +361,8 @@ def test_node_loads_count_waiting_run_jobs_and_slots_in_use() -> None:
         "node-z": (0, 0),
     }
     # The held slot keeps the poll from handing out more work...
-    assert seqs(table.poll("node-a", 2, T0)) == []
-    assert seqs(table.poll("node-a", 3, T0)) == [1]
+    assert seqs(poll(table, "node-a", 2, T0)) == []
+    assert seqs(poll(table, "node-a", 3, T0)) == [1]
     on_a = table.on_node("node-a")
     assert (seqs(on_a.pending), seqs(on_a.running), seqs(on_a.held)) == ([1, 2, 3], [4, 5], [6])
     assert table.busy_nodes() == {"node-a"}
@@ -390,53 +392,53 @@ def test_movable_jobs_are_the_oldest_unpinned_waiting_run_jobs_of_the_nodes_aske
         make(7, "node-a", status=jobs.RUNNING, running_at=T0),
     )
     assert sorted(table.movable_nodes()) == ["node-a", "node-b", "node-c"]
-    assert seqs(table.movable(["node-a", "node-b"], T0, 10)) == [1, 4, 6]
-    assert seqs(table.movable(["node-a", "node-b", "node-c"], T0, 2)) == [1, 4]
-    assert table.movable(["node-z"], T0, 10) == []
+    assert seqs(movable(table, ["node-a", "node-b"], T0, 10)) == [1, 4, 6]
+    assert seqs(movable(table, ["node-a", "node-b", "node-c"], T0, 2)) == [1, 4]
+    assert movable(table, ["node-z"], T0, 10) == []
 
 
 def test_a_job_offered_to_its_own_node_stays_put_for_ten_seconds() -> None:
     table = table_of(make(1), make(2), make(3, "node-b"))
-    assert seqs(table.poll("node-a", 1, now=T0, remember=True)) == [1]  # the agent poll
-    assert seqs(table.movable(["node-a"], T0 + HOLD_US - 1, 10)) == [2]
+    assert seqs(poll(table, "node-a", 1, T0, remember=True)) == [1]  # the agent poll
+    assert seqs(movable(table, ["node-a"], T0 + HOLD_US - 1, 10)) == [2]
     assert table.just_offered(table.get(1), T0 + HOLD_US - 1)  # type: ignore[arg-type]
-    assert seqs(table.movable(["node-a"], T0 + HOLD_US, 10)) == [1, 2]
+    assert seqs(movable(table, ["node-a"], T0 + HOLD_US, 10)) == [1, 2]
     assert not table.just_offered(table.get(1), T0 + HOLD_US)  # type: ignore[arg-type]
     # Only a poll that remembers its answer (the agent's, with stealing on) is an offer.
-    table.poll("node-b", 1, now=T0)
-    assert seqs(table.movable(["node-b"], T0, 10)) == [3]
+    poll(table, "node-b", 1, T0)
+    assert seqs(movable(table, ["node-b"], T0, 10)) == [3]
 
 
 def test_an_offer_protects_a_job_only_on_the_node_it_was_offered_to() -> None:
     table = table_of(make(1))
-    table.poll("node-a", 1, now=T0, remember=True)
+    poll(table, "node-a", 1, T0, remember=True)
     table.put(make(1, "node-b"))  # re-placed since (its node was lost, say)
-    assert seqs(table.movable(["node-b"], T0 + 1, 10)) == [1]
+    assert seqs(movable(table, ["node-b"], T0 + 1, 10)) == [1]
     table.offered("node-b", [table.get(1)], T0 + 2)  # type: ignore[list-item]
-    assert seqs(table.movable(["node-b"], T0 + 3, 10)) == []
+    assert seqs(movable(table, ["node-b"], T0 + 3, 10)) == []
 
 
 def test_the_agent_poll_and_the_movable_jobs_leave_out_a_job_being_changed() -> None:
     table = table_of(make(1), make(2))
     with table.changing(1):
-        assert seqs(table.poll("node-a", 2, now=T0, remember=True)) == [2]
-        assert seqs(table.movable(["node-a"], T0 + HOLD_US, 10)) == [2]
-        assert seqs(table.poll("node-a", 2, now=T0)) == [1, 2], "without stealing it is shown"
+        assert seqs(poll(table, "node-a", 2, T0, remember=True)) == [2]
+        assert seqs(movable(table, ["node-a"], T0 + HOLD_US, 10)) == [2]
+        assert seqs(poll(table, "node-a", 2, T0)) == [1, 2], "without stealing it is shown"
 
 
 def test_old_offers_are_forgotten() -> None:
     table = table_of(make(s) for s in range(1, 101))
     for n in range(100):
-        table.poll("node-a", 1, now=T0 + n * HOLD_US, remember=True)
+        poll(table, "node-a", 1, T0 + n * HOLD_US, remember=True)
     assert len(table._offers) <= 2  # the memory's bound is the point here
 
 
 def test_a_delayed_job_counts_and_moves_only_once_it_is_due() -> None:
     table = table_of(make(1, not_before=T0 + 100), make(2, "node-b", not_before=T0 + 100))
     assert table.node_loads(["node-a"], T0) == {"node-a": (0, 0)}
-    assert table.movable(["node-b"], T0, 10) == []
+    assert movable(table, ["node-b"], T0, 10) == []
     assert table.node_loads(["node-a"], T0 + 100) == {"node-a": (1, 0)}
-    assert seqs(table.movable(["node-b"], T0 + 100, 10)) == [2]
+    assert seqs(movable(table, ["node-b"], T0 + 100, 10)) == [2]
 
 
 def indexed_one_by_one(loaded: Iterable[Job]) -> JobTable:

@@ -36,7 +36,8 @@ AUTO_SLOTS = "auto"
 
 LEAST_LOADED = "least-loaded"
 ROUND_ROBIN = "round-robin"
-PLACEMENTS = (LEAST_LOADED, ROUND_ROBIN)
+BINPACK = "binpack"
+PLACEMENTS = (LEAST_LOADED, ROUND_ROBIN, BINPACK)
 """Values PLACEMENT accepts; `least-loaded` is the default."""
 
 OFFER_HOLD_SECS = 10.0
@@ -177,14 +178,20 @@ class Settings:
         if advertise_url is None and db_path.startswith(("postgresql://", "postgres://")):
             # Standbys send clients to the leader's advertised URL: without one they could not.
             raise ConfigError("SCHEDULER_ADVERTISE_URL must be set when SCHEDULER_DB is PostgreSQL")
+        registry_url = env.url_or("REGISTRY_URL", DEFAULT_REGISTRY_URL, BUILTIN_REGISTRY)
+        # A cluster of our own agents knows each node's CPUs from its heartbeat: there each
+        # node's CPUs are its slots unless told otherwise (round four); a registry's stays 1.
+        slots_default = (
+            AUTO_SLOTS if registry_url == BUILTIN_REGISTRY else DEFAULT_MAX_JOBS_PER_NODE
+        )
         return cls(
             bind=env.text("SCHEDULER_BIND", DEFAULT_BIND),
             db_path=db_path,
-            registry_url=env.url_or("REGISTRY_URL", DEFAULT_REGISTRY_URL, BUILTIN_REGISTRY),
+            registry_url=registry_url,
             registry_cache_secs=env.number("REGISTRY_CACHE_SECS", DEFAULT_REGISTRY_CACHE_SECS, 0),
             api_key=env.optional("TINYAWS_API_KEY"),
             auth_agent_exempt=env.flag("AUTH_AGENT_EXEMPT", True),
-            max_jobs_per_node=env.slots("MAX_JOBS_PER_NODE", DEFAULT_MAX_JOBS_PER_NODE),
+            max_jobs_per_node=env.slots("MAX_JOBS_PER_NODE", slots_default),
             placement=env.choice("PLACEMENT", PLACEMENTS, LEAST_LOADED),
             job_stealing=env.flag("JOB_STEALING", True),
             max_job_retries=env.integer("MAX_JOB_RETRIES", DEFAULT_MAX_JOB_RETRIES, 0),
@@ -260,12 +267,14 @@ class _Env:
             raise ConfigError(f"{name} must be at least {minimum}, got {raw!r}")
         return value
 
-    def slots(self, name: str, default: int) -> int | Literal["auto"]:
+    def slots(self, name: str, default: int | Literal["auto"]) -> int | Literal["auto"]:
         raw = self.optional(name)
-        if raw is not None and raw.lower() == AUTO_SLOTS:
+        if (raw is None and default == AUTO_SLOTS) or (
+            raw is not None and raw.lower() == AUTO_SLOTS
+        ):
             return AUTO_SLOTS
         try:
-            return self.integer(name, default, 1)
+            return self.integer(name, default if isinstance(default, int) else 1, 1)
         except ConfigError:
             raise ConfigError(
                 f"{name} must be an integer of at least 1 or {AUTO_SLOTS}, got {raw!r}"

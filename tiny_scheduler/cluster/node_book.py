@@ -24,7 +24,7 @@ import dataclasses
 import threading
 
 from ..clock import Clock
-from ..domain.nodes import HEALTHY, Nodes, NodeSource
+from ..domain.nodes import HEALTHY, NodeFacts, Nodes, NodeSource
 from ..errors import PlacementError
 
 HEALTHY_BEATS = 3
@@ -48,6 +48,13 @@ class Beat:
     fence_secs: float | None = None  # None: the node's agent does not fence
     agent_id: str = ""
     refusing_work: str = ""  # why the agent takes no new work ("": it takes work)
+    memory_mb: int | None = None  # None: its agent reported no memory
+    gpus: int = 0
+    enforcement: str = ""
+
+    @property
+    def facts(self) -> NodeFacts:
+        return NodeFacts(self.memory_mb, self.gpus, self.labels)
 
 
 class NodeBook:
@@ -61,18 +68,23 @@ class NodeBook:
         self._beats: dict[str, Beat] = {}
         self._drained: frozenset[str] = frozenset()
         self._misses: dict[str, int] = {}  # job id -> heartbeats in a row that left it out
+        self._facts: dict[str, NodeFacts] | None = None  # made from the beats when asked
 
     # --- changes ---------------------------------------------------------------------------
 
     def beat(self, node_id: str, beat: Beat) -> None:
         with self._lock:
+            old = self._beats.get(node_id)
             self._beats[node_id] = beat
+            if old is None or old.facts != beat.facts:
+                self._facts = None
 
     def restore(self, node_id: str, beat: Beat, drained: bool) -> None:
         """A node known from the store: counted as seen now (its lost clock starts again)."""
         now = self.clock.monotonic()
         with self._lock:
             self._beats[node_id] = dataclasses.replace(beat, at=now)
+            self._facts = None
             if drained:
                 self._drained = self._drained | {node_id}
 
@@ -86,6 +98,7 @@ class NodeBook:
             self._beats.clear()
             self._drained = frozenset()
             self._misses.clear()
+            self._facts = None
 
     def missing(self, job_ids: list[str], listed: frozenset[str]) -> list[str]:
         """Of the jobs the scheduler has running on a node, those its heartbeats have left
@@ -134,6 +147,15 @@ class NodeBook:
         with self._lock:
             return dict(self._beats)
 
+    def facts(self) -> dict[str, NodeFacts]:
+        """What each node's agent last reported of its memory, GPUs and labels: the same
+        object until one of them changes (do not change it), so that a reader may keep what
+        it made of it."""
+        with self._lock:
+            if self._facts is None:
+                self._facts = {node_id: beat.facts for node_id, beat in self._beats.items()}
+            return self._facts
+
     def last_beat(self, node_id: str) -> Beat | None:
         with self._lock:
             return self._beats.get(node_id)
@@ -156,12 +178,14 @@ class BuiltinNodes:
         book = self._book
         status: dict[str, str] = {}
         cpus: dict[str, int] = {}
+        facts: dict[str, NodeFacts] = {}
         for node_id, beat in book.beats().items():
             health = book.health(beat)
             if health != "gone":
                 status[node_id] = health
                 cpus[node_id] = beat.cpu_count
-        return Nodes.of(status, cpus, book.clock.monotonic())
+                facts[node_id] = beat.facts
+        return Nodes.of(status, cpus, book.clock.monotonic(), facts=facts)
 
     def cached_nodes(self) -> Nodes | None:
         return self.nodes()  # made from memory at once: never stale
@@ -175,18 +199,34 @@ class BuiltinNodes:
 
 
 class Drains:
-    """A node source whose lists mark the book's drained nodes."""
+    """A node source whose lists mark the book's drained nodes, and carry what the nodes'
+    agents reported of their memory, GPUs and labels (a registry lists none of that)."""
 
     def __init__(self, source: NodeSource, book: NodeBook) -> None:
         self.source = source
         self._book = book
+        # The last list marked, and what it was made of: the poll asks on every call.
+        self._last: tuple[Nodes, dict[str, NodeFacts], frozenset[str], Nodes] | None = None
 
     def nodes(self) -> Nodes:
-        return self.source.nodes().draining(self._book.closed())
+        return self._marked(self.source.nodes())
 
     def cached_nodes(self) -> Nodes | None:
         nodes = self.source.cached_nodes()
-        return None if nodes is None else nodes.draining(self._book.closed())
+        return None if nodes is None else self._marked(nodes)
+
+    def _marked(self, nodes: Nodes) -> Nodes:
+        book = self._book
+        facts, closed = book.facts(), book.closed()
+        last = self._last
+        if last is not None and last[0] is nodes and last[1] is facts and last[2] is closed:
+            return last[3]
+        marked = nodes
+        if not nodes.facts:  # a registry's list: the heartbeats of our agents add facts
+            marked = marked.with_facts(facts)
+        marked = marked.draining(closed)
+        self._last = (nodes, facts, closed, marked)
+        return marked
 
     def last_outcome(self) -> str | None:
         return self.source.last_outcome()

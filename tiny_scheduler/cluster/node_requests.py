@@ -45,6 +45,11 @@ class Heartbeat:
     agent_id: str = ""
     refusing_work: str = ""
     attempts: tuple[tuple[str, int], ...] = ()
+    # Round four (issue 34), each optional: the node's memory and GPUs, and how its agent
+    # enforces each job's limits.
+    memory_mb: int | None = None
+    gpus: int | None = None
+    enforcement: str = ""
 
 
 def parse_heartbeat(body: bytes) -> Heartbeat:
@@ -86,6 +91,15 @@ def parse_heartbeat(body: bytes) -> Heartbeat:
     for job_id, attempt in attempts.items():
         if jobs.parse_job_id(job_id) is None or not _is_int(attempt) or attempt < 0:
             raise errors.BadRequest(ATTEMPTS_MESSAGE)
+    memory_mb = data.get("memory_mb")
+    if memory_mb is not None and (not _is_int(memory_mb) or not 0 <= memory_mb <= 16_777_216):
+        raise errors.BadRequest("memory_mb must be an integer between 0 and 16777216")
+    gpus = data.get("gpus")
+    if gpus is not None and (not _is_int(gpus) or not 0 <= gpus <= 64):
+        raise errors.BadRequest("gpus must be an integer between 0 and 64")
+    enforcement = data.get("enforcement") or ""
+    if enforcement not in ("", "cgroup-v2", "cgroup-v1", "none"):
+        raise errors.BadRequest("enforcement must be cgroup-v2, cgroup-v1 or none")
     return Heartbeat(
         cpu_count,
         frozenset(running),
@@ -95,6 +109,9 @@ def parse_heartbeat(body: bytes) -> Heartbeat:
         agent_id,
         refusing,
         tuple(sorted(attempts.items())),
+        memory_mb,
+        gpus,
+        enforcement,
     )
 
 

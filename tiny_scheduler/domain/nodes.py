@@ -23,9 +23,22 @@ from typing import Protocol
 
 from ..errors import PlacementError
 
-__all__ = ["NodeSource", "Nodes", "StaticNodes"]
+__all__ = ["NodeFacts", "NodeRecord", "NodeSource", "Nodes", "StaticNodes"]
 
 HEALTHY = "healthy"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What this project's agent reported of its node beyond its CPUs: its memory (None: not
+    reported, as for a registry node), its GPUs and its labels."""
+
+    memory_mb: int | None = None
+    gpus: int = 0
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+NO_FACTS = NodeFacts()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -38,6 +51,7 @@ class Nodes:
     cpus: dict[str, int] = dataclasses.field(default_factory=dict)  # node id -> cpu_count
     drained: frozenset[str] = frozenset()  # nodes an operator drains: healthy, but no new work
     accepting: tuple[str, ...] = ()  # healthy nodes not drained, sorted: where work may go
+    facts: dict[str, NodeFacts] = dataclasses.field(default_factory=dict)  # from heartbeats
 
     @classmethod
     def of(
@@ -46,16 +60,26 @@ class Nodes:
         cpus: dict[str, int] | None = None,
         fetched_at: float = 0.0,
         drained: frozenset[str] = frozenset(),
+        facts: dict[str, NodeFacts] | None = None,
     ) -> Nodes:
         healthy = tuple(sorted(node for node, state in status.items() if state == HEALTHY))
         accepting = tuple(node for node in healthy if node not in drained) if drained else healthy
-        return cls(status, fetched_at, healthy, cpus or {}, drained, accepting)
+        return cls(status, fetched_at, healthy, cpus or {}, drained, accepting, facts or {})
 
     def draining(self, drained: frozenset[str]) -> Nodes:
         """The same list with `drained` as the drained nodes."""
         if drained == self.drained:
             return self
-        return Nodes.of(self.status, self.cpus, self.fetched_at, drained)
+        return Nodes.of(self.status, self.cpus, self.fetched_at, drained, self.facts)
+
+    def with_facts(self, facts: dict[str, NodeFacts]) -> Nodes:
+        """The same list with what the nodes' agents reported (a registry's list has none)."""
+        if facts == self.facts or not facts:
+            return self
+        return dataclasses.replace(self, facts={**self.facts, **facts})
+
+    def facts_of(self, node_id: str) -> NodeFacts:
+        return self.facts.get(node_id, NO_FACTS)
 
     def is_healthy(self, node_id: str) -> bool:
         return self.status.get(node_id) == HEALTHY
@@ -106,10 +130,15 @@ class StaticNodes:
         if status is not None:
             self.set(status, cpus)
 
-    def set(self, status: dict[str, str], cpus: dict[str, int] | None = None) -> None:
+    def set(
+        self,
+        status: dict[str, str],
+        cpus: dict[str, int] | None = None,
+        facts: dict[str, NodeFacts] | None = None,
+    ) -> None:
         """From now on the nodes are these (and the source answers again)."""
         with self._lock:
-            self._nodes = Nodes.of(dict(status), dict(cpus or {}))
+            self._nodes = Nodes.of(dict(status), dict(cpus or {}), facts=dict(facts or {}))
             self._failure = None
 
     def fail(self, text: str) -> None:
@@ -156,3 +185,6 @@ class NodeRecord:
     version: str = ""
     drain: bool = False
     seen_at: int = 0  # wall-clock microseconds of the heartbeat that changed the facts
+    memory_mb: int | None = None  # round four: the node's capacity beyond its CPUs
+    gpus: int = 0
+    enforcement: str = ""  # how its agent enforces jobs' limits: cgroup-v2, cgroup-v1, none

@@ -1,28 +1,37 @@
-"""Node choice: which healthy compute node gets a job, how many slots a node has, and which
-waiting jobs an idle node may take over from others.
+"""Node choice: which healthy compute node gets a job, what a node has, and which waiting
+jobs an idle node may take over from others.
 
-- **Least-loaded** (`PLACEMENT=least-loaded`, the default): the healthy node with the lowest
-  load, (its due pending `run` jobs + its slots in use) / its slots; among equally loaded
-  nodes, the first after the previously chosen one in id order, wrapping around. On an idle
-  cluster that is the plain round robin a, b, c, a, b, c; on a busy one work goes where it can
-  start soonest. **Round-robin** (`PLACEMENT=round-robin`): the first healthy node after the
-  previously chosen one, whatever the loads. (The original iterated a Go map, so its round
-  robin was random.) "Previously chosen" moves only when this rule picks a node, for any job
-  it places; pinned jobs and jobs moved by an idle node's poll leave it where it is, and a
-  look (`peek`, GET /schedule) never moves it.
-- A retried job prefers a node other than the one it failed on; an instance-pinned job goes to
-  its instance's node or nowhere.
-- **Slots**: `MAX_JOBS_PER_NODE`, or with `auto` the node's registry `cpu_count` (at least 1).
-- **Moving waiting work** (`JOB_STEALING=1`): a healthy node that polls with a free slot its own
-  queue cannot fill may take waiting jobs from nodes that have no free slot, are unhealthy or
-  are gone from the registry (`may_take`, `gives_work`). Which jobs may move is the job
-  model's rule (`jobs.can_move`); the service does the moving.
+Placement is a pipeline of small rules (the Kubernetes scheduler framework's shape): filters
+decide where a job may go, one scorer picks among the survivors.
+
+- **Filters**: healthy and not drained (`Nodes.accepting`); the job's `node_selector`,
+  `node_ids` and needs against each node's capacity (`fit.could_run`); a retried job's
+  failed node left out while another one can run it (`avoid`).
+- **Scorers** (`PLACEMENT`): `least-loaded` (the default): the lowest load, (what its due
+  waiting `run` jobs need + its CPUs in use) / its CPUs; among equally loaded nodes, the first
+  after the previously chosen one in id order, wrapping around. On an idle cluster that is
+  the plain round robin a, b, c, a, b, c; on a busy one work goes where it can start soonest.
+  `round-robin`: the first node after the previously chosen one, whatever the loads. (The
+  original iterated a Go map, so its round robin was random.) `binpack`: the node where the
+  job fits now with the fewest CPUs left over (ties: memory, then node id), counting the work
+  already waiting there, so whole nodes stay free for big jobs; where it fits nowhere now,
+  as `least-loaded`. "Previously chosen" moves only when a rule picks a node, for any job it
+  places; pinned jobs and jobs moved by an idle node's poll leave it where it is, and a look
+  (`peek`, GET /schedule) never moves it.
+- An instance-pinned job goes to its instance's node or nowhere.
+- **A node's capacity** (`capacity`): its CPUs are its slots, `MAX_JOBS_PER_NODE` or with
+  `auto` its `cpu_count` (at least 1); memory, GPUs and labels as its agent reported them.
+- **Moving waiting work** (`JOB_STEALING=1`): a healthy node that polls with room its own
+  queue cannot fill may take waiting jobs from nodes that cannot start them (`may_take`,
+  `gives_work`). Which jobs may move is the job model's rule (`jobs.can_move`), whether one
+  fits the taker is `fit`'s; the service does the moving.
 
 A `NodeSource` (the registry client, or any other) supplies the nodes, the job table (through
-the `Loads` interface) the load counts, and a `Clock` the time at which a delayed job counts as
-due; this module owns the rules and touches neither the store nor the network itself.
+the `Loads` interface) what each node's jobs need and use, and a `Clock` the time at which a
+delayed job counts as due; this module owns the rules and touches neither the store nor the
+network itself.
 
-Tests: `tests/test_placement.py`.
+Tests: `tests/test_placement.py`, `tests/test_fit.py`.
 """
 
 from __future__ import annotations
@@ -34,19 +43,26 @@ from fractions import Fraction
 from typing import Protocol
 
 from ..clock import SYSTEM, Clock
-from ..config import AUTO_SLOTS, ROUND_ROBIN, Settings
+from ..config import AUTO_SLOTS, BINPACK, ROUND_ROBIN, Settings
 from ..errors import PlacementError
+from . import fit
+from .fit import NOTHING, UNREPORTED_MEMORY, Capacity, Resources, Wants
 from .nodes import Nodes, NodeSource
 
 NO_HEALTHY_NODES = "no healthy compute nodes"
 ALL_DRAINED = "no healthy compute nodes (every healthy node is draining)"
+NONE_THAT_FITS = "no healthy compute nodes that can run this job"
+NEVER_FITS = "no node can run this job: "
+"""The start of the 400 a job gets when no known node could ever run it (`never_fits`)."""
 
 
 class Loads(Protocol):
     """Where the load counts come from (the job table), read for a few nodes at a time."""
 
-    def node_loads(self, node_ids: Sequence[str], now: int) -> dict[str, tuple[int, int]]:
-        """For each node: (its pending `run` jobs due at `now`, its slots in use)."""
+    def node_resources(
+        self, node_ids: Sequence[str], now: int
+    ) -> dict[str, tuple[Resources, Resources]]:
+        """For each node: (what its pending jobs due at `now` need, what it has allocated)."""
         ...
 
 
@@ -55,9 +71,12 @@ class NodeLoad:
     """One node's load as placement sees it."""
 
     node_id: str
-    slots: int
-    queued: int  # due pending `run` jobs, pinned ones included
-    used: int  # slots in use: running `run` jobs and timed-out ones still running
+    slots: int  # its CPUs
+    queued: int  # CPUs its due pending `run` jobs need, pinned ones included
+    used: int  # CPUs in use: running `run` jobs and timed-out ones still running
+    total: Resources = NOTHING  # what it has (its capacity)
+    allocated: Resources = NOTHING  # what its running jobs take
+    waiting: Resources = NOTHING  # what its due pending jobs need
 
     @property
     def load(self) -> Fraction:
@@ -65,7 +84,13 @@ class NodeLoad:
 
     @property
     def free(self) -> int:
+        """Free CPUs."""
         return max(0, self.slots - self.used)
+
+    @property
+    def available(self) -> Resources:
+        """What it has free now."""
+        return self.total - self.allocated
 
 
 class Placement:
@@ -79,6 +104,7 @@ class Placement:
         self._clock = clock
         self._max_jobs = settings.max_jobs_per_node
         self._round_robin = settings.placement == ROUND_ROBIN
+        self._binpack = settings.placement == BINPACK
         self._turn_lock = threading.Lock()
         self._previous: str | None = None  # the node this rule chose last
 
@@ -91,12 +117,16 @@ class Placement:
 
     # --- choosing a node ---------------------------------------------------------------------
 
-    def place(self, instance_id: str = "", avoid: str | None = None) -> str:
-        """The node for a new (or retried, or re-placed) job; raises PlacementError with the
-        spec's text.
+    def place(
+        self, instance_id: str = "", avoid: str | None = None, wants: Wants | None = None
+    ) -> str:
+        """The node for a new (or retried, or re-placed) job that `wants` what it says (a
+        job or a request: its needs, `node_selector` and `node_ids`; None: one plain CPU);
+        raises PlacementError with the spec's text.
 
         `avoid` is the node a retried job failed on (or a re-placed job's lost node): another
-        healthy node is preferred, but when it is the only one the job goes back to it.
+        node that can run it is preferred, but when it is the only one the job goes back to
+        it.
         """
         if instance_id:
             return self.source.instance_node(instance_id)
@@ -104,24 +134,53 @@ class Placement:
         with self._turn_lock:
             # Read the loads and move the rotation together: two submissions at once must
             # see each other's turn, or both would take the same "next" node.
-            chosen = self._choose(_candidates(nodes.accepting, avoid), nodes)
+            chosen = self._choose(nodes, wants, avoid)
             self._previous = chosen
         return chosen
 
-    def peek(self) -> str:
+    def peek(self, wants: Wants | None = None) -> str:
         """The node `place()` would choose now for a job without instance or retry, without
         choosing it: a look changes nothing (GET /schedule)."""
         nodes = self.source.nodes()
         with self._turn_lock:
-            return self._choose(nodes.accepting, nodes)
+            return self._choose(nodes, wants, None)
 
-    def _choose(self, healthy: Sequence[str], nodes: Nodes) -> str:
-        if not healthy:
+    def never_fits(self, wants: Wants) -> str | None:
+        """Why no known node (healthy, unhealthy or draining: every node not gone) could run
+        the job even when empty, or None when one could; None too when the node list cannot
+        be had now (placement then says why)."""
+        if not fit.is_particular(wants):
+            return None  # a plain job fits every node
+        try:
+            nodes = self.source.nodes()
+        except PlacementError:
+            return None
+        return fit.never_fits(wants, [self.capacity(node, nodes) for node in sorted(nodes.status)])
+
+    def _choose(self, nodes: Nodes, wants: Wants | None, avoid: str | None) -> str:
+        accepting = nodes.accepting
+        if not accepting:
             if nodes.healthy:
                 raise PlacementError(ALL_DRAINED)
             raise PlacementError(NO_HEALTHY_NODES)
-        candidates = healthy if self._round_robin else self._least_loaded(healthy, nodes)
-        # `healthy` is sorted by id: the first candidate after the previous choice, wrapping.
+        eligible = accepting
+        if wants is not None and fit.is_particular(wants):
+            eligible = tuple(
+                node for node in accepting if fit.could_run(wants, self.capacity(node, nodes))
+            )
+            if not eligible:
+                raise PlacementError(NONE_THAT_FITS)
+        eligible = _candidates(eligible, avoid)
+        if self._round_robin:
+            return self._next_after(eligible)
+        if self._binpack:
+            packed = self._tightest(eligible, nodes, wants)
+            if packed is not None:
+                return packed
+        return self._next_after(self._least_loaded(eligible, nodes))
+
+    def _next_after(self, candidates: Sequence[str]) -> str:
+        """The first candidate (sorted by id) after the previous choice, wrapping around."""
         previous = self._previous
         if previous is not None:
             for node_id in candidates:
@@ -133,37 +192,73 @@ class Placement:
         """The nodes of `healthy` with the lowest load, in the order given. Every submission
         comes through here, so it compares plain integers when it can: with a fixed number
         of slots, comparing (queued + used) compares the loads."""
-        counts = self._loads.node_loads(healthy, self._clock.now_us())
+        counts = self._loads.node_resources(healthy, self._clock.now_us())
         loads: dict[str, int] | dict[str, Fraction]
         if self._max_jobs != AUTO_SLOTS:
-            loads = {node: queued + used for node, (queued, used) in counts.items()}
+            loads = {node: queued.cpus + used.cpus for node, (queued, used) in counts.items()}
         else:
             loads = {
-                node: _load(queued, used, self.slots(node, nodes))
+                node: _load(queued.cpus, used.cpus, self.slots(node, nodes))
                 for node, (queued, used) in counts.items()
             }
         lowest = min(loads.values())
         return [node for node in healthy if loads[node] == lowest]
 
+    def _tightest(self, eligible: Sequence[str], nodes: Nodes, wants: Wants | None) -> str | None:
+        """Binpack's choice: of the nodes where the job fits now, counting what already waits
+        there, the one with the fewest CPUs left over (ties: memory, then node id)."""
+        need = fit.need_of(wants) if wants is not None else Resources(1)
+        counts = self._loads.node_resources(eligible, self._clock.now_us())
+        best: tuple[int, int, str] | None = None
+        for node in eligible:
+            waiting, allocated = counts[node]
+            spare = self.capacity(node, nodes).total - allocated - waiting
+            if spare.covers(need):
+                left = spare - need
+                score = (left.cpus, left.memory_mb, node)
+                if best is None or score < best:
+                    best = score
+        return None if best is None else best[2]
+
     # --- slots and loads ---------------------------------------------------------------------
 
     def slots(self, node_id: str, nodes: Nodes | None) -> int:
-        """How many `run` jobs the node may run at once. With `auto`, its `cpu_count` from the
-        node list given (the cached one on the poll path: never a registry call there); a node
-        the list does not know gets 1."""
+        """How many CPUs of `run` jobs the node may run at once (a plain job takes one). With
+        `auto`, its `cpu_count` from the node list given (the cached one on the poll path:
+        never a registry call there); a node the list does not know gets 1."""
         if self._max_jobs != AUTO_SLOTS:
             return self._max_jobs
         return nodes.cpu_count(node_id) if nodes is not None else 1
+
+    def capacity(self, node_id: str, nodes: Nodes | None) -> Capacity:
+        """What the node has: its CPUs (its slots), and the memory, GPUs and labels its agent
+        reported (a node nobody reported memory for fits any `memory_mb`)."""
+        facts = nodes.facts_of(node_id) if nodes is not None else None
+        if facts is None:
+            return Capacity(node_id, Resources(self.slots(node_id, nodes), UNREPORTED_MEMORY))
+        memory = UNREPORTED_MEMORY if facts.memory_mb is None else facts.memory_mb
+        return Capacity(
+            node_id,
+            Resources(self.slots(node_id, nodes), memory, facts.gpus),
+            dict(facts.labels),
+        )
 
     def loads(
         self, node_ids: Sequence[str], nodes: Nodes | None, now: int | None = None
     ) -> list[NodeLoad]:
         """The load of each node at `now` (default: the clock), in the order given (O(nodes),
         from the table's counters)."""
-        counts = self._loads.node_loads(node_ids, self._clock.now_us() if now is None else now)
-        return [
-            NodeLoad(node_id, self.slots(node_id, nodes), *counts[node_id]) for node_id in node_ids
-        ]
+        counts = self._loads.node_resources(node_ids, self._clock.now_us() if now is None else now)
+        found = []
+        for node_id in node_ids:
+            waiting, allocated = counts[node_id]
+            total = self.capacity(node_id, nodes).total
+            found.append(
+                NodeLoad(
+                    node_id, total.cpus, waiting.cpus, allocated.cpus, total, allocated, waiting
+                )
+            )
+        return found
 
     # --- moving waiting work -----------------------------------------------------------------
 
@@ -176,9 +271,14 @@ class Placement:
 
     @staticmethod
     def gives_work(load: NodeLoad, nodes: Nodes) -> bool:
-        """Whether a node's waiting jobs may go to an idle node: it has no free slot to start
-        them, or it is unhealthy or gone from the registry, so they would wait."""
-        return load.free == 0 or not nodes.accepts(load.node_id)
+        """Whether some of a node's waiting jobs may go to an idle node: it has not free what
+        they need to start (no free CPU at all, or less than they need together), or it is
+        unhealthy or gone from the registry, so they would wait."""
+        return (
+            load.free == 0
+            or not load.available.covers(load.waiting)
+            or not nodes.accepts(load.node_id)
+        )
 
 
 def _candidates(healthy: tuple[str, ...], avoid: str | None) -> tuple[str, ...]:

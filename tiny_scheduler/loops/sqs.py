@@ -94,6 +94,12 @@ class SqsIngest:
             return Handled.INVALID
         try:
             job, created = self.service.jobs.submit(request, message_key(message_id, raw), "sqs")
+        except errors.BadRequest as exc:
+            # Valid on its own, but refused by what the scheduler knows: a dependency that
+            # does not exist, or no known node could ever run it. Redelivery changes nothing.
+            log.warning("SQS message %s refused (%s), deleting it", message_id, exc.message)
+            self.delete(message_id)
+            return Handled.INVALID
         except errors.PlacementError as exc:
             log.warning("SQS message %s kept for later: %s", message_id, exc.message)
             return Handled.KEPT

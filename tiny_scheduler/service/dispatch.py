@@ -14,7 +14,7 @@ import logging
 
 from .. import errors
 from ..cluster.node_book import NodeBook
-from ..domain import jobs
+from ..domain import fit, jobs
 from ..domain.jobs import Job
 from ..domain.nodes import Nodes
 from ..state.node_queues import order
@@ -64,20 +64,30 @@ class Dispatch:
                 return None
             self._fail_disproved(node_id, disproved)
         nodes = placement.source.cached_nodes()  # never a registry call on this path
-        slots = placement.slots(node_id, nodes)
+        capacity = placement.capacity(node_id, nodes)
         stealing = core.settings.job_stealing
         # Remembering the offer is a memory cache: a second look on a thread renews it.
-        found = table.poll(node_id, slots, now, remember=stealing)
+        found, picker = table.poll(capacity, now, self._deadline, remember=stealing)
         if stealing and nodes is not None and placement.may_take(node_id, nodes):
-            (load,) = placement.loads([node_id], nodes, now)
-            wanted = load.free - len(found)
-            candidates = self._candidates(node_id, nodes, wanted, now) if wanted > 0 else []
+            wanted = capacity.total.cpus - len(found)
+            candidates = (
+                self._candidates(node_id, nodes, picker, wanted, now)
+                if wanted > 0 and not picker.exhausted
+                else []
+            )
             if candidates and in_memory:
                 return None
             if candidates:
                 found += self._take_over(node_id, candidates, now)
         core.emit(Event.POLLED, None, node_id)
         return found
+
+    def _deadline(self, job: Job, start: int) -> int | None:
+        """When a job started at `start` ends by its timeout (backfill's expectation)."""
+        if job.job_type == jobs.SERVICE:
+            return None
+        timeout = job.timeout_secs or self._core.settings.job_timeout_secs
+        return start + timeout * 1_000_000
 
     def _fail_disproved(self, node_id: str, disproved: list[Job]) -> None:
         for job in disproved:
@@ -104,7 +114,7 @@ class Dispatch:
         with core.table.changing(seq) as job:
             if job.status != jobs.PENDING or job.instance_id:
                 return None
-            node_id = core.placement.place(avoid=job.node_id)
+            node_id = core.placement.place(avoid=job.node_id, wants=job)
             if node_id == job.node_id:
                 return None
             new = job.evolve(node_id=node_id, moved_from=job.node_id)
@@ -113,15 +123,22 @@ class Dispatch:
         core.emit(Event.MOVED, new, Move.NODE_DOWN)
         return new
 
-    def _candidates(self, node_id: str, nodes: Nodes, wanted: int, now: int) -> list[Job]:
+    def _candidates(
+        self, node_id: str, nodes: Nodes, picker: fit.Picker, wanted: int, now: int
+    ) -> list[Job]:
         """Up to `wanted` of the first waiting jobs (by priority, then age) of nodes that
-        cannot start them, which `node_id` may take over: a read."""
+        cannot start them, which `node_id` may take over (`picker`, its own, says which fit
+        there): a read."""
         table = self._core.table
         others = [node for node in table.movable_nodes() if node != node_id]
         if not others:
             return []
-        donors = moves.donors(self._core.placement.loads(others, nodes, now), nodes)
-        return table.movable(donors, now, wanted) if donors else []
+        loads = self._core.placement.loads(others, nodes, now)
+        donors = moves.donors(loads, nodes)
+        if not donors:
+            return []
+        stays = moves.stays_where_it_is(loads, nodes)
+        return table.movable(donors, now, picker, stays, wanted)
 
     def _take_over(self, node_id: str, candidates: list[Job], now: int) -> list[Job]:
         """Move the candidates that are still movable to `node_id`, committed before this

@@ -16,6 +16,7 @@ import logging
 from .. import errors
 from ..domain import fencing, jobs
 from ..domain.jobs import Job, Reason
+from ..domain.placement import NEVER_FITS
 from ..domain.validation import JobRequest, JobUpdate
 from . import dependencies
 from .core import Core, job_seq
@@ -47,7 +48,9 @@ class Lifecycle:
             if existing is not None:
                 return core.with_stored_output(existing), False
             self._check_dependencies(request)  # a 400 before a node is chosen
-            node_id = core.placement.place(request.instance_id)
+            if not request.instance_id:
+                self.check_fits(request)
+            node_id = core.placement.place(request.instance_id, wants=request)
             if request.depends_on:
                 job = self._create_dependent(request, dedupe_key, node_id)
             else:
@@ -58,6 +61,13 @@ class Lifecycle:
         if job.is_final:
             core.announce(job)
         return job, True
+
+    def check_fits(self, request: JobRequest) -> None:
+        """BadRequest (`no node can run this job: …`) when no known node could ever run the
+        job, even empty: checked after the body's other 400s and before placement's 503."""
+        why = self._core.placement.never_fits(request)
+        if why is not None:
+            raise errors.BadRequest(NEVER_FITS + why)
 
     def _check_dependencies(self, request: JobRequest) -> dict[int, Job | None]:
         """The jobs the request depends on, by seq; BadRequest naming the first that does
@@ -300,7 +310,7 @@ class Lifecycle:
         if not jobs.should_retry(failed, core.settings.max_job_retries):
             return failed
         try:
-            node_id = core.placement.place(failed.instance_id, avoid=failed.node_id)
+            node_id = core.placement.place(failed.instance_id, avoid=failed.node_id, wants=failed)
         except errors.PlacementError as exc:
             # The agent never repeats its final report, so a registry hiccup must not turn
             # it into an error: keep the node; the lost-node scan moves the job if need be.

@@ -26,9 +26,9 @@ Tests: `tests/test_moving_work.py`, `tests/test_decisions.py`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from ..domain import jobs
+from ..domain import fit, jobs
 from ..domain.jobs import Job
 from ..domain.nodes import Nodes
 from ..domain.placement import NodeLoad, Placement
@@ -45,6 +45,25 @@ LOST_BY_AGENT = jobs.LOST_BY_AGENT
 def donors(loads: Iterable[NodeLoad], nodes: Nodes) -> list[str]:
     """The nodes whose waiting jobs an idle node may take: those that cannot start them."""
     return [load.node_id for load in loads if Placement.gives_work(load, nodes)]
+
+
+def stays_where_it_is(loads: Iterable[NodeLoad], nodes: Nodes) -> Callable[[Job], bool]:
+    """For the waiting jobs of donor nodes, offered in their order (by priority, then age):
+    whether each is one its own node will start itself, because it fits in what that node has
+    free after the jobs before it there. Jobs of a node that takes no work never stay."""
+    free = {load.node_id: load.available for load in loads if nodes.accepts(load.node_id)}
+
+    def stays(job: Job) -> bool:
+        left = free.get(job.node_id)
+        if left is None:
+            return False
+        need = fit.need_of(job)
+        if not left.covers(need):
+            return False
+        free[job.node_id] = left - need
+        return True
+
+    return stays
 
 
 def still_movable(job: Job, candidate: Job, offered_recently: bool, to_node: str) -> bool:

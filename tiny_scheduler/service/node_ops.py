@@ -119,10 +119,18 @@ class NodeOps:
         self.book.forget_all()
         self._records = {record.node_id: record for record in records}
         for record in records:
-            beat = Beat(0.0, record.seen_at, record.cpu_count, frozenset(), record.version)
-            self.book.restore(
-                record.node_id, dataclasses.replace(beat, labels=record.labels), record.drain
+            beat = Beat(
+                0.0,
+                record.seen_at,
+                record.cpu_count,
+                frozenset(),
+                record.version,
+                record.labels,
+                memory_mb=record.memory_mb,
+                gpus=record.gpus,
+                enforcement=record.enforcement,
             )
+            self.book.restore(record.node_id, beat, record.drain)
 
     def forget(self) -> None:
         self.book.forget_all()
@@ -160,6 +168,9 @@ class NodeOps:
             beat.version,
             drain=old.drain if old else False,
             seen_at=now_us,
+            memory_mb=beat.memory_mb,
+            gpus=beat.gpus or 0,
+            enforcement=beat.enforcement,
         )
         changed = old is None or dataclasses.replace(old, seen_at=now_us) != record
         # Read once: the loop must decide on the very list it reconciles (a claim between two
@@ -182,6 +193,9 @@ class NodeOps:
                 beat.fence_secs,
                 beat.agent_id,
                 beat.refusing_work,
+                beat.memory_mb,
+                beat.gpus or 0,
+                beat.enforcement,
             ),
         )
         self._reconcile(node_id, running, beat.running)

@@ -69,8 +69,12 @@ class Reads:
         with table.queue_limits() as limits:
             settings, running = limits.state(job.queue)
         placement = core.placement
-        (load,) = placement.loads([job.node_id], placement.source.cached_nodes())
-        return why_waiting.waiting_for(job, unmet, settings, running, load.free, core.now())
+        nodes = placement.source.cached_nodes()
+        (load,) = placement.loads([job.node_id], nodes)
+        capacity = placement.capacity(job.node_id, nodes)
+        return why_waiting.waiting_for(
+            job, unmet, settings, running, capacity, load.available, core.now()
+        )
 
     def with_output(self, found: Sequence[Job]) -> Iterator[Job]:
         """The jobs of a page, in order, each with its latest output, read from the store one

@@ -16,7 +16,7 @@ import logging
 import uuid
 
 from .. import errors
-from ..domain import jobs, schedules
+from ..domain import jobs, schedules, validation
 from ..domain.jobs import Job
 from ..domain.schedules import Fired, Schedule, ScheduleChange
 from .core import Core, schedule_seq
@@ -49,6 +49,7 @@ class ScheduleOps:
         with self._core.schedules.changing():
             assert change.name is not None and change.cron is not None and change.job is not None
             self._check_name_free(change.name)
+            self._check_fits(change.job)
             now = self._core.now() if now is None else now
             schedule = Schedule(
                 seq=self._core.schedules.new_seq(),
@@ -83,6 +84,8 @@ class ScheduleOps:
             given = change.given()
             if given.get("name", old.name) != old.name:
                 self._check_name_free(given["name"])
+            if "job" in given:
+                self._check_fits(given["job"])
             new = old.evolve(**given)
             timing = (new.cron, new.timezone) != (old.cron, old.timezone)
             if timing or (old.paused and not new.paused):
@@ -130,6 +133,18 @@ class ScheduleOps:
             if plan.fire_at is None:
                 self._save_schedule(schedule.evolve(next_run_at=plan.cursor))
                 return Fired(schedule, plan)
+            unfit = self._core.placement.never_fits(schedule.job)
+            if unfit is not None:
+                # Nodes changed since it was made: no known node could run its job now.
+                log.warning(
+                    "schedule %s (%s): fire at %s skipped: no node can run this job: %s",
+                    schedule.schedule_id,
+                    schedule.name,
+                    jobs.format_time(plan.fire_at),
+                    unfit,
+                )
+                self._save_schedule(schedule.evolve(next_run_at=plan.cursor))
+                return Fired(schedule, plan)
             try:
                 job, created = self._fire(schedule, plan.fire_at, plan.cursor)
             except (errors.PlacementError, errors.StoreError) as exc:
@@ -150,7 +165,7 @@ class ScheduleOps:
             # Fresh each time: two runs now are two jobs, unlike two looks at one fire time.
             key = f"sched:{schedule.schedule_id}:now:{uuid.uuid4().hex}"
             with self._core.table.deduplicating(key):
-                node_id = self._core.placement.place(schedule.job.instance_id)
+                node_id = self._core.placement.place(schedule.job.instance_id, wants=schedule.job)
                 with self._core.table.creating() as seq:
                     job = self._lifecycle.new_job(
                         schedule.job, key, seq, node_id, schedule.schedule_id
@@ -175,7 +190,7 @@ class ScheduleOps:
                     )
                 )
                 return existing, False
-            node_id = self._core.placement.place(schedule.job.instance_id)
+            node_id = self._core.placement.place(schedule.job.instance_id, wants=schedule.job)
             with self._core.table.creating() as seq:
                 job = self._lifecycle.new_job(schedule.job, key, seq, node_id, schedule.schedule_id)
                 fired = schedule.evolve(next_run_at=cursor, last_run_at=fire_at, last_job_seq=seq)
@@ -183,6 +198,10 @@ class ScheduleOps:
                 self._core.table.put(job)
             self._core.schedules.put(fired)
         return job, True
+
+    def _check_fits(self, job: validation.JobRequest) -> None:
+        if not job.instance_id:
+            self._lifecycle.check_fits(job)
 
     def _save_schedule(self, schedule: Schedule) -> None:
         self._core.store.save_schedule(schedule)

@@ -3,8 +3,9 @@
 table or the clock itself.
 
 The reasons are checked in the order they would have to clear: its dependencies end, its
-`not_before` passes, its queue hands work out again, a slot frees on its node, its node's
-agent polls.
+`not_before` passes, its queue hands work out again, a node that can run it at all (its
+labels, `node_ids` and size), what it needs frees on its node (a slot, or CPUs, memory and
+GPUs), its node's agent polls.
 
 Tests: `tests/test_workflow_queues.py`, `tests/test_delayed.py`,
 `tests/test_workflow_dependencies.py`.
@@ -14,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..domain import jobs, queues
+from ..domain import fit, jobs, queues
+from ..domain.fit import Capacity, Resources
 from ..domain.jobs import Job
 from ..domain.queues import QueueSettings
 
@@ -24,12 +26,13 @@ def waiting_for(
     unmet: Sequence[int],
     queue: QueueSettings | None,
     queue_running: int,
-    free_slots: int,
+    node: Capacity,
+    free: Resources,
     now: int,
 ) -> str | None:
     """What the job waits for, or None when it is not pending. `unmet`: the dependencies it
     still waits for; `queue` and `queue_running`: its queue's settings (None: never set) and
-    running `run` jobs; `free_slots`: its node's free slots."""
+    running `run` jobs; `node` and `free`: what its node has, and has free now."""
     if job.status != jobs.PENDING:
         return None
     if unmet:
@@ -39,8 +42,18 @@ def waiting_for(
         return f"not before {_moment(job.not_before)}"
     if queue is not None and queues.room(queue, queue_running) == 0:
         return queues.refusal(queue, queue_running)
-    if free_slots <= 0:
-        return f"a free slot on {job.node_id}"
+    if job.held:
+        return "held"
+    need = fit.need_of(job)
+    selector = ",".join(f"{name}={value}" for name, value in (job.node_selector or {}).items())
+    where = f"a node with {selector}" if selector else job.node_id
+    if not fit.could_run(job, node):
+        return f"a node that can run it ({job.node_id} cannot)"
+    if not free.covers(need):
+        plain = need.cpus == 1 and free.memory_mb >= need.memory_mb and free.gpus >= need.gpus
+        if plain and not selector:
+            return f"a free slot on {job.node_id}"
+        return f"{fit.shortfall(need, free)} on {where}"
     return f"the agent on {job.node_id} to take it"
 
 

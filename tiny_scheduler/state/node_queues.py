@@ -7,9 +7,11 @@ idle node may take over from it.
   or at its limit is skipped whole; each queue's due jobs cluster-wide by `order`, so a
   limited queue with room hands out only its head (its next place goes to its oldest
   highest-priority job, wherever that waits);
-- running jobs per node, and the slots in use per node (running `run` jobs and timed-out
-  ones that keep their slot), so the free-slot check is one lookup;
-- due `run` jobs per node, in all and per queue, so a node's load is two lookups;
+- running jobs per node, and what is allocated on each node (`fit.need_of` of its running
+  jobs and of timed-out ones whose process still runs there), so what a node has free is
+  one lookup;
+- what the due jobs of each node need, in all and per queue, so a node's load is two
+  lookups;
 - per node the due jobs an idle node may take over (`jobs.can_move`), by `order`;
 - per node the timed-out jobs that still hold a slot.
 
@@ -28,6 +30,7 @@ from typing import Any
 from sortedcontainers import SortedDict
 
 from ..domain import jobs
+from ..domain.fit import NOTHING, Resources, need_of
 from ..domain.jobs import Job
 from .jobs_by_node import JobsByNode
 
@@ -47,9 +50,9 @@ class NodeQueues:
         self.running = JobsByNode()
         self.held = JobsByNode()  # timed-out jobs keeping a slot
         self._movable: dict[str, dict[str, SortedDict]] = {}  # node -> queue -> by order
-        self.slots_used: collections.Counter[str] = collections.Counter()
-        self._due_runs: collections.Counter[str] = collections.Counter()
-        self._due_runs_by_queue: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.allocated: dict[str, Resources] = {}  # node -> what its running jobs take
+        self._waiting: dict[str, Resources] = {}  # node -> what its due jobs need
+        self._waiting_by_queue: dict[tuple[str, str], Resources] = {}
 
     # --- upkeep -----------------------------------------------------------------------------
 
@@ -58,9 +61,9 @@ class NodeQueues:
         self.due.add(job)
         _queue(_queues_of(self._ready, node), job.queue)[key] = job
         _queue(self._queue_ready, job.queue)[key] = job
-        if job.takes_slot:
-            self._due_runs[node] += 1
-            self._due_runs_by_queue[(node, job.queue)] += 1
+        need = need_of(job)
+        _add(self._waiting, node, need)
+        _add(self._waiting_by_queue, (node, job.queue), need)
         if jobs.can_move(job):
             _queue(_queues_of(self._movable, node), job.queue)[key] = job
 
@@ -69,9 +72,9 @@ class NodeQueues:
         self.due.discard(job)
         _discard_nested(self._ready, node, job.queue, key)
         _discard(self._queue_ready, job.queue, key)
-        if job.takes_slot:
-            decrement(self._due_runs, node)
-            decrement(self._due_runs_by_queue, (node, job.queue))
+        need = need_of(job)
+        _subtract(self._waiting, node, need)
+        _subtract(self._waiting_by_queue, (node, job.queue), need)
         if jobs.can_move(job):
             _discard_nested(self._movable, node, job.queue, key)
 
@@ -82,17 +85,18 @@ class NodeQueues:
         self.running.discard(job)
 
     def add_slot_facts(self, job: Job) -> None:
-        """What any version of a job says about its node's slots (whatever its status)."""
+        """What any version of a job says about what its node has allocated (whatever its
+        status): a running job, or a timed-out one whose process may still run there."""
         if job.holds_slot:
             self.held.add(job)
-        if job.uses_slot:
-            self.slots_used[job.node_id] += 1
+        if job.status == jobs.RUNNING or job.holds_slot:
+            _add(self.allocated, job.node_id, need_of(job))
 
     def remove_slot_facts(self, job: Job) -> None:
         if job.holds_slot:
             self.held.discard(job)
-        if job.uses_slot:
-            decrement(self.slots_used, job.node_id)
+        if job.status == jobs.RUNNING or job.holds_slot:
+            _subtract(self.allocated, job.node_id, need_of(job))
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -129,22 +133,37 @@ class NodeQueues:
 
     def loads(
         self, node_ids: Sequence[str], held_back: Sequence[str]
-    ) -> dict[str, tuple[int, int]]:
-        """For each node: (due `run` jobs that could start, slots in use). The jobs of a
-        queue in `held_back` (which hands nothing out now) would wait whatever the node."""
-        # .get: a Counter's lookup of a missing node is a Python call (__missing__).
-        due, used = self._due_runs, self.slots_used
-        loads = {node: (due.get(node, 0), used.get(node, 0)) for node in node_ids}
+    ) -> dict[str, tuple[Resources, Resources]]:
+        """For each node: (what its due jobs that could start need, what it has allocated).
+        The jobs of a queue in `held_back` (which hands nothing out now) would wait whatever
+        the node."""
+        waiting, allocated = self._waiting, self.allocated
+        loads = {
+            node: (waiting.get(node, NOTHING), allocated.get(node, NOTHING)) for node in node_ids
+        }
         if held_back:
-            runs = self._due_runs_by_queue
-            loads = {
-                node: (queued - sum(runs.get((node, name), 0) for name in held_back), in_use)
-                for node, (queued, in_use) in loads.items()
-            }
+            by_queue = self._waiting_by_queue
+            for node, (need, in_use) in loads.items():
+                for name in held_back:
+                    need = need - by_queue.get((node, name), NOTHING)
+                loads[node] = (need, in_use)
         return loads
 
     def movable_nodes(self) -> list[str]:
         return list(self._movable)
+
+
+def _add(sums: dict[Any, Resources], key: Any, amount: Resources) -> None:
+    sums[key] = sums.get(key, NOTHING) + amount
+
+
+def _subtract(sums: dict[Any, Resources], key: Any, amount: Resources) -> None:
+    """Less of `key`; a sum that reaches nothing is dropped (nodes and queues come and go)."""
+    left = sums[key] - amount
+    if left == NOTHING:
+        del sums[key]
+    else:
+        sums[key] = left
 
 
 def decrement(counter: collections.Counter[Any], key: Any) -> None:

@@ -51,6 +51,7 @@ from sortedcontainers import SortedDict
 from .. import errors
 from ..config import OFFER_HOLD_SECS
 from ..domain import jobs
+from ..domain.fit import NOTHING, Capacity, Ending, Picker, Resources, need_of
 from ..domain.jobs import Job
 from ..domain.queues import QueueSettings
 from .delayed_jobs import DelayedJobs
@@ -141,25 +142,52 @@ class JobTable:
         with self._lock:
             return {status: self._counts[status] for status in jobs.STATUSES}
 
-    def poll(self, node_id: str, max_running: int, now: int, remember: bool = False) -> list[Job]:
-        """The node's pending jobs that are due at `now`, highest priority first and oldest
-        first within a priority, at most as many as it has free slots.
+    def poll(
+        self,
+        capacity: Capacity,
+        now: int,
+        deadline: Callable[[Job, int], int | None],
+        remember: bool = False,
+    ) -> tuple[list[Job], Picker]:
+        """The node's pending jobs that are due at `now` and start there now, in its order
+        (highest priority first, oldest first within a priority): those that fit in what it
+        has free, and past the first that does not (the head) only those backfill allows
+        (`fit.Picker`); at most as many as it has free CPUs. Also the picker, which goes on
+        over jobs moved from other nodes (`movable`). `deadline(job, now)`: when a job started
+        at `now` would end by its timeout.
 
         With `remember` (the agent's poll, while jobs may move), the answer is remembered as
         offered to the node at `now` (see `movable`), in the same lock hold, and a job some
         change holds busy right now is left out: it may be on its way to another node.
         """
+        node_id = capacity.node_id
         with self._lock:
             self._promote(now)
-            free = max_running - self._nodes.slots_used[node_id]
-            if free <= 0:
-                return []
+            free = capacity.total - self._nodes.allocated.get(node_id, NOTHING)
+            picker = Picker(
+                capacity, free, lambda: self._endings(node_id, now, deadline), now, deadline
+            )
+            if picker.exhausted:
+                return [], picker
             found = self._nodes.handed_out(node_id, self._limits.room)
-            if not remember:
-                return list(itertools.islice(found, free))
-            answer = list(itertools.islice((j for j in found if j.seq not in self._busy), free))
-            self._offers.remember(node_id, answer, now)
-            return answer
+            if remember:
+                found = (job for job in found if job.seq not in self._busy)
+            answer = picker.take(found, limit=free.cpus)
+            if remember:
+                self._offers.remember(node_id, answer, now)
+            return answer, picker
+
+    def _endings(
+        self, node_id: str, now: int, deadline: Callable[[Job, int], int | None]
+    ) -> list[Ending]:
+        """(Lock held.) When the node's running jobs are expected to end (by their timeouts,
+        from when they started) and what each frees: a timed-out one whose process still
+        runs is being stopped now."""
+        running = self._nodes.running.get(node_id, {}).values()
+        held = self._nodes.held.get(node_id, {}).values()
+        return [Ending(deadline(job, job.running_at or now), need_of(job)) for job in running] + [
+            Ending(now, need_of(job)) for job in held
+        ]
 
     def offered(self, node_id: str, jobs_offered: Iterable[Job], now: int) -> None:
         """Remember that these jobs were handed to `node_id`'s agent at `now`."""
@@ -254,8 +282,18 @@ class JobTable:
             )
 
     def node_loads(self, node_ids: Sequence[str], now: int) -> dict[str, tuple[int, int]]:
-        """For each node: (pending `run` jobs due at `now` that could start, slots in use).
-        Two lookups a node (after promoting what has come due)."""
+        """For each node: (CPUs its pending `run` jobs due at `now` that could start need,
+        CPUs in use). Two lookups a node (after promoting what has come due)."""
+        return {
+            node: (waiting.cpus, allocated.cpus)
+            for node, (waiting, allocated) in self.node_resources(node_ids, now).items()
+        }
+
+    def node_resources(
+        self, node_ids: Sequence[str], now: int
+    ) -> dict[str, tuple[Resources, Resources]]:
+        """For each node: (what its pending jobs due at `now` that could start need, what it
+        has allocated)."""
         with self._lock:
             self._promote(now)
             return self._nodes.loads(node_ids, self._limits.held_back())
@@ -270,12 +308,20 @@ class JobTable:
         with self._lock:
             return self._nodes.movable_nodes()
 
-    def movable(self, node_ids: Iterable[str], now: int, limit: int) -> list[Job]:
-        """The first jobs due at `now` (by priority, then age) over the given nodes' queues
-        that an idle node could take over, at most `limit`: never one offered to its own node
-        in the OFFER_HOLD_SECS before `now` (its agent may be about to claim it), nor one a
-        change holds busy. Reads only the heads of those queues: offered and busy jobs are
-        few, and at the front."""
+    def movable(
+        self,
+        node_ids: Iterable[str],
+        now: int,
+        picker: Picker,
+        stays: Callable[[Job], bool],
+        limit: int,
+    ) -> list[Job]:
+        """The jobs due at `now` over the given nodes' queues (by priority, then age) that an
+        idle node could take over and that `picker` (the idle node's, after its own jobs)
+        takes, at most `limit`: never one `stays(job)` keeps where it is (its own node will
+        start it), nor one offered to its own node in the OFFER_HOLD_SECS before `now` (its
+        agent may be about to claim it), nor one a change holds busy. Reads the heads of
+        those queues, as deep as the picker looks."""
         found: list[Job] = []
         with self._lock:
             self._promote(now)
@@ -284,9 +330,11 @@ class JobTable:
                 self._nodes.handed_out(node, room, jobs.can_move, movable=True) for node in node_ids
             ]
             for job in heapq.merge(*streams, key=order):
-                if len(found) == limit:
+                if len(found) == limit or picker.exhausted:
                     break
-                if job.seq not in self._busy and not self._offers.held(job, now):
+                if job.seq in self._busy or self._offers.held(job, now) or stays(job):
+                    continue
+                if picker.offer(job):
                     found.append(job)
         return found
 

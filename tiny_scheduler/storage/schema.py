@@ -433,6 +433,13 @@ _POSTGRES_COMMITS_V4 = """CREATE TABLE IF NOT EXISTS commits (
     at TIMESTAMPTZ NOT NULL DEFAULT now()   -- rows left by a crash are pruned by age
 )"""
 
+# Version 10: what a node has beyond its CPUs, and how its agent enforces limits (issue 34).
+_NODE_CAPACITY_V10 = (
+    "ALTER TABLE nodes ADD COLUMN memory_mb {integer}",  # NULL: not reported
+    "ALTER TABLE nodes ADD COLUMN gpus {integer} NOT NULL DEFAULT 0",
+    "ALTER TABLE nodes ADD COLUMN enforcement TEXT NOT NULL DEFAULT ''",
+)
+
 STEPS: Sequence[Step] = (
     Step(1, sqlite=script(_SQLITE_V1), postgres=_POSTGRES_V1),
     Step(
@@ -466,10 +473,17 @@ STEPS: Sequence[Step] = (
     Step(8),
     Step(9),
     # From 10 on: one count, both dialects (`both`) unless they must differ.
+    # 10 (issue 34): a node's memory and GPUs, and how its agent enforces jobs' limits, so
+    # that a restarted leader places by them before the first heartbeat.
+    Step(
+        10,
+        sqlite=tuple(statement.format(integer="INTEGER") for statement in _NODE_CAPACITY_V10),
+        postgres=tuple(statement.format(integer="BIGINT") for statement in _NODE_CAPACITY_V10),
+    ),
 )
 """Each step upgrades a database from the version before it; a database is taken through every
 step above its version, in order, then given the declared columns it lacks."""
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 """The newest version `STEPS` reach: a database of a higher one is refused (a newer
 scheduler's), one of a lower one upgraded."""

@@ -25,7 +25,17 @@ from ..domain.schedules import Schedule
 from . import rows
 from .base import Batch, Loaded, OutboxEvent
 
-NODE_COLUMNS = ("node_id", "cpu_count", "labels", "version", "drain", "seen_at")
+NODE_COLUMNS = (
+    "node_id",
+    "cpu_count",
+    "labels",
+    "version",
+    "drain",
+    "seen_at",
+    "memory_mb",
+    "gpus",
+    "enforcement",
+)
 """The `nodes` table: a node's facts from its last heartbeat that changed, and its drain."""
 
 
@@ -38,13 +48,18 @@ def node_row(record: NodeRecord) -> tuple[object, ...]:
         record.version,
         int(record.drain),
         record.seen_at,
+        record.memory_mb,
+        record.gpus,
+        record.enforcement,
     )
 
 
 def node_from_row(row: Sequence[Any]) -> NodeRecord:
-    node_id, cpu_count, labels, version, drain, seen_at = row
+    node_id, cpu_count, labels, version, drain, seen_at, memory_mb, gpus, enforcement = row
     pairs = tuple(sorted(orjson.loads(labels).items())) if labels else ()
-    return NodeRecord(node_id, cpu_count, pairs, version, bool(drain), seen_at)
+    return NodeRecord(
+        node_id, cpu_count, pairs, version, bool(drain), seen_at, memory_mb, gpus, enforcement
+    )
 
 
 QUEUE_COLUMNS = ("name", "max_running", "paused")
