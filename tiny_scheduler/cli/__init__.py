@@ -26,6 +26,7 @@ from ..server.daemon_command import SERVE_ARGV
 from .agent_command import agent
 from .cluster_command import cluster
 from .dev_commands import dev
+from .history_command import history
 from .job_commands import COMMANDS
 from .node_commands import COMMANDS as NODE_COMMANDS
 from .output import CliError
@@ -79,5 +80,15 @@ def serve() -> None:
     os.execv(SERVE_ARGV[0], SERVE_ARGV)
 
 
-for _command in (*COMMANDS, cluster, queues, queue, schedule, *NODE_COMMANDS, dev, agent):
+for _command in (
+    *COMMANDS,
+    history,
+    cluster,
+    queues,
+    queue,
+    schedule,
+    *NODE_COMMANDS,
+    dev,
+    agent,
+):
     main.add_command(_command)

@@ -35,6 +35,7 @@ from ..domain.validation import MAX_PAGE
 from .delays import delay_fields, delay_options
 from .follow import follow_output, live_output
 from .output import CliError, echo_json, jobs_table, print_attempts, print_status, print_streams
+from .resources import resource_options
 
 DEFAULT_LIMIT = 100
 """Jobs `list` shows unless --limit says otherwise."""
@@ -151,6 +152,7 @@ class _CommandAfterDashes(click.Command):
 )
 @click.option("--priority", type=click.IntRange(0, 100), help="0-100 (default 50), higher first.")
 @click.option("--queue", help="The queue the job waits in (default: default).")
+@resource_options
 @delay_options
 @_wait_option
 @_no_logs_option
@@ -173,6 +175,7 @@ def submit(
     after_any: bool,
     priority: int | None,
     queue: str | None,
+    resources: dict[str, Any],
     at: str | None,
     delay: str | None,
     wait: bool,
@@ -215,6 +218,7 @@ def submit(
     }
     body.update({name: value for name, value in optional.items() if value is not None})
     body.update(delay_fields(at, delay))
+    body.update(resources)
     client = client_from(ctx)
     job = client.submit(body, idempotency_key)
     if wait:

@@ -19,8 +19,10 @@ from .output import echo_json
 
 NODE_COLUMNS = (
     *("NODE", "HEALTH", "SOURCE", "SLOTS", "RUNNING", "PENDING", "DRAIN"),
-    *("HEARTBEAT (UTC)", "VERSION"),
+    *("MEMORY", "GPUS", "HEARTBEAT (UTC)", "VERSION", "LABELS"),
 )
+"""The header of `nodes`. SLOTS, MEMORY and GPUS read `in use/total` (a job takes its cpus
+of the slots); memory in GiB, `-` where the node's agent reported none (a registry node)."""
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
 
@@ -40,17 +42,33 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
 
 
 def _row(node: dict[str, Any]) -> tuple[str, ...]:
+    capacity = node.get("capacity") or {"cpus": node["slots"], "gpus": 0}
+    allocated = node.get("allocated") or {"cpus": 0, "gpus": 0}
+    memory = "-"
+    if "memory_mb" in capacity:
+        memory = f"{_gib(allocated.get('memory_mb', 0))}/{_gib(capacity['memory_mb'])}G"
+    gpus = f"{allocated['gpus']}/{capacity['gpus']}" if capacity["gpus"] else "-"
+    labels = ",".join(f"{k}={v}" for k, v in sorted((node.get("labels") or {}).items()))
     return (
         node["node_id"],
         node["health"],
         node["source"],
-        str(node["slots"]),
+        f"{allocated['cpus']}/{capacity['cpus']}",
         str(node["running"]),
         str(node["pending"]),
         "yes" if node["drain"] else "no",
+        memory,
+        gpus,
         short_time(node.get("last_heartbeat_at")),
         node.get("version", "-"),
+        labels or "-",
     )
+
+
+def _gib(mib: int) -> str:
+    """MiB as GiB with one decimal where it helps (`0.5`, `4`, `31.4`)."""
+    gib = mib / 1024
+    return f"{gib:.0f}" if gib >= 10 or gib == int(gib) else f"{gib:.1f}"
 
 
 @click.group()

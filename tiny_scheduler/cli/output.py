@@ -72,9 +72,12 @@ def print_status(job: dict[str, Any], show_env: bool = False) -> None:
         ("after", _dependencies(job)),
         ("priority", str(job["priority"]) if "priority" in job else ""),
         ("queue", job.get("queue", "")),
+        ("needs", needs_text(job)),
+        ("on", _placement_limits(job)),
         ("created", job["created_at"]),
         ("running", job.get("running_at", "")),
         ("finished", job.get("finished_at", "")),
+        ("used", usage_text(job.get("usage"))),
         (
             "attempts",
             f"{attempts} (every one's output: tiny-scheduler logs {job['job_id']})"
@@ -86,6 +89,34 @@ def print_status(job: dict[str, Any], show_env: bool = False) -> None:
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         click.echo(f"{name.ljust(width)}  {value}")
+
+
+def needs_text(job: dict[str, Any]) -> str:
+    """What a job asked for beyond one CPU: `4 cpus, 8192 MiB, 1 gpu`; "" for a plain one."""
+    parts = []
+    if job.get("cpus", 1) > 1:
+        parts.append(f"{job['cpus']} cpus")
+    if job.get("memory_mb"):
+        parts.append(f"{job['memory_mb']} MiB")
+    if job.get("gpus"):
+        parts.append(f"{job['gpus']} gpu{'s' if job['gpus'] > 1 else ''}")
+    return ", ".join(parts)
+
+
+def _placement_limits(job: dict[str, Any]) -> str:
+    labels = ",".join(f"{k}={v}" for k, v in (job.get("node_selector") or {}).items())
+    nodes = ", ".join(job.get("node_ids") or ())
+    return "; ".join(part for part in (labels, f"nodes {nodes}" if nodes else "") if part)
+
+
+def usage_text(usage: dict[str, Any] | None) -> str:
+    """What an attempt used, as sacct shows it: `cpu 1.2s, max rss 30.5 MiB, wall 2.0s`."""
+    if not usage:
+        return ""
+    return (
+        f"cpu {usage['cpu_secs']:.1f}s, max rss {usage['max_rss_mb']:.1f} MiB,"
+        f" wall {usage['wall_secs']:.1f}s"
+    )
 
 
 def _dependencies(job: dict[str, Any]) -> str:

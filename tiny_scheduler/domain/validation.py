@@ -119,6 +119,11 @@ class JobQuery:
     limit: int = DEFAULT_PAGE
     reason: str | None = None
     queue: str | None = None
+    # History (round four): jobs that finished at or after / before these times, and
+    # whether to leave their output out of the answer (`output=none`).
+    finished_since: int | None = None
+    finished_until: int | None = None
+    with_output: bool = True
 
 
 _POLL_PARAMETERS = frozenset({"node_id", "status"})
@@ -150,6 +155,9 @@ def parse_query(args: Mapping[str, str]) -> JobQuery:
         if seq is None:
             raise errors.BadRequest("after must be a job id such as job-7")
         after = seq
+    output = args.get("output") or ""
+    if output not in ("", "none"):
+        raise errors.BadRequest("output must be none, or left out")
     return JobQuery(
         node_id=args.get("node_id") or None,
         status=args.get("status") or None,
@@ -158,7 +166,20 @@ def parse_query(args: Mapping[str, str]) -> JobQuery:
         limit=limit,
         reason=args.get("reason") or None,
         queue=args.get("queue") or None,
+        finished_since=_query_time(args, "finished_since"),
+        finished_until=_query_time(args, "finished_until"),
+        with_output=output != "none",
     )
+
+
+def _query_time(args: Mapping[str, str], name: str) -> int | None:
+    text = args.get(name)
+    if not text:
+        return None
+    us = parse_rfc3339(text)
+    if us is None:
+        raise errors.BadRequest(f"{name} must be an RFC 3339 time such as 2026-11-30T10:20:30Z")
+    return us
 
 
 def decode_object(body: bytes, message: str) -> dict[str, Any]:

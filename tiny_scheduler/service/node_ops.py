@@ -23,6 +23,7 @@ from .. import errors
 from ..cluster.node_book import Beat, NodeBook
 from ..cluster.node_requests import NODE_NOT_FOUND, Heartbeat
 from ..domain import fencing, jobs
+from ..domain.fit import NOTHING, Resources
 from ..domain.jobs import Job
 from ..domain.nodes import NodeRecord, Nodes
 from . import moves
@@ -49,6 +50,9 @@ class NodeView:
     labels: dict[str, str] | None = None
     version: str = ""
     refusing_work: str = ""
+    capacity: Resources = NOTHING  # what it has (memory left out when nobody reported it)
+    allocated: Resources = NOTHING  # what its running jobs take
+    enforcement: str = ""  # how its agent enforces jobs' limits (cgroup-v2, cgroup-v1, none)
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -70,6 +74,12 @@ class NodeView:
             out["version"] = self.version
         if self.refusing_work:
             out["refusing_work"] = self.refusing_work
+        out["capacity"] = self.capacity.to_wire()
+        out["allocated"] = self.allocated.to_wire()
+        if "memory_mb" not in out["capacity"]:
+            out["allocated"].pop("memory_mb")  # no total to compare it with
+        if self.enforcement:
+            out["enforcement"] = self.enforcement
         return out
 
 
@@ -308,6 +318,7 @@ class NodeOps:
         else:
             health = cached.status[node_id]  # type: ignore[union-attr]
         pending, running = core.table.node_counts(node_id)
+        (load,) = core.placement.loads([node_id], cached)
         return NodeView(
             node_id=node_id,
             health=health,
@@ -321,4 +332,7 @@ class NodeOps:
             labels=dict(beat.labels) if beat is not None and beat.labels else None,
             version=beat.version if beat is not None else "",
             refusing_work=beat.refusing_work if beat is not None else "",
+            capacity=load.total,
+            allocated=load.allocated,
+            enforcement=beat.enforcement if beat is not None else "",
         )

@@ -55,6 +55,7 @@ class Reads:
             query.limit,
             query.reason,
             query.queue,
+            (query.finished_since, query.finished_until),
         )
         return Page(found, found[-1].seq if more and found else None)
 

@@ -209,12 +209,16 @@ class JobTable:
         limit: int,
         reason: str | None = None,
         queue: str | None = None,
+        finished: tuple[int | None, int | None] = (None, None),
     ) -> tuple[list[Job], bool]:
         """Jobs matching every given filter with seq > after, oldest first, and whether more
-        match beyond `limit`."""
+        match beyond `limit`. `finished`: (since, until), the jobs that finished at or after
+        `since` and before `until` (history), either None for no bound."""
         wanted = limit + 1
-        if reason is not None and status in (jobs.PENDING, jobs.RUNNING):
-            return [], False  # only a final failure has a reason
+        since, until = finished
+        history = since is not None or until is not None
+        if (reason is not None or history) and status in (jobs.PENDING, jobs.RUNNING):
+            return [], False  # only a final failure has a reason, only a final job an end
         with self._lock:
             # Every id below the lowest one in flight is settled (committed, or never will be),
             # so what a listing shows below it can no longer gain an earlier job.
@@ -235,6 +239,7 @@ class JobTable:
                     and (job_type is None or job.job_type == job_type)
                     and (reason is None or job.reason == reason)
                     and (queue is None or job.queue == queue)
+                    and (not history or _finished_within(job, since, until))
                 )
 
             found = _scan(self._lock, self._jobs, matches, after, horizon, wanted)
@@ -576,6 +581,14 @@ def _values_after(queue: SortedDict, after: int) -> Iterator[Job]:
     if not after:
         return iter(queue.values())  # the agent's poll: no seek needed
     return (queue[seq] for seq in queue.irange(minimum=after, inclusive=(False, True)))
+
+
+def _finished_within(job: Job, since: int | None, until: int | None) -> bool:
+    """Whether a job is final and ended at or after `since` and before `until`."""
+    end = job.finished_at
+    if not job.is_final or end is None:
+        return False
+    return (since is None or end >= since) and (until is None or end < until)
 
 
 _seq_of: Callable[[Job], int] = operator.attrgetter("seq")

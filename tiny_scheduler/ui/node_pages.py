@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from ..domain.fit import NOTHING, UNREPORTED_MEMORY, Resources
 from ..domain.jobs import Job
 from ..service import NodeView, Scheduler
 from . import actions
@@ -34,6 +35,13 @@ class NodeDetail:
     pending: list[Job]  # the oldest waiting ones
     pending_count: int
     info: NodeView | None = None  # what GET /nodes says: source, drain, heartbeat, version
+    capacity: Resources = NOTHING  # what it has (memory unreported: see `memory_known`)
+    allocated: Resources = NOTHING  # what its running jobs take
+
+    @property
+    def memory_known(self) -> bool:
+        """Whether its agent reported its memory (a registry node's is unknown)."""
+        return self.capacity.memory_mb < UNREPORTED_MEMORY // 2
 
     @property
     def load(self) -> float:
@@ -109,6 +117,8 @@ def _node_details(
                 pending=on_node.pending[:pending_shown],
                 pending_count=len(on_node.pending),
                 info=info,
+                capacity=load.total,
+                allocated=load.allocated,
             )
         )
     return details
