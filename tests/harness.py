@@ -65,7 +65,13 @@ class Harness:
         self.settings = Settings(registry_url=registry_url, **settings)
         writer = Writer(self.store)
         loaded = writer.load()
-        table = JobTable(loaded.jobs, loaded.last_seq, loaded.queues)
+        table = JobTable(
+            loaded.jobs,
+            loaded.last_seq,
+            loaded.queues,
+            loaded.users,
+            self.settings.fairshare_half_life_secs,
+        )
         schedule_table = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
         book = NodeBook(self.clock, self.settings.node_heartbeat_secs, self.settings.node_lost_secs)
         source: NodeSource = BuiltinNodes(book) if builtin else self.nodes
@@ -116,9 +122,12 @@ class Harness:
 
     # --- what clients and agents do ------------------------------------------------------
 
-    def submit(self, command: str = "true", key: str | None = None, **fields: Any) -> Job:
+    def submit(
+        self, command: str = "true", key: str | None = None, owner: str = "", **fields: Any
+    ) -> Job:
+        """A submission as POST /jobs would make it; `owner`: the user whose token sent it."""
         body = validation.orjson.dumps({"command": command, **fields})
-        job, _ = self.service.jobs.submit(validation.parse_job_request(body), key)
+        job, _ = self.service.jobs.submit(validation.parse_job_request(body), key, owner=owner)
         return job
 
     def submit_on(self, node: str, command: str = "true", **fields: Any) -> Job:

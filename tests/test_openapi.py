@@ -42,6 +42,7 @@ from tiny_scheduler.cluster import node_requests
 from tiny_scheduler.cluster.registry import DECODE_FAILED, INSTANCE_NOT_FOUND, REACH_FAILED
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
+from tiny_scheduler.domain import users
 from tiny_scheduler.domain.placement import NO_HEALTHY_NODES
 from tiny_scheduler.domain.validation import (
     MAX_PAGE,
@@ -162,7 +163,9 @@ WHERE = {
         ("404", "delete", "/schedules/{schedule_id}"),
     ],
     errors.DECODE_QUEUE: [("400", "put", "/queues/{name}")],
-    MAX_RUNNING_MESSAGE: [("400", "put", "/queues/{name}")],
+    MAX_RUNNING_MESSAGE: [("400", "put", "/queues/{name}"), ("400", "put", "/users/{name}")],
+    errors.DECODE_USER: [("400", "put", "/users/{name}")],
+    users.NAME_MESSAGE: [("400", "put", "/users/{name}")],
     PAUSED_MESSAGE: [("400", "put", "/queues/{name}")],
     QUEUE_MESSAGE: [("400", "put", "/queues/{name}")],
     node_requests.DECODE_HEARTBEAT: [("400", "put", NODE)],
@@ -211,6 +214,8 @@ WHERE = {
         ("401", "get", "/cluster"),
         ("401", "get", "/queues"),
         ("401", "put", "/queues/{name}"),
+        ("401", "get", "/users"),
+        ("401", "put", "/users/{name}"),
         ("401", "get", "/nodes"),
         ("401", "get", NODE),
         ("401", "put", NODE),
@@ -222,6 +227,7 @@ WHERE = {
     errors.REQUEST_TOO_LARGE: [  # an update is never refused for it
         ("413", "post", "/jobs"),
         ("413", "put", "/queues/{name}"),
+        ("413", "put", "/users/{name}"),
         ("413", "put", NODE),
         ("413", "patch", NODE),
         ("413", "post", OUTPUT),
@@ -233,6 +239,7 @@ WHERE = {
         ("503", "patch", "/jobs/{job_id}"),
         ("503", "post", "/jobs/{job_id}/cancel"),
         ("503", "put", "/queues/{name}"),
+        ("503", "put", "/users/{name}"),
         ("503", "put", NODE),  # a node's changed facts are stored before the answer
         ("503", "patch", NODE),
         ("503", "post", OUTPUT),
@@ -607,6 +614,12 @@ def test_every_documented_answer_of_a_walk_through_the_states_matches(
     shown_queue = call("PUT", "/queues/{name}", 200, settings, path_parameters={"name": queue})
     assert shown_queue.json()["max_running"] == 2
     assert queue in {shown["queue"] for shown in call("GET", "/queues", 200).json()}
+    person = f"walk-{unique_node()}"
+    limited = call(
+        "PUT", "/users/{name}", 200, {"max_running": 3}, path_parameters={"name": person}
+    )
+    assert limited.json()["max_running"] == 3
+    assert person in {shown["user"] for shown in call("GET", "/users", 200).json()}
     assert call("GET", "/cluster", 200).json()["daemons"]
 
     # An event stream: open, it takes a change made after it began; resumed just before that

@@ -61,7 +61,13 @@ def create_app(
         except BaseException:
             store.close()  # lets go of the file
             raise
-        table = JobTable(loaded.jobs, loaded.last_seq, loaded.queues)
+        table = JobTable(
+            loaded.jobs,
+            loaded.last_seq,
+            loaded.queues,
+            loaded.users,
+            settings.fairshare_half_life_secs,
+        )
         schedule_table = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
         node_records: list[NodeRecord] = loaded.nodes
         last_seq = loaded.last_seq

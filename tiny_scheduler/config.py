@@ -100,6 +100,9 @@ DEFAULT_NODE_HEARTBEAT_SECS = 5.0
 DEFAULT_KILL_GRACE_SECS = 10.0
 """Seconds an agent waits after SIGTERM before SIGKILL when it stops a job."""
 
+DEFAULT_FAIRSHARE_HALF_LIFE_SECS = 3600.0
+"""Seconds after which a user's past CPU time counts half in fair share (see fair_share)."""
+
 DEFAULT_MAX_WAITERS = 64
 """Open output waits and event streams at most; more get 503."""
 
@@ -162,6 +165,7 @@ class Settings:
     node_heartbeat_secs: float = DEFAULT_NODE_HEARTBEAT_SECS
     kill_grace_secs: float = DEFAULT_KILL_GRACE_SECS
     max_waiters: int = DEFAULT_MAX_WAITERS
+    fairshare_half_life_secs: float = DEFAULT_FAIRSHARE_HALF_LIFE_SECS
     ha_forward: bool = True
 
     @property
@@ -219,6 +223,9 @@ class Settings:
             node_heartbeat_secs=env.number("NODE_HEARTBEAT_SECS", DEFAULT_NODE_HEARTBEAT_SECS, 0.1),
             kill_grace_secs=env.number("KILL_GRACE_SECS", DEFAULT_KILL_GRACE_SECS, 0),
             max_waiters=env.integer("MAX_WAITERS", DEFAULT_MAX_WAITERS, 0),
+            fairshare_half_life_secs=env.number(
+                "FAIRSHARE_HALF_LIFE_SECS", DEFAULT_FAIRSHARE_HALF_LIFE_SECS, 1
+            ),
             ha_forward=env.flag("HA_FORWARD", True),
         )
 

@@ -1,4 +1,4 @@
-"""The HTTP API: blueprints for jobs, nodes, queues, schedule, schedules, health, the leader,
+"""The HTTP API: blueprints for jobs, nodes, queues, users, schedule, schedules, health, the leader,
 the OpenAPI document, the redirect from `/` to the dashboard, authentication, and error
 replies.
 
@@ -30,6 +30,7 @@ from . import (
     replies,
     root,
     schedules,
+    users,
 )
 
 
@@ -45,6 +46,7 @@ def init_app(app: Flask) -> None:
     app.register_blueprint(jobs.bp)
     app.register_blueprint(schedules.bp)
     app.register_blueprint(queues.bp)
+    app.register_blueprint(users.bp)
     app.register_blueprint(nodes.bp)
     app.register_blueprint(output.bp)
     app.register_blueprint(events.bp)

@@ -32,6 +32,7 @@ from .node_commands import COMMANDS as NODE_COMMANDS
 from .output import CliError
 from .queue_commands import queue, queues
 from .schedule_commands import schedule
+from .user_commands import user, users
 
 __all__ = ["main"]
 
@@ -86,6 +87,8 @@ for _command in (
     cluster,
     queues,
     queue,
+    users,
+    user,
     schedule,
     *NODE_COMMANDS,
     dev,

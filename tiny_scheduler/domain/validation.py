@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from .. import errors, jsonstream
-from . import jobs, queues
+from . import jobs, queues, users
 
 MAX_TIMEOUT_SECS = 10 * 365 * 24 * 3600
 MAX_DELAY_SECS = MAX_TIMEOUT_SECS
@@ -378,6 +378,19 @@ def parse_queue_settings(name: str, body: bytes) -> queues.QueueSettings:
     if paused is not None and not isinstance(paused, bool):
         raise errors.BadRequest(PAUSED_MESSAGE)
     return queues.QueueSettings(name, max_running, bool(paused))
+
+
+def parse_user_settings(name: str, body: bytes) -> users.UserSettings:
+    """A PUT /users/{name} body: `{"max_running": N|null}` (absent or null: no limit)."""
+    if not users.is_valid_name(name):
+        raise errors.BadRequest(users.NAME_MESSAGE)
+    data = decode_object(body, errors.DECODE_USER)
+    max_running = data.get("max_running")
+    if max_running is not None and (
+        (max_running := _integer(max_running)) is None or not 1 <= max_running < _INT64
+    ):
+        raise errors.BadRequest(users.MAX_RUNNING_MESSAGE)
+    return users.UserSettings(name, max_running)
 
 
 def job_request_to_wire(request: JobRequest) -> dict[str, object]:

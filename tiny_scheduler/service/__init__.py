@@ -13,6 +13,8 @@ It knows nothing of HTTP. Its parts each own one concern and decide apart from c
 - `output_ops`: live output, appended by agents and read from any offset;
 - `terms`: leadership terms and `/health`;
 - `queue_ops`: the queues' listing and settings (the table applies them);
+- `user_ops`: the users' listing and limits (the table applies them, and keeps their
+  fair-share usage);
 - `reads`: every read (with why a pending job waits, `why_waiting`), and the outbox of
   final-state events.
 
@@ -48,6 +50,7 @@ from .queue_ops import QueueOps, QueueView
 from .reads import Page, Reads
 from .schedule_ops import ScheduleOps
 from .terms import Terms
+from .user_ops import UserOps, UserView
 
 if TYPE_CHECKING:  # psycopg is imported only by a daemon on PostgreSQL
     from ..cluster.leadership import Leadership
@@ -65,6 +68,7 @@ __all__ = [
     "Page",
     "QueueView",
     "Scheduler",
+    "UserView",
 ]
 
 
@@ -78,6 +82,7 @@ class Scheduler:
     - `schedules` (`ScheduleOps`): schedule changes and fires;
     - `nodes` (`NodeOps`): heartbeats, drains, the node listing;
     - `queues` (`QueueOps`): the queues' listing and settings;
+    - `users` (`UserOps`): the users' listing (jobs, fair-share usage) and limits;
     - `output` (`OutputOps`): live output;
     - `terms` (`Terms`): leadership terms and `/health`;
     - `reads` (`Reads`): every other read, and the outbox of final-state events.
@@ -113,6 +118,7 @@ class Scheduler:
         self.nodes = NodeOps(core, self.jobs, self.dispatch, book, settings.builtin_registry)
         self.nodes.load(nodes or [])
         self.queues = QueueOps(core)
+        self.users = UserOps(core)
         self.output = OutputOps(core)
         self.terms = Terms(core, self.nodes, leadership)
         self.reads = Reads(core)

@@ -17,7 +17,6 @@ from ..cluster.node_book import NodeBook
 from ..domain import fit, jobs
 from ..domain.jobs import Job
 from ..domain.nodes import Nodes
-from ..state.node_queues import order
 from . import moves
 from .core import Core, Event, Move
 from .lifecycle import Lifecycle
@@ -159,7 +158,7 @@ class Dispatch:
                 job = held.enter_context(table.changing(candidate.seq))
                 if moves.still_movable(job, candidate, table.just_offered(job, now), node_id):
                     moved.append(job.evolve(node_id=node_id, moved_from=job.node_id))
-            moved.sort(key=order)  # the poll's order: they join the node's own in the answer
+            moved.sort(key=table.ordering(now))  # the poll's order: they join the node's own
             if not moved:
                 return []
             try:

@@ -38,10 +38,15 @@ class Lifecycle:
         self._core = core
 
     def submit(
-        self, request: JobRequest, dedupe_key: str | None = None, source: str = "http"
+        self,
+        request: JobRequest,
+        dedupe_key: str | None = None,
+        source: str = "http",
+        owner: str = "",
     ) -> tuple[Job, bool]:
         """Create a pending job, durable before this returns. With a dedupe key that already
-        created a job, return that job instead; the bool says whether a job was created."""
+        created a job, return that job instead; the bool says whether a job was created.
+        `owner`: the user whose token submitted it ("" for the shared key)."""
         core = self._core
         table = core.table
         with table.deduplicating(dedupe_key) as existing:
@@ -52,10 +57,10 @@ class Lifecycle:
                 self.check_fits(request)
             node_id = core.placement.place(request.instance_id, wants=request)
             if request.depends_on:
-                job = self._create_dependent(request, dedupe_key, node_id)
+                job = self._create_dependent(request, dedupe_key, node_id, owner)
             else:
                 with table.creating() as seq:
-                    job = self.new_job(request, dedupe_key, seq, node_id)
+                    job = self.new_job(request, dedupe_key, seq, node_id, owner=owner)
                     core.commit(job)
         core.created(job, source)
         if job.is_final:
@@ -79,7 +84,9 @@ class Lifecycle:
             raise errors.BadRequest(f"depends_on: {jobs.job_id_of(lost)} not found")
         return found
 
-    def _create_dependent(self, request: JobRequest, dedupe_key: str | None, node_id: str) -> Job:
+    def _create_dependent(
+        self, request: JobRequest, dedupe_key: str | None, node_id: str, owner: str
+    ) -> Job:
         """Create a job with dependencies, under the dependency lock: a dependency failing
         meanwhile either finds it among its dependents or has failed before it is looked at.
         One whose `ok` dependency already failed ends at once (it could never run)."""
@@ -87,7 +94,7 @@ class Lifecycle:
         with core.dependency_lock:
             found = self._check_dependencies(request)  # again: as they stand under the lock
             with core.table.creating() as seq:
-                job = self.new_job(request, dedupe_key, seq, node_id)
+                job = self.new_job(request, dedupe_key, seq, node_id, owner=owner)
                 failed = dependencies.doomed(job, found)
                 if failed is not None:
                     job = dependencies.fail(job, failed, job.created_at)
@@ -101,6 +108,7 @@ class Lifecycle:
         seq: int,
         node_id: str,
         schedule_id: str = "",
+        owner: str = "",
     ) -> Job:
         """A new pending job for the request (not yet committed). Its node is chosen first,
         and only then its id taken (`table.creating`): a slow registry must not hold back
@@ -115,6 +123,7 @@ class Lifecycle:
             created_at=now,
             dedupe_key=dedupe_key,
             schedule_id=schedule_id,
+            owner=owner,
             **fields,
         )
 

@@ -69,12 +69,14 @@ class Reads:
         unmet = dependencies.unmet(job, {seq: table.get(seq) for seq in job.depends_on})
         with table.queue_limits() as limits:
             settings, running = limits.state(job.queue)
+        with table.user_limits() as (user_limits, _):
+            user, user_running = user_limits.state(job.owner)
         placement = core.placement
         nodes = placement.source.cached_nodes()
         (load,) = placement.loads([job.node_id], nodes)
         capacity = placement.capacity(job.node_id, nodes)
         return why_waiting.waiting_for(
-            job, unmet, settings, running, capacity, load.available, core.now()
+            job, unmet, settings, running, capacity, load.available, core.now(), user, user_running
         )
 
     def with_output(self, found: Sequence[Job]) -> Iterator[Job]:

@@ -110,7 +110,13 @@ class Terms:
         Returns the number of jobs."""
         core = self._core
         loaded = core.store.reload()
-        core.table = JobTable(loaded.jobs, loaded.last_seq, loaded.queues)
+        core.table = JobTable(
+            loaded.jobs,
+            loaded.last_seq,
+            loaded.queues,
+            loaded.users,
+            core.settings.fairshare_half_life_secs,
+        )
         core.placement.count_loads_in(core.table)
         core.schedules = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
         self._node_ops.load(loaded.nodes)

@@ -3,9 +3,9 @@
 table or the clock itself.
 
 The reasons are checked in the order they would have to clear: its dependencies end, its
-`not_before` passes, its queue hands work out again, a node that can run it at all (its
-labels, `node_ids` and size), what it needs frees on its node (a slot, or CPUs, memory and
-GPUs), its node's agent polls.
+`not_before` passes, its queue hands work out again, its owner may run another job, a node
+that can run it at all (its labels, `node_ids` and size), what it needs frees on its node (a
+slot, or CPUs, memory and GPUs), its node's agent polls.
 
 Tests: `tests/test_workflow_queues.py`, `tests/test_delayed.py`,
 `tests/test_workflow_dependencies.py`.
@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..domain import fit, jobs, queues
+from ..domain import fit, jobs, queues, users
 from ..domain.fit import Capacity, Resources
 from ..domain.jobs import Job
 from ..domain.queues import QueueSettings
+from ..domain.users import UserSettings
 
 
 def waiting_for(
@@ -29,10 +30,13 @@ def waiting_for(
     node: Capacity,
     free: Resources,
     now: int,
+    user: UserSettings | None = None,
+    user_running: int = 0,
 ) -> str | None:
     """What the job waits for, or None when it is not pending. `unmet`: the dependencies it
     still waits for; `queue` and `queue_running`: its queue's settings (None: never set) and
-    running `run` jobs; `node` and `free`: what its node has, and has free now."""
+    running `run` jobs; `node` and `free`: what its node has, and has free now; `user` and
+    `user_running`: its owner's limit (None: none) and running `run` jobs."""
     if job.status != jobs.PENDING:
         return None
     if unmet:
@@ -42,6 +46,8 @@ def waiting_for(
         return f"not before {_moment(job.not_before)}"
     if queue is not None and queues.room(queue, queue_running) == 0:
         return queues.refusal(queue, queue_running)
+    if user is not None and users.room(user, user_running) == 0:
+        return users.refusal(user, user_running)
     if job.held:
         return "held"
     need = fit.need_of(job)

@@ -3,10 +3,12 @@
 idle node may take over from it.
 
 - due pending jobs per node by id (listings), and the same by `order` (priority, then age)
-  split by queue, so the poll reads exactly the jobs it hands out and a queue that is paused
-  or at its limit is skipped whole; each queue's due jobs cluster-wide by `order`, so a
-  limited queue with room hands out only its head (its next place goes to its oldest
-  highest-priority job, wherever that waits);
+  split by queue and owner, so the poll reads exactly the jobs it hands out, a queue that is
+  paused or at its limit is skipped whole, and so is a user at its limit; the streams are
+  merged by the fair-share key (`fair_share.order_key`: priority, the owner's usage, age),
+  which within one owner's stream is `order`. Each queue's due jobs cluster-wide by owner and
+  `order`, so a limited queue with room hands out only its head (its next place goes to its
+  first job in that key, wherever that waits);
 - running jobs per node, and what is allocated on each node (`fit.need_of` of its running
   jobs and of timed-out ones whose process still runs there), so what a node has free is
   one lookup;
@@ -36,8 +38,16 @@ from .jobs_by_node import JobsByNode
 
 
 def order(job: Job) -> tuple[int, int]:
-    """The order due jobs are handed out in: higher priority first, then oldest first."""
+    """The order of one owner's due jobs: higher priority first, then oldest first (across
+    owners, the fair-share key decides: `fair_share.order_key`)."""
     return (-job.priority, job.seq)
+
+
+Key = Callable[[Job], Any]
+"""The key due jobs of several owners are merged by (`fair_share.order_key`)."""
+
+Stream = tuple[str, str]
+"""A node's due jobs are kept in one index per (queue, owner)."""
 
 
 class NodeQueues:
@@ -45,11 +55,12 @@ class NodeQueues:
 
     def __init__(self) -> None:
         self.due = JobsByNode()  # due pending jobs
-        self._ready: dict[str, dict[str, SortedDict]] = {}  # node -> queue -> by order
-        self._queue_ready: dict[str, SortedDict] = {}  # queue -> its due jobs, by order
+        self._ready: dict[str, dict[Stream, SortedDict]] = {}  # node -> stream -> by order
+        self._queue_ready: dict[str, dict[str, SortedDict]] = {}  # queue -> owner -> by order
+        self._user_ready: dict[str, SortedDict] = {}  # owner -> its due jobs, by order
         self.running = JobsByNode()
         self.held = JobsByNode()  # timed-out jobs keeping a slot
-        self._movable: dict[str, dict[str, SortedDict]] = {}  # node -> queue -> by order
+        self._movable: dict[str, dict[Stream, SortedDict]] = {}  # node -> stream -> by order
         self.allocated: dict[str, Resources] = {}  # node -> what its running jobs take
         self._waiting: dict[str, Resources] = {}  # node -> what its due jobs need
         self._waiting_by_queue: dict[tuple[str, str], Resources] = {}
@@ -57,26 +68,28 @@ class NodeQueues:
     # --- upkeep -----------------------------------------------------------------------------
 
     def add_due(self, job: Job) -> None:
-        node, key = job.node_id, order(job)
+        node, key, stream = job.node_id, order(job), (job.queue, job.owner)
         self.due.add(job)
-        _queue(_queues_of(self._ready, node), job.queue)[key] = job
-        _queue(self._queue_ready, job.queue)[key] = job
+        _queue(_queues_of(self._ready, node), stream)[key] = job
+        _queue(_queues_of(self._queue_ready, job.queue), job.owner)[key] = job
+        _queue(self._user_ready, job.owner)[key] = job
         need = need_of(job)
         _add(self._waiting, node, need)
         _add(self._waiting_by_queue, (node, job.queue), need)
         if jobs.can_move(job):
-            _queue(_queues_of(self._movable, node), job.queue)[key] = job
+            _queue(_queues_of(self._movable, node), stream)[key] = job
 
     def remove_due(self, job: Job) -> None:
-        node, key = job.node_id, order(job)
+        node, key, stream = job.node_id, order(job), (job.queue, job.owner)
         self.due.discard(job)
-        _discard_nested(self._ready, node, job.queue, key)
-        _discard(self._queue_ready, job.queue, key)
+        _discard_nested(self._ready, node, stream, key)
+        _discard_nested(self._queue_ready, job.queue, job.owner, key)
+        _discard(self._user_ready, job.owner, key)
         need = need_of(job)
         _subtract(self._waiting, node, need)
         _subtract(self._waiting_by_queue, (node, job.queue), need)
         if jobs.can_move(job):
-            _discard_nested(self._movable, node, job.queue, key)
+            _discard_nested(self._movable, node, stream, key)
 
     def add_running(self, job: Job) -> None:
         self.running.add(job)
@@ -104,32 +117,55 @@ class NodeQueues:
         self,
         node_id: str,
         room: Callable[[str], int | None],
+        user_room: Callable[[str], int | None],
+        key: Key,
         eligible: Callable[[Job], bool] | None = None,
         movable: bool = False,
     ) -> Iterator[Job]:
         """A node's due jobs (with `movable`: only those an idle node may take) in the order
-        they are handed out, over its queues: every job of a queue with no limit (`room` of
-        the queue None); of a limited queue with room only those of its head (its first
-        `room` jobs cluster-wide) that are on this node and `eligible`; of a queue with no
-        room none. Reads only what it yields, plus a limited queue's head."""
-        by_queue = (self._movable if movable else self._ready).get(node_id)
-        if not by_queue:
+        they are handed out (`key`), over its queues and owners: every job of a queue with no
+        limit (`room` of the queue None); of a limited queue with room only those of its head
+        (its first `room` jobs cluster-wide by `key`) that are on this node and `eligible`; of
+        a queue with no room none; none of an owner whose `user_room` is 0, and of an owner
+        with a limit (in queues without one) only those of its own head, the same way. Reads
+        only what it yields, plus the heads of limited queues and users."""
+        by_stream = (self._movable if movable else self._ready).get(node_id)
+        if not by_stream:
             return iter(())
         streams: list[Iterator[Job]] = []
-        for name, index in by_queue.items():
+        limited: set[str] = set()
+        limited_users: set[str] = set()
+        for (name, owner), index in by_stream.items():
+            user_space = user_room(owner)
+            if user_space == 0:
+                continue
             space = room(name)
-            if space is None:
+            if space is None and user_space is None:
                 streams.append(iter(index.values()))
-            elif space > 0:
-                head = itertools.islice(self._queue_ready[name].values(), space)
+            elif space is None and owner not in limited_users:
+                limited_users.add(owner)
+                assert user_space is not None
+                user_head = itertools.islice(self._user_ready[owner].values(), user_space)
+                streams.append(
+                    job
+                    for job in user_head
+                    if job.node_id == node_id
+                    and room(job.queue) is None  # a limited queue's jobs come by its head
+                    and (eligible is None or eligible(job))
+                )
+            elif space > 0 and name not in limited:
+                limited.add(name)
+                owners = self._queue_ready[name]
+                everywhere = _merged(
+                    [iter(i.values()) for o, i in owners.items() if user_room(o) != 0], key
+                )
+                head = itertools.islice(everywhere, space)
                 streams.append(
                     job
                     for job in head
                     if job.node_id == node_id and (eligible is None or eligible(job))
                 )
-        if len(streams) == 1:
-            return streams[0]
-        return heapq.merge(*streams, key=order)
+        return _merged(streams, key)
 
     def loads(
         self, node_ids: Sequence[str], held_back: Sequence[str]
@@ -154,11 +190,14 @@ class NodeQueues:
 
 
 def _add(sums: dict[Any, Resources], key: Any, amount: Resources) -> None:
-    sums[key] = sums.get(key, NOTHING) + amount
+    if amount != NOTHING:  # a service that asks for nothing: no entry to keep
+        sums[key] = sums.get(key, NOTHING) + amount
 
 
 def _subtract(sums: dict[Any, Resources], key: Any, amount: Resources) -> None:
     """Less of `key`; a sum that reaches nothing is dropped (nodes and queues come and go)."""
+    if amount == NOTHING:
+        return
     left = sums[key] - amount
     if left == NOTHING:
         del sums[key]
@@ -174,7 +213,15 @@ def decrement(counter: collections.Counter[Any], key: Any) -> None:
         del counter[key]
 
 
-def _queue(index: dict[str, SortedDict], key: str) -> SortedDict:
+def _merged(streams: list[Iterator[Job]], key: Key) -> Iterator[Job]:
+    if not streams:
+        return iter(())
+    if len(streams) == 1:
+        return streams[0]
+    return heapq.merge(*streams, key=key)
+
+
+def _queue(index: dict[Any, SortedDict], key: Any) -> SortedDict:
     """The index's entry for `key`, made when it has none (not made on every call, as
     `setdefault`'s argument would be: a SortedDict costs microseconds to build)."""
     queue = index.get(key)
@@ -183,7 +230,7 @@ def _queue(index: dict[str, SortedDict], key: str) -> SortedDict:
     return queue
 
 
-def _queues_of(index: dict[str, dict[str, SortedDict]], node_id: str) -> dict[str, SortedDict]:
+def _queues_of(index: dict[str, dict[Any, SortedDict]], node_id: str) -> dict[Any, SortedDict]:
     found = index.get(node_id)
     if found is None:
         found = index[node_id] = {}
@@ -191,15 +238,15 @@ def _queues_of(index: dict[str, dict[str, SortedDict]], node_id: str) -> dict[st
 
 
 def _discard_nested(
-    index: dict[str, dict[str, SortedDict]], node_id: str, queue: str, key: object
+    index: dict[str, dict[Any, SortedDict]], outer: str, inner: Any, key: object
 ) -> None:
-    by_queue = index[node_id]
-    _discard(by_queue, queue, key)
-    if not by_queue:
-        del index[node_id]
+    by_inner = index[outer]
+    _discard(by_inner, inner, key)
+    if not by_inner:
+        del index[outer]
 
 
-def _discard(index: dict[str, SortedDict], key: str, member: object) -> None:
+def _discard(index: dict[Any, SortedDict], key: Any, member: object) -> None:
     queue = index[key]
     del queue[member]
     if not queue:

@@ -16,6 +16,9 @@ change holds busy. Everything else is a structure of its own, kept in step by `p
   one ends (and kept from retention while awaited);
 - `QueueLimits`: each queue's settings and counts; a paused queue or one at its limit hands
   nothing out, and a claim past the limit is refused even when two nodes claim at once;
+- `UserLimits`: the same per user (a job's owner), with the limit an admin gave it;
+- `UserUsage`: each user's fair-share usage (decayed CPU time), by which due jobs of equal
+  priority are handed out (`fair_share.order_key`);
 - `Offers`: what the agent polls offered in the last seconds (moving work leaves those).
 
 A new concern (resources, fair share) is a new structure beside these, not new fields here.
@@ -49,17 +52,20 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from sortedcontainers import SortedDict
 
 from .. import errors
-from ..config import OFFER_HOLD_SECS
-from ..domain import jobs
+from ..config import DEFAULT_FAIRSHARE_HALF_LIFE_SECS, OFFER_HOLD_SECS
+from ..domain import fair_share, jobs
 from ..domain.fit import NOTHING, Capacity, Ending, Picker, Resources, need_of
 from ..domain.jobs import Job
 from ..domain.queues import QueueSettings
+from ..domain.users import UserSettings
 from .delayed_jobs import DelayedJobs
 from .dependency_waits import DependencyWaits, dependencies_met
 from .finished_jobs import FinishedJobs
-from .node_queues import NodeQueues, order
+from .node_queues import Key, NodeQueues
 from .offers import Offers
 from .queue_limits import QueueLimits
+from .user_limits import UserLimits
+from .user_usage import UserUsage
 
 _SCAN_CHUNK = 4096  # jobs examined per lock hold when a listing must scan history
 
@@ -81,7 +87,10 @@ class JobTable:
         loaded: Iterable[Job] = (),
         last_seq: int = 0,
         queues: Iterable[QueueSettings] = (),
+        users: Iterable[UserSettings] = (),
+        half_life_secs: float = DEFAULT_FAIRSHARE_HALF_LIFE_SECS,
     ) -> None:
+        """`users`: the users' stored limits; `half_life_secs`: FAIRSHARE_HALF_LIFE_SECS."""
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # a busy job or key was released
         self._jobs: SortedDict = SortedDict()
@@ -89,6 +98,8 @@ class JobTable:
         self._delayed = DelayedJobs()
         self._waits = DependencyWaits()
         self._limits = QueueLimits(queues)
+        self._user_limits = UserLimits(users)
+        self._usage = UserUsage(half_life_secs)
         self._offers = Offers(int(OFFER_HOLD_SECS * 1_000_000))
         self._finished = FinishedJobs()
         self._keys: dict[str, int] = {}
@@ -127,6 +138,9 @@ class JobTable:
         for (_, status), count in counted.items():
             self._counts[status] += count
         self._finished.load(job for job in ordered if job.status in final)
+        # What the stored jobs used still counts for fair share, decayed (those with an ended
+        # attempt: finished ones, and retried ones).
+        self._usage.load(job for job in ordered if job.status in final or job.attempts)
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -169,13 +183,50 @@ class JobTable:
             )
             if picker.exhausted:
                 return [], picker
-            found = self._nodes.handed_out(node_id, self._limits.room)
+            found = self._nodes.handed_out(
+                node_id, self._limits.room, self._user_limits.room, self._key(now)
+            )
             if remember:
                 found = (job for job in found if job.seq not in self._busy)
-            answer = picker.take(found, limit=free.cpus)
+            answer = picker.take(self._within_user_limits(found), limit=free.cpus)
             if remember:
                 self._offers.remember(node_id, answer, now)
             return answer, picker
+
+    def _key(self, now: int) -> Key:
+        """(Lock held.) The order due jobs are handed out in at `now`: priority, then the
+        owner's fair-share usage (read once per owner), then age."""
+        usage = self._usage
+        seen: dict[str, float] = {}
+
+        def look(owner: str) -> float:
+            found = seen.get(owner)
+            if found is None:
+                found = seen[owner] = usage.usage(owner, now)
+            return found
+
+        return fair_share.order_key(look)
+
+    def ordering(self, now: int) -> Key:
+        """The key due jobs are handed out by at `now` (to sort jobs gathered elsewhere)."""
+        with self._lock:
+            return self._key(now)
+
+    def _within_user_limits(self, found: Iterable[Job]) -> Iterator[Job]:
+        """(Lock held.) `found` without the jobs of a user beyond its room: one answer never
+        hands a limited user more jobs than it may start (a claim past it is refused too)."""
+        limits = self._user_limits
+        if not limits.limited():
+            yield from found
+            return
+        given: collections.Counter[str] = collections.Counter()
+        for job in found:
+            room = limits.room(job.owner)
+            if room is not None and job.takes_slot:
+                if given[job.owner] >= room:
+                    continue
+                given[job.owner] += 1
+            yield job
 
     def _endings(
         self, node_id: str, now: int, deadline: Callable[[Job, int], int | None]
@@ -330,11 +381,12 @@ class JobTable:
         found: list[Job] = []
         with self._lock:
             self._promote(now)
-            room = self._limits.room
+            room, user_room, key = self._limits.room, self._user_limits.room, self._key(now)
             streams = [
-                self._nodes.handed_out(node, room, jobs.can_move, movable=True) for node in node_ids
+                self._nodes.handed_out(node, room, user_room, key, jobs.can_move, movable=True)
+                for node in node_ids
             ]
-            for job in heapq.merge(*streams, key=order):
+            for job in self._within_user_limits(heapq.merge(*streams, key=key)):
                 if len(found) == limit or picker.exhausted:
                     break
                 if job.seq in self._busy or self._offers.held(job, now) or stays(job):
@@ -378,6 +430,14 @@ class JobTable:
             yield self._limits
 
     @contextlib.contextmanager
+    def user_limits(self) -> Iterator[tuple[UserLimits, UserUsage]]:
+        """The users' limits and counts, and their fair-share usage, under the table's lock
+        for the block: read them or apply committed settings, and do nothing else (no I/O,
+        no waiting)."""
+        with self._lock:
+            yield self._user_limits, self._usage
+
+    @contextlib.contextmanager
     def starting(self, job: Job) -> Iterator[None]:
         """Around a claim's commit (the job held busy): refuse a job whose dependencies have
         not ended, and one whose queue may not start it (`QueueLimits.reserve`)."""
@@ -388,12 +448,21 @@ class JobTable:
                     f"job {job.job_id} cannot start: its dependencies have not ended"
                 )
             reserved = self._limits.reserve(job)
+            try:
+                user_reserved = self._user_limits.reserve(job)
+            except errors.Conflict:
+                if reserved:
+                    self._limits.release(job)
+                raise
         try:
             yield
         finally:
-            if reserved:
+            if reserved or user_reserved:
                 with self._lock:
-                    self._limits.release(job)
+                    if reserved:
+                        self._limits.release(job)
+                    if user_reserved:
+                        self._user_limits.release(job)
 
     # --- writes -----------------------------------------------------------------------------
 
@@ -461,6 +530,7 @@ class JobTable:
             old = self._jobs.get(job.seq)
             if old is not None:
                 self._unindex(old)
+                self._charge(old, job)
             self._jobs[job.seq] = job
             self._index(job, old)
 
@@ -481,6 +551,7 @@ class JobTable:
         """Enter one version of a job into every structure (`old`: the version it replaces)."""
         self._counts[job.status] += 1
         self._limits.add(job)
+        self._user_limits.add(job)
         if job.status == jobs.PENDING and job.depends_on and not self._met(job):
             self._waits.add(job)
         elif job.status == jobs.PENDING and self._delayed.is_delayed(job):
@@ -489,6 +560,7 @@ class JobTable:
             self._nodes.add_due(job)
         elif job.status == jobs.RUNNING:
             self._nodes.add_running(job)
+            self._usage.running(job)
         elif old is not None and not old.is_final:
             self._finished.add(job.seq)
             self._release_dependents(job.seq)
@@ -499,14 +571,29 @@ class JobTable:
     def _unindex(self, job: Job) -> None:
         self._counts[job.status] -= 1
         self._limits.discard(job)
+        self._user_limits.discard(job)
         if job.status == jobs.PENDING:
             if not self._waits.discard(job) and not self._delayed.discard(job):
                 self._nodes.remove_due(job)
         elif job.status == jobs.RUNNING:
             self._nodes.remove_running(job)
+            self._usage.not_running(job)
         self._nodes.remove_slot_facts(job)
         if job.dedupe_key is not None and self._keys.get(job.dedupe_key) == job.seq:
             del self._keys[job.dedupe_key]
+
+    def _charge(self, old: Job, new: Job) -> None:
+        """(Lock held.) An attempt that ran in `old` and is over in `new` is charged to its
+        owner's fair-share usage, from its start to its end."""
+        if old.status != jobs.RUNNING or old.running_at is None:
+            return
+        if new.status == jobs.RUNNING and new.retry_count == old.retry_count:
+            return  # still the same attempt, running
+        ended = new.finished_at
+        if new.retry_count > old.retry_count and new.attempts:
+            ended = new.attempts[-1].finished_at
+        if ended is not None:
+            self._usage.ended(old.owner, need_of(old).cpus, old.running_at, ended)
 
     def _met(self, job: Job) -> bool:
         return dependencies_met(job, self._jobs.get)

@@ -30,6 +30,7 @@ from ..domain.jobs import Job, Output
 from ..domain.nodes import NodeRecord
 from ..domain.queues import QueueSettings
 from ..domain.schedules import Schedule
+from ..domain.users import UserSettings
 
 
 class StoreOpenError(RuntimeError):
@@ -63,6 +64,7 @@ class Loaded:
     last_schedule_seq: int = 0  # the highest schedule id ever handed out
     nodes: list[NodeRecord] = dataclasses.field(default_factory=list)  # by node id
     queues: list[QueueSettings] = dataclasses.field(default_factory=list)  # by name
+    users: list[UserSettings] = dataclasses.field(default_factory=list)  # by name
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,6 +82,7 @@ class Batch:
     schedule_deletes: Sequence[int] = ()
     nodes: Sequence[NodeRecord] = ()  # insert or replace (by node id)
     queue_settings: Sequence[QueueSettings] = ()  # insert or replace (by queue name)
+    user_settings: Sequence[UserSettings] = ()  # insert or replace (by user name)
 
 
 class JobStore(Protocol):

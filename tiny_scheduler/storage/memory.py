@@ -17,6 +17,7 @@ from ..domain.jobs import Job, Output
 from ..domain.nodes import NodeRecord
 from ..domain.queues import QueueSettings
 from ..domain.schedules import Schedule
+from ..domain.users import UserSettings
 from .base import Batch, Loaded, OutboxEvent
 
 
@@ -41,6 +42,7 @@ class MemoryDatabase:
     last_event_id: int = 0
     nodes: dict[str, NodeRecord] = dataclasses.field(default_factory=dict)
     queues: dict[str, QueueSettings] = dataclasses.field(default_factory=dict)
+    users: dict[str, UserSettings] = dataclasses.field(default_factory=dict)
 
 
 class MemoryStore:
@@ -70,6 +72,7 @@ class MemoryStore:
                 last_schedule_seq=db.last_schedule_seq,
                 nodes=[db.nodes[node] for node in sorted(db.nodes)],
                 queues=[db.queues[name] for name in sorted(db.queues)],
+                users=[db.users[name] for name in sorted(db.users)],
             )
 
     def outbox(self, limit: int) -> list[OutboxEvent]:
@@ -110,6 +113,8 @@ class MemoryStore:
                 db.nodes[record.node_id] = record
             for settings in batch.queue_settings:
                 db.queues[settings.name] = settings
+            for user in batch.user_settings:
+                db.users[user.name] = user
         if _changes(batch):
             self.batches.append(batch)
 
@@ -147,4 +152,5 @@ def _changes(batch: Batch) -> bool:
         or batch.schedule_deletes
         or batch.nodes
         or batch.queue_settings
+        or batch.user_settings
     )

@@ -239,10 +239,14 @@ class PostgresStore(sql.SqlStore):
                     sql.queue_from_row(_unescaped(row))
                     for row in conn.execute(self.SQL.select_queues)
                 ]
+                users = [
+                    sql.user_from_row(_unescaped(row))
+                    for row in conn.execute(self.SQL.select_users)
+                ]
         finally:
             if collecting:
                 gc.enable()
-        return sql.loaded(loaded, schedules, marks, events, nodes, queues)
+        return sql.loaded(loaded, schedules, marks, events, nodes, queues, users)
 
     def _job(self, row: Sequence[Any]) -> Job:
         try:

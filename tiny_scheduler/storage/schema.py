@@ -440,6 +440,12 @@ _NODE_CAPACITY_V10 = (
     "ALTER TABLE nodes ADD COLUMN enforcement TEXT NOT NULL DEFAULT ''",
 )
 
+# Version 11: users' limits (issue 35), one row per user an admin has set.
+_USERS = """CREATE TABLE IF NOT EXISTS users (
+    name        TEXT PRIMARY KEY,
+    max_running {integer}            -- NULL: no limit
+)"""
+
 STEPS: Sequence[Step] = (
     Step(1, sqlite=script(_SQLITE_V1), postgres=_POSTGRES_V1),
     Step(
@@ -480,10 +486,16 @@ STEPS: Sequence[Step] = (
         sqlite=tuple(statement.format(integer="INTEGER") for statement in _NODE_CAPACITY_V10),
         postgres=tuple(statement.format(integer="BIGINT") for statement in _NODE_CAPACITY_V10),
     ),
+    # 11 (issue 35): the limits an admin gives users (`sql.USER_COLUMNS`).
+    Step(
+        11,
+        sqlite=(_USERS.format(integer="INTEGER"),),
+        postgres=(_USERS.format(integer="BIGINT"),),
+    ),
 )
 """Each step upgrades a database from the version before it; a database is taken through every
 step above its version, in order, then given the declared columns it lacks."""
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 """The newest version `STEPS` reach: a database of a higher one is refused (a newer
 scheduler's), one of a lower one upgraded."""

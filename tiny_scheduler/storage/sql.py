@@ -22,6 +22,7 @@ from ..domain.jobs import Job, Output
 from ..domain.nodes import NodeRecord
 from ..domain.queues import QueueSettings
 from ..domain.schedules import Schedule
+from ..domain.users import UserSettings
 from . import rows
 from .base import Batch, Loaded, OutboxEvent
 
@@ -73,6 +74,19 @@ def queue_row(settings: QueueSettings) -> tuple[object, ...]:
 def queue_from_row(row: Sequence[Any]) -> QueueSettings:
     name, max_running, paused = row
     return QueueSettings(name, max_running, bool(paused))
+
+
+USER_COLUMNS = ("name", "max_running")
+"""The `users` table: the limit an admin gave a user (max_running NULL: no limit)."""
+
+
+def user_row(settings: UserSettings) -> tuple[object, ...]:
+    return (settings.name, settings.max_running)
+
+
+def user_from_row(row: Sequence[Any]) -> UserSettings:
+    name, max_running = row
+    return UserSettings(name, max_running)
 
 
 def _names(columns: Iterable[str]) -> str:
@@ -144,6 +158,8 @@ class Statements:
         self.select_nodes = f"SELECT {_names(NODE_COLUMNS)} FROM nodes ORDER BY node_id"
         self.upsert_queue = upsert("queues", QUEUE_COLUMNS, ("name",))
         self.select_queues = f"SELECT {_names(QUEUE_COLUMNS)} FROM queues ORDER BY name"
+        self.upsert_user = upsert("users", USER_COLUMNS, ("name",))
+        self.select_users = f"SELECT {_names(USER_COLUMNS)} FROM users ORDER BY name"
         self.add_event = f"INSERT INTO outbox (seq, message) VALUES ({mark}, {mark})"
         self.outbox = f"SELECT id, seq, message FROM outbox ORDER BY id LIMIT {mark}"
         # One job's every output; no row at all when the job is not stored (deleted meanwhile).
@@ -236,6 +252,9 @@ class SqlStore:
         if batch.queue_settings:
             values = [self._storable(queue_row(q)) for q in batch.queue_settings]
             self._many(cursor, sql.upsert_queue, values)
+        if batch.user_settings:
+            values = [self._storable(user_row(u)) for u in batch.user_settings]
+            self._many(cursor, sql.upsert_user, values)
         if batch.probe:
             # A fresh value each time: SQLite skips writing a row that does not change.
             cursor.execute(sql.probe, (time.time_ns(),))
@@ -265,6 +284,7 @@ def loaded(
     events: int,
     nodes: list[NodeRecord],
     queues: list[QueueSettings],
+    users: Sequence[UserSettings] = (),
 ) -> Loaded:
     """What a store holds, from its rows (in seq order), its high-water marks (`meta`) and the
     outbox's size: an id high-water mark is the larger of the stored mark (kept for deleted
@@ -273,4 +293,4 @@ def loaded(
     last_schedule_seq = max(
         marks.get("last_schedule_seq", 0), schedules[-1].seq if schedules else 0
     )
-    return Loaded(jobs, last_seq, events, schedules, last_schedule_seq, nodes, queues)
+    return Loaded(jobs, last_seq, events, schedules, last_schedule_seq, nodes, queues, list(users))

@@ -135,7 +135,8 @@ class SqliteStore(sql.SqlStore):
         self._conn.execute("PRAGMA shrink_memory")
         nodes = [sql.node_from_row(row) for row in self._conn.execute(self.SQL.select_nodes)]
         queues = [sql.queue_from_row(row) for row in self._conn.execute(self.SQL.select_queues)]
-        found = sql.loaded(loaded, schedules, marks, events, nodes, queues)
+        users = [sql.user_from_row(row) for row in self._conn.execute(self.SQL.select_users)]
+        found = sql.loaded(loaded, schedules, marks, events, nodes, queues, users)
         last_seq = found.last_seq
         if self._lock.last_seq > last_seq:
             log.warning(

@@ -49,6 +49,7 @@ from ..domain.jobs import Job, Output
 from ..domain.nodes import NodeRecord
 from ..domain.queues import QueueSettings
 from ..domain.schedules import Schedule
+from ..domain.users import UserSettings
 from ..errors import STORE_OUTCOME_UNKNOWN, StoreError
 from .base import Batch, JobStore, Loaded, OutboxEvent, OutcomeUnknown
 
@@ -184,6 +185,10 @@ class Writer:
     def save_queue(self, settings: QueueSettings) -> None:
         """Insert or replace a queue's settings; returns once committed."""
         self._submit(Batch(queue_settings=(settings,)))
+
+    def save_user(self, settings: UserSettings) -> None:
+        """Insert or replace a user's settings; returns once committed."""
+        self._submit(Batch(user_settings=(settings,)))
 
     def delete_schedule(self, seq: int) -> None:
         """Remove a schedule; its id is never handed out again."""
