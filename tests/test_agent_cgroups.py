@@ -177,3 +177,21 @@ def test_a_hierarchy_that_cannot_be_written_says_why(tmp_path: Path) -> None:
     assert "No such file or directory" in cgroups.layout_check(layout, "probe")
     assert cgroups.layout_check(Layout(V1, (("cpu", str(tmp_path)),)), "probe") == ""
     assert not (tmp_path / "probe").exists()
+
+
+def test_leftovers_are_this_agents_groups_whose_job_folders_are_gone(tmp_path: Path) -> None:
+    layout = v1_layout(tmp_path)
+    prefix = "tiny-scheduler.abc."
+    for name in (f"{prefix}job-1.0.a", f"{prefix}job-2.0.b", "tiny-scheduler.other.job-3.0.c"):
+        for role in ("memory", "cpu", "cpuacct"):
+            (tmp_path / role / name).mkdir()
+    (tmp_path / "cpu" / f"{prefix}job-4.0.d").mkdir()  # in one hierarchy only
+    found = cgroups.leftovers(layout, prefix, keep=["job-1.0.a"])
+    assert [group.paths()[0] for group in found] == [
+        str(tmp_path / "memory" / f"{prefix}job-2.0.b"),
+        str(tmp_path / "memory" / f"{prefix}job-4.0.d"),
+    ]
+    assert all(group.remove() for group in found)
+    assert not (tmp_path / "cpu" / f"{prefix}job-4.0.d").exists()
+    assert (tmp_path / "cpu" / f"{prefix}job-1.0.a").exists()
+    assert (tmp_path / "cpu" / "tiny-scheduler.other.job-3.0.c").exists()

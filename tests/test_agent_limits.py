@@ -60,10 +60,25 @@ PYTHON = shlex.quote(sys.executable)
 
 @pytest.fixture
 def agents() -> Iterator[list[AgentProcess]]:
+    """The agents a test started; killed with their jobs when it ends, and then no control
+    group of theirs is left on the machine."""
     made: list[AgentProcess] = []
     yield made
     for agent in made:
         agent.kill()
+    if ENFORCED is not None:
+        ids = {
+            (a.work_dir / "agent_id").read_text()
+            for a in made
+            if (a.work_dir / "agent_id").exists()
+        }
+        left = [
+            entry
+            for _, base in ENFORCED.bases
+            for entry in os.listdir(base)
+            if any(entry.startswith(f"tiny-scheduler.{agent_id}.") for agent_id in ids)
+        ]
+        assert left == [], "the jobs' control groups are left behind"
 
 
 @pytest.fixture
@@ -106,6 +121,14 @@ def job_group(pid: int, controller: str) -> Path:
         return Path(mount.path) / own[""].lstrip("/")
     mount = next(m for m in mounts if m.fstype == "cgroup" and controller in m.options)
     return Path(mount.path) / own[controller].lstrip("/")
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped, does not count)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def read_pid(path: Path) -> int | None:
@@ -273,6 +296,24 @@ def test_a_job_taken_back_after_a_restart_keeps_its_group_and_its_oom_is_seen(
     done = final(api, job["job_id"], agents[-1])
     assert (done["status"], done["reason"]) == ("failed", "out_of_memory"), done
     assert "usage" in done
+    api.close()
+
+
+@needs_cgroups
+def test_killing_an_agent_with_its_jobs_removes_their_groups_too(
+    tmp_path: Path, sched: SchedulerProcess, agents: list[AgentProcess]
+) -> None:
+    # As a test's end and the dev cluster's stop do: the owner dies by SIGKILL, so the one
+    # who kills it removes the job's group (and a process that left the job's session).
+    agent = node_agent(agents, tmp_path, "killed", sched.url)
+    api = Api(sched.url)
+    pid_file = tmp_path / "escaped.pid"
+    api.submit(command=f"setsid sleep 600 & echo $! > {shlex.quote(str(pid_file))}; wait", cpus=1)
+    pid = wait_for(lambda: read_pid(pid_file), message=agent.waiting("the job to start"))
+    group = job_group(pid, "memory")
+    agent.kill()
+    assert not group.exists()
+    assert not running(pid), "the process that left the job's session outlived its group"
     api.close()
 
 

@@ -386,6 +386,26 @@ class JobGroup:
         return gone
 
 
+def leftovers(layout: Layout, prefix: str, keep: Iterable[str]) -> list[JobGroup]:
+    """The groups named `prefix` + a name not in `keep` that `layout`'s bases hold: those of
+    jobs whose folders are gone (an owner killed with SIGKILL could not remove its own)."""
+    kept = set(keep)
+    names: set[str] = set()
+    for _, base in layout.bases:
+        with contextlib.suppress(OSError):
+            names.update(
+                entry
+                for entry in os.listdir(base)
+                if entry.startswith(prefix) and entry[len(prefix) :] not in kept
+            )
+    return [
+        JobGroup(
+            layout.version, tuple((role, os.path.join(base, name)) for role, base in layout.bases)
+        )
+        for name in sorted(names)
+    ]
+
+
 def out_of_memory(before: int | None, after: int | None, exit_code: int) -> bool:
     """Whether a job ended for its memory: its group's OOM-kill count rose while it ran and it
     failed. (A `kill -9` from a person leaves the count alone: an ordinary exit. A job that

@@ -164,6 +164,7 @@ class Agent(Reporting, Heartbeating):
         if self._held:
             log.info("%d reports in the spool from an earlier run", len(self._held))
         self._adopt()
+        self._remove_leftover_groups()
         capacity = self.capacity
         log.info(
             "%s: %d slots, polling %s every %gs; %s MiB, %d GPUs%s",
@@ -225,6 +226,18 @@ class Agent(Reporting, Heartbeating):
             taken += 1
         if taken:
             log.info("took back %d jobs an earlier run of this agent started", taken)
+
+    def _remove_leftover_groups(self) -> None:
+        """Remove the control groups of this agent's jobs whose folders are gone (an owner
+        killed with SIGKILL leaves its job's group behind), and whatever still runs in them."""
+        layout = self.limits.layout
+        if layout is None:
+            return
+        jobs_dir = os.path.join(self.config.work_dir, "jobs")
+        live = os.listdir(jobs_dir) if os.path.isdir(jobs_dir) else []
+        for group in cgroups.leftovers(layout, self.limits.group_prefix, live):
+            if group.kill_all(seconds=1.0) and group.remove():
+                log.info("removed the leftover cgroup %s", group.paths()[0])
 
     def _detach(self) -> None:
         """End the agent, leaving the running jobs to their owners."""

@@ -233,6 +233,23 @@ class Runner:
                 self.group = cgroups.create(limits.layout, name, job.memory_mb, job.cpus)
             except OSError as exc:
                 raise PrepareError(f"cannot make the job's cgroup: {exc}") from None
+        try:
+            self._start_owner(argv, cwd, env, timeout_secs, kill_grace_secs, fence)
+        except BaseException:
+            if self.group is not None:
+                self.group.remove()  # nothing of the job ran in it
+            raise
+
+    def _start_owner(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        timeout_secs: float,
+        kill_grace_secs: float,
+        fence: float | None,
+    ) -> None:
+        job = self.job
         spec = {
             "job_id": self.job_id,
             "attempt": self.attempt,
