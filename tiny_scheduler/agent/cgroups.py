@@ -29,6 +29,7 @@ library alone, loads this file from beside itself. Tests: `tests/test_agent_cgro
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -54,6 +55,9 @@ V1_ROLES = ("memory", "cpu", "cpuacct")
 KILL_SECS = 5.0
 """How long the owner tries to empty a job's group (SIGKILL to what is left) before it gives
 up removing it (the agent tries again when it removes the job's folder)."""
+
+REMOVE_SECS = 2.0
+"""How long an empty group that is still busy (its processes not yet reaped) is tried again."""
 
 
 # --- which hierarchy (pure) ----------------------------------------------------------------
@@ -373,17 +377,29 @@ class JobGroup:
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.02)
 
-    def remove(self) -> bool:
-        """Remove the group (it must be empty); whether it is gone."""
-        gone = True
-        for path in self.paths():
-            try:
-                os.rmdir(path)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                gone = False
-        return gone
+    def remove(self, seconds: float = REMOVE_SECS) -> bool:
+        """Remove the group (it must be empty); whether it is gone. A group whose last
+        processes are dead but not yet reaped (by init, once they were orphaned) is still
+        busy: tried again for up to `seconds`."""
+        deadline = time.monotonic() + seconds
+        left = self.paths()
+        while True:
+            busy = []
+            for path in left:
+                try:
+                    os.rmdir(path)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY:
+                        return False
+                    busy.append(path)
+            if not busy:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            left = busy
+            time.sleep(0.02)
 
 
 def leftovers(layout: Layout, prefix: str, keep: Iterable[str]) -> list[JobGroup]:

@@ -417,7 +417,13 @@ class Agent(Reporting, Heartbeating):
                 with self._lock:
                     self.ledger.give_back(job.job_id)
                 continue
-            self._start(job, claimed, grant)
+            try:
+                self._start(job, claimed, grant)
+            except BaseException:
+                with self._lock:  # no folder for it (a full disk): nothing of it runs
+                    if job.job_id not in self._runners:
+                        self.ledger.give_back(job.job_id)
+                raise
 
     def _claim(self, job: PolledJob) -> dict[str, Any] | None:
         """PATCH running; the job as the scheduler answered, or None when not claimed."""
