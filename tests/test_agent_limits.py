@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 from conftest import SchedulerFactory
 from helpers import Api, expect_json, wait_for
+from test_agent_owner import start_node
 from test_agent_process import AgentProcess, ended, start_agent, status_is, waits_for
 
 from tiny_scheduler.agent import cgroups, resources
@@ -84,24 +85,6 @@ def agents() -> Iterator[list[AgentProcess]]:
 @pytest.fixture
 def sched(scheduler_factory: SchedulerFactory) -> SchedulerProcess:
     return scheduler_factory(env=ENV)
-
-
-def node_agent(
-    agents: list[AgentProcess], folder: Path, node: str, url: str, *options: str
-) -> AgentProcess:
-    """An agent of `node`, once the scheduler lists its node healthy."""
-    agent = start_agent(agents, folder, node, url, *options)
-    api = Api(url)
-
-    def healthy() -> bool:
-        reply = api.get(f"/nodes/{node}")
-        return reply.status_code == 200 and reply.json()["health"] == "healthy"
-
-    try:
-        wait_for(healthy, timeout=30, message=agent.waiting(f"{node} to be healthy"))
-    finally:
-        api.close()
-    return agent
 
 
 def final(api: Api, job_id: str, agent: AgentProcess, timeout: float = 30) -> dict[str, Any]:
@@ -211,7 +194,7 @@ def test_the_heartbeat_carries_capacity_labels_and_enforcement(
 def test_the_scheduler_lists_the_agents_labels(
     tmp_path: Path, sched: SchedulerProcess, agents: list[AgentProcess]
 ) -> None:
-    node_agent(agents, tmp_path, "labelled", sched.url, "--label", "disk=ssd", "--slots", "2")
+    start_node(agents, tmp_path, "labelled", sched.url, "--label", "disk=ssd", "--slots", "2")
     api = Api(sched.url)
     listed = next(n for n in expect_json(api.get("/nodes"), 200) if n["node_id"] == "labelled")
     assert (listed["labels"], listed["cpu_count"]) == ({"disk": "ssd"}, 2)
@@ -248,7 +231,7 @@ def test_a_bad_label_is_refused_before_the_agent_starts(tmp_path: Path) -> None:
 def test_a_job_over_its_memory_ends_out_of_memory_and_a_kill_9_does_not(
     tmp_path: Path, sched: SchedulerProcess, agents: list[AgentProcess]
 ) -> None:
-    agent = node_agent(agents, tmp_path, "mem", sched.url)
+    agent = start_node(agents, tmp_path, "mem", sched.url)
     api = Api(sched.url)
     # 512 MiB written (touched, not only reserved) under a 64 MiB limit.
     hungry = api.submit(command=f"{PYTHON} -c 'x = b\"x\" * (512 << 20)'", memory_mb=64)
@@ -279,7 +262,7 @@ def test_a_job_over_its_memory_ends_out_of_memory_and_a_kill_9_does_not(
 def test_a_job_taken_back_after_a_restart_keeps_its_group_and_its_oom_is_seen(
     tmp_path: Path, sched: SchedulerProcess, agents: list[AgentProcess]
 ) -> None:
-    agent = node_agent(agents, tmp_path, "back", sched.url)
+    agent = start_node(agents, tmp_path, "back", sched.url)
     api = Api(sched.url)
     started, go = tmp_path / "started", tmp_path / "go"
     command = f"echo $$ > {shlex.quote(str(started))}; " + waits_for(
@@ -290,7 +273,8 @@ def test_a_job_taken_back_after_a_restart_keeps_its_group_and_its_oom_is_seen(
     group = job_group(pid, "memory")
     os.kill(agent.pid, signal.SIGKILL)  # the agent alone, as a crash would
     agent.wait_exit()
-    node_agent(agents, tmp_path, "back", sched.url)
+    again = start_node(agents, tmp_path, "back", sched.url)
+    wait_for(lambda: "took back 1 jobs" in again.log(), message=again.waiting("the take-back"))
     assert job_group(pid, "memory") == group  # the job is where it was
     go.touch()
     done = final(api, job["job_id"], agents[-1])
@@ -305,7 +289,7 @@ def test_killing_an_agent_with_its_jobs_removes_their_groups_too(
 ) -> None:
     # As a test's end and the dev cluster's stop do: the owner dies by SIGKILL, so the one
     # who kills it removes the job's group (and a process that left the job's session).
-    agent = node_agent(agents, tmp_path, "killed", sched.url)
+    agent = start_node(agents, tmp_path, "killed", sched.url)
     api = Api(sched.url)
     pid_file = tmp_path / "escaped.pid"
     api.submit(command=f"setsid sleep 600 & echo $! > {shlex.quote(str(pid_file))}; wait", cpus=1)
@@ -358,7 +342,7 @@ def test_a_one_cpu_jobs_quota_holds_and_without_one_it_gets_both_cpus(
 ) -> None:
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one CPU here: a job without a quota could not show more than one")
-    agent = node_agent(agents, tmp_path, "cpu", sched.url, "--slots", "2")
+    agent = start_node(agents, tmp_path, "cpu", sched.url, "--slots", "2")
     api = Api(sched.url)
     rates = {}
     for cpus in (1, 0):
@@ -390,7 +374,7 @@ def test_a_one_cpu_jobs_quota_holds_and_without_one_it_gets_both_cpus(
 def test_gpu_jobs_get_distinct_devices_and_a_third_waits_for_one(
     tmp_path: Path, sched: SchedulerProcess, agents: list[AgentProcess]
 ) -> None:
-    agent = node_agent(agents, tmp_path, "gpu", sched.url, "--gpus", "2", "--slots", "3")
+    agent = start_node(agents, tmp_path, "gpu", sched.url, "--gpus", "2", "--slots", "3")
     api = Api(sched.url)
 
     def gpu_job(n: int) -> dict[str, Any]:
@@ -442,7 +426,7 @@ def test_every_final_report_carries_usage(
 ) -> None:
     node = f"usage-{enforcement}"
     options = ("--enforcement", enforcement, "--kill-grace-secs", "1", "--slots", "8")
-    agent = node_agent(agents, tmp_path, node, sched.url, *options)
+    agent = start_node(agents, tmp_path, node, sched.url, *options)
     api = Api(sched.url)
     burn = f"{PYTHON} -c 'sum(range(3 * 10**7))'"
     done = api.submit(command=f"{burn}; echo done")
@@ -459,7 +443,8 @@ def test_every_final_report_carries_usage(
     wait_for(started.exists, message=agent.waiting("the job to start"))
     os.kill(agent.pid, signal.SIGKILL)
     agent.wait_exit()
-    agent = node_agent(agents, tmp_path, node, sched.url, *options)
+    agent = start_node(agents, tmp_path, node, sched.url, *options)
+    wait_for(lambda: "took back" in agent.log(), message=agent.waiting("the take-back"))
     (tmp_path / "go").touch()
     shown = {}
     for job in (done, failed, timed_out, taken_back):

@@ -79,17 +79,21 @@ def kill_recorded_children(work_dir: str, only_inside: bool = False) -> list[int
     return groups
 
 
-def job_cgroups(work_dir: str) -> list[cgroups.JobGroup]:
-    """The control groups the job folders in `work_dir` name (that may be gone already)."""
+def job_folders(work_dir: str) -> list[str]:
+    """The job folders in `work_dir` (none when it has none)."""
     jobs_dir = os.path.join(work_dir, "jobs")
     try:
-        folders = os.listdir(jobs_dir)
+        return [os.path.join(jobs_dir, name) for name in os.listdir(jobs_dir)]
     except OSError:
         return []
+
+
+def job_cgroups(work_dir: str) -> list[cgroups.JobGroup]:
+    """The control groups the job folders in `work_dir` name (that may be gone already)."""
     found = []
-    for name in folders:
+    for folder in job_folders(work_dir):
         try:
-            with open(os.path.join(jobs_dir, name, owner.SPEC), "rb") as f:
+            with open(os.path.join(folder, owner.SPEC), "rb") as f:
                 spec = json.loads(f.read())
         except (OSError, ValueError):
             continue
@@ -102,15 +106,10 @@ def job_cgroups(work_dir: str) -> list[cgroups.JobGroup]:
 def owned_jobs(work_dir: str) -> list[int]:
     """The process groups of the jobs whose owners recorded them in `work_dir`'s job folders
     and that still run (checked by start time, so a reused pid is left alone)."""
-    jobs_dir = os.path.join(work_dir, "jobs")
-    try:
-        folders = os.listdir(jobs_dir)
-    except OSError:
-        return []
     found = []
-    for name in folders:
+    for folder in job_folders(work_dir):
         for record_name in (owner.OWNER_PID, owner.JOB_PID):
-            record = owner.read_pid(os.path.join(jobs_dir, name), record_name)
+            record = owner.read_pid(folder, record_name)
             if record is not None and owner.alive(record):
                 found.append(record[0])
     return found
