@@ -8,6 +8,7 @@ with real agents in tests/test_agent_limits.py).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tiny_scheduler.agent import cgroups
@@ -195,3 +196,27 @@ def test_leftovers_are_this_agents_groups_whose_job_folders_are_gone(tmp_path: P
     assert not (tmp_path / "cpu" / f"{prefix}job-4.0.d").exists()
     assert (tmp_path / "cpu" / f"{prefix}job-1.0.a").exists()
     assert (tmp_path / "cpu" / "tiny-scheduler.other.job-3.0.c").exists()
+
+
+def test_v2_moves_the_agent_into_a_leaf_before_it_hands_controllers_down(tmp_path: Path) -> None:
+    base = tmp_path / "agent.service"
+    base.mkdir()
+    (base / "cgroup.controllers").write_text("cpu memory pids\n")
+    (base / "cgroup.subtree_control").write_text("\n")
+    (base / "cgroup.procs").write_text("4242\n")  # the agent, in the group it was started in
+    layout = Layout(V2, (("unified", str(base)),), str(tmp_path))
+    assert cgroups.layout_check(layout, "probe") == ""
+    assert (base / "agent" / "cgroup.procs").read_text() == str(os.getpid())
+    assert (base / "cgroup.subtree_control").read_text() == "+memory +cpu"
+    # At the hierarchy's root, processes and controlled children may be together: no move.
+    root = tmp_path / "root"
+    root.mkdir()
+    for name, text in (("cgroup.controllers", "cpu memory"), ("cgroup.subtree_control", "")):
+        (root / name).write_text(text)
+    (root / "cgroup.procs").write_text("1\n")
+    assert cgroups.layout_check(Layout(V2, (("unified", str(root)),), str(root)), "probe") == ""
+    assert not (root / "agent").exists()
+    # A group that is not given both controllers cannot limit its jobs.
+    (base / "cgroup.subtree_control").write_text("\n")
+    (base / "cgroup.controllers").write_text("pids memory\n")
+    assert "its group is not given cpu" in cgroups.layout_check(layout, "probe")

@@ -53,10 +53,11 @@ FENCE = _Fence()
 @click.option(
     "--slots",
     envvar="AGENT_SLOTS",
-    type=click.IntRange(min=1),
-    default=lambda: os.cpu_count() or 1,
+    type=click.IntRange(min=1, max=1024),
+    default=lambda: min(os.cpu_count() or 1, 1024),
     show_default="the CPU count",
-    help="`run` jobs at once (env AGENT_SLOTS); services take none.",
+    help="This node's CPUs: a `run` job takes its cpus of them (at least one), a service none"
+    " (env AGENT_SLOTS).",
 )
 @click.option(
     "--memory-mb",
