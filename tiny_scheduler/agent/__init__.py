@@ -6,7 +6,10 @@ the heartbeat and live output of `api.md` ("Nodes and their agents"). The parts:
 
 - `config`: the agent's settings, with their defaults.
 - `wire`: HTTP calls to the scheduler across several URLs (leader and standbys).
-- `runner`: one job's process group, its output tails, stopping it with a grace.
+- `runner`: one job's folder and owner, its output tails, stopping it with a grace.
+- `owner`: the small process that owns one running job (standard library only).
+- `resources`: the node's capacity (CPUs, memory, GPUs, labels) and what its jobs hold of it.
+- `cgroups`: a control group per job attempt, its limits, its usage, its OOM kills.
 - `groups`: the record on disk of the process groups the agent started.
 - `spool`: final reports kept on disk until a scheduler acknowledges them.
 - `heartbeat`: `PUT /nodes/{id}` and its reply (period, stop orders).

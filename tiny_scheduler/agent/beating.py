@@ -14,6 +14,7 @@ import time
 from ..domain import fencing
 from .config import AgentConfig
 from .heartbeat import Beat, Facts, beat
+from .resources import Capacity
 from .runner import Runner
 from .wire import Wire
 
@@ -28,6 +29,8 @@ class Heartbeating:
     version: str
     agent_id: str
     fatal: str
+    capacity: Capacity
+    enforcement: str
     _lock: threading.Lock
     _runners: dict[str, Runner]
     _done: threading.Event
@@ -71,6 +74,10 @@ class Heartbeating:
                 agent_id=self.agent_id,
                 fence_secs=self._fence_secs,
                 refusing_work=self.refusing_work(),
+                memory_mb=self.capacity.memory_mb,
+                gpus=self.capacity.gpus,
+                labels=self.capacity.labels,
+                enforcement=self.enforcement,
             )
             sent_at = time.monotonic()
             result = beat(self.wire, self.config.node_id, facts)

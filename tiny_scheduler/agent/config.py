@@ -69,6 +69,12 @@ class AgentConfig:
     drain_on_exit: bool = False
     spool_max_files: int = DEFAULT_SPOOL_MAX_FILES
     spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
+    # The node's memory (MiB) and GPUs; None: detected (`resources`). Its labels.
+    memory_mb: int | None = None
+    gpus: int | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    # False: give jobs no control group even where the machine could (`enforcement: none`).
+    enforce: bool = True
     # Dev only: the dev registry to heartbeat to and register services with.
     registry_url: str | None = None
     registry_heartbeat_secs: float = DEFAULT_REGISTRY_HEARTBEAT_SECS

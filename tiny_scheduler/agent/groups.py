@@ -3,18 +3,21 @@
 Every job runs in a process group of its own. The agent writes the group ids of its live jobs
 to `children.pids` in its work directory, so that whoever comes after an agent that could not
 clean up (a SIGKILL) can: the agent itself when it starts again, the dev cluster, its watchdog.
+A job's control group, when it has one, is named in its folder's spec: what is left in it is
+killed and the group removed too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
 import time
 from collections.abc import Iterable
 
-from . import owner
+from . import cgroups, owner
 
 CHILDREN_FILE = "children.pids"
 """File in the work directory listing the process group of every live job, one a line."""
@@ -69,21 +72,44 @@ def kill_recorded_children(work_dir: str, only_inside: bool = False) -> list[int
         groups = [pgid for pgid in groups if _works_in(pgid, work_dir)]
     groups += owned_jobs(work_dir)  # each job is a session of its own, apart from its owner
     kill_groups(groups, grace=0)
+    for group in job_cgroups(work_dir):
+        # What left the job's session is still in its control group; then the group goes.
+        if group.kill_all(seconds=2.0):
+            group.remove()
     return groups
+
+
+def job_folders(work_dir: str) -> list[str]:
+    """The job folders in `work_dir` (none when it has none)."""
+    jobs_dir = os.path.join(work_dir, "jobs")
+    try:
+        return [os.path.join(jobs_dir, name) for name in os.listdir(jobs_dir)]
+    except OSError:
+        return []
+
+
+def job_cgroups(work_dir: str) -> list[cgroups.JobGroup]:
+    """The control groups the job folders in `work_dir` name (that may be gone already)."""
+    found = []
+    for folder in job_folders(work_dir):
+        try:
+            with open(os.path.join(folder, owner.SPEC), "rb") as f:
+                spec = json.loads(f.read())
+        except (OSError, ValueError):
+            continue
+        group = cgroups.JobGroup.from_spec(spec.get("cgroup") if isinstance(spec, dict) else None)
+        if group is not None:
+            found.append(group)
+    return found
 
 
 def owned_jobs(work_dir: str) -> list[int]:
     """The process groups of the jobs whose owners recorded them in `work_dir`'s job folders
     and that still run (checked by start time, so a reused pid is left alone)."""
-    jobs_dir = os.path.join(work_dir, "jobs")
-    try:
-        folders = os.listdir(jobs_dir)
-    except OSError:
-        return []
     found = []
-    for name in folders:
+    for folder in job_folders(work_dir):
         for record_name in (owner.OWNER_PID, owner.JOB_PID):
-            record = owner.read_pid(os.path.join(jobs_dir, name), record_name)
+            record = owner.read_pid(folder, record_name)
             if record is not None and owner.alive(record):
                 found.append(record[0])
     return found

@@ -9,9 +9,11 @@ is listed because the scheduler fails a `running` job that two heartbeats in a r
 
 Round four adds, each optional: `fence_secs` (the node stops its own jobs when no answer
 has come for that long), `agent_id` (one agent per node id: another agent's heartbeat gets
-409), `refusing_work` (why the agent takes no new work) and `attempts` (the attempt of each
-listed job). The answer adds `node_lost_secs` and `job_timeout_secs`, from which the agent's
-automatic fence and its jobs' default timeout come.
+409), `refusing_work` (why the agent takes no new work), `attempts` (the attempt of each
+listed job), and the node's capacity beside `cpu_count`: `memory_mb` (when known), `gpus`,
+`labels` (when it has any) and `enforcement` (`cgroup-v2`, `cgroup-v1` or `none`). The
+answer adds `node_lost_secs` and `job_timeout_secs`, from which the agent's automatic fence
+and its jobs' default timeout come.
 
 The reply may set a new period (`heartbeat_secs`), flag a drain, and list jobs to `stop`.
 A scheduler without the endpoint answers 404 or 405: `beat()` then says so (`supported` is
@@ -63,6 +65,10 @@ class Facts:
     agent_id: str = ""
     fence_secs: float | None = None
     refusing_work: str = ""
+    memory_mb: int = 0  # 0: unknown, left out
+    gpus: int = 0
+    labels: tuple[tuple[str, str], ...] = ()
+    enforcement: str = ""
 
     def body(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -77,6 +83,13 @@ class Facts:
             body["fence_secs"] = self.fence_secs
         if self.refusing_work:
             body["refusing_work"] = self.refusing_work
+        if self.memory_mb:
+            body["memory_mb"] = self.memory_mb
+        body["gpus"] = self.gpus
+        if self.labels:
+            body["labels"] = dict(self.labels)
+        if self.enforcement:
+            body["enforcement"] = self.enforcement
         return body
 
 

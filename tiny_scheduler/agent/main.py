@@ -5,8 +5,9 @@ drains and returns. Its threads:
 
 - poll: every `poll_secs`, `GET /jobs?node_id=<node>&status=pending` read with the tiny-aws
   agent's strict parser; each job is claimed with the exact `RUNNING_UPDATE` PATCH and started
-  only when that answers 2xx. `run` jobs take a slot each, up to `slots`; `service` jobs take
-  none, as on the scheduler's side.
+  only when that answers 2xx. A job is claimed only when it fits in what the node has free
+  (`resources.Ledger`: a `run` job takes `max(cpus, 1)` of the slots, a service none, both
+  their memory and GPUs); one that does not stays pending, for the scheduler to offer again.
 - one per job: starts it (`runner.Runner`), waits for it, reports it.
 - heartbeat: `PUT /nodes/<node>` (see `heartbeat`); obeys the reply's period and `stop` list.
 - output: about once a second, `POST /jobs/<id>/output` with what each running job printed
@@ -21,6 +22,9 @@ lost. The **fence**: after every heartbeat the leader answers, the agent moves e
 fence on by `fence_secs`; when no answer comes for that long (the node is cut off, or the
 agent is dead or frozen), the jobs' owners stop them, so that the copy the scheduler then
 starts elsewhere is the only one.
+
+Each job runs within its limits where the machine allows (`cgroups`: a control group per job
+attempt, detected once at start; the heartbeat's `enforcement` says which, or `none`).
 
 Reports are never lost: a job's result stays in its folder until a scheduler has it, and each
 final report is also written to the spool (fsynced) before it is sent, and removed once a
@@ -52,7 +56,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from ..domain.jobs import TIMED_OUT_STDERR, with_last_line
+from ..domain.jobs import TIMED_OUT_STDERR, Reason, with_last_line
+from . import cgroups, resources
 from .beating import Heartbeating
 from .config import AgentConfig
 from .dev_registry import DevRegistry
@@ -60,7 +65,7 @@ from .groups import Groups
 from .heartbeat import agent_version
 from .protocol import RUNNING_UPDATE, PolledJob, parse_poll_reply, report_update
 from .reporting import BACKOFF_FIRST_SECS, Reporting
-from .runner import Outcome, PrepareError, Runner
+from .runner import NO_USAGE, Limits, Outcome, PrepareError, Runner
 from .spool import Report, Spool
 from .wire import Unreachable, Wire
 
@@ -125,6 +130,30 @@ class Agent(Reporting, Heartbeating):
         self._beat_status = 200  # the heartbeat's last answer, to log changes only
         self.fatal = ""  # set when the agent must exit (and say why)
         self._scheduler_fences = False  # its heartbeat answers say so (node_lost_secs)
+        self.capacity = resources.Capacity(
+            cpus=config.slots,
+            memory_mb=resources.detect_memory_mb()
+            if config.memory_mb is None
+            else config.memory_mb,
+            gpus=resources.detect_gpus() if config.gpus is None else config.gpus,
+            labels=config.labels,
+        )
+        self.ledger = resources.Ledger(self.capacity)  # under self._lock
+        self._unfit: set[str] = set()  # polled jobs said not to fit (said once each)
+        self.limits, self.enforcement = self._enforcement()
+
+    def _enforcement(self) -> tuple[Limits, str]:
+        """What this node enforces: the layout of its jobs' control groups, or none."""
+        prefix = f"tiny-scheduler.{self.agent_id}."
+        if not self.config.enforce:
+            log.info("enforcement: none (--enforcement none)")
+            return Limits(None, prefix, self.capacity.gpus), cgroups.NONE
+        layout, why = cgroups.detect(prefix + "probe")
+        if layout is None:
+            log.warning("enforcement: none: %s; jobs run without limits", why)
+            return Limits(None, prefix, self.capacity.gpus), cgroups.NONE
+        log.info("enforcement: %s (%s)", layout.version, layout.describe())
+        return Limits(layout, prefix, self.capacity.gpus), layout.version
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -135,12 +164,17 @@ class Agent(Reporting, Heartbeating):
         if self._held:
             log.info("%d reports in the spool from an earlier run", len(self._held))
         self._adopt()
+        self._remove_leftover_groups()
+        capacity = self.capacity
         log.info(
-            "%s: %d slots, polling %s every %gs",
+            "%s: %d slots, polling %s every %gs; %s MiB, %d GPUs%s",
             self.config.node_id,
             self.config.slots,
             ",".join(self.config.urls),
             self.config.poll_secs,
+            capacity.memory_mb or "unknown",
+            capacity.gpus,
+            "".join(f", {key}={value}" for key, value in capacity.labels),
         )
         self._poller = self._spawn(self._poll_loop, "poll")
         self._spawn(self._heartbeat_loop, "heartbeat")
@@ -187,10 +221,23 @@ class Agent(Reporting, Heartbeating):
                 continue
             with self._lock:
                 self._runners[runner.job_id] = runner
+                self.ledger.restore(runner.job_id, runner.grant)
             self._job_thread(runner, runner.attempt, adopted=True)
             taken += 1
         if taken:
             log.info("took back %d jobs an earlier run of this agent started", taken)
+
+    def _remove_leftover_groups(self) -> None:
+        """Remove the control groups of this agent's jobs whose folders are gone (an owner
+        killed with SIGKILL leaves its job's group behind), and whatever still runs in them."""
+        layout = self.limits.layout
+        if layout is None:
+            return
+        jobs_dir = os.path.join(self.config.work_dir, "jobs")
+        live = os.listdir(jobs_dir) if os.path.isdir(jobs_dir) else []
+        for group in cgroups.leftovers(layout, self.limits.group_prefix, live):
+            if group.kill_all(seconds=1.0) and group.remove():
+                log.info("removed the leftover cgroup %s", group.paths()[0])
 
     def _detach(self) -> None:
         """End the agent, leaving the running jobs to their owners."""
@@ -346,21 +393,37 @@ class Agent(Reporting, Heartbeating):
             log.warning("unreadable poll reply: %s", exc)
             return
         with self._lock:
-            busy = sum(1 for r in self._runners.values() if not r.is_service)
             known = set(self._runners)
-        free = self.config.slots - busy
+        self._unfit &= {job.job_id for job in polled}
         for job in polled:
             if self._draining.is_set():
                 return
-            is_service = job.job_type == "service"
-            if job.job_id in known or (not is_service and free <= 0):
+            if job.job_id in known:
+                continue
+            # Held before the claim (only this thread takes, but the claim may fail): a job
+            # that does not fit in what is free now is left pending, however the scheduler
+            # counts, and offered again.
+            need = resources.Need.of(job.cpus, job.memory_mb, job.gpus, job.job_type == "service")
+            with self._lock:
+                grant = self.ledger.take(job.job_id, need)
+                short = "" if grant is not None else self.ledger.shortfall(need)
+            if grant is None:
+                if job.job_id not in self._unfit:
+                    self._unfit.add(job.job_id)
+                    log.info("%s does not fit now (needs %s): left pending", job.job_id, short)
                 continue
             claimed = self._claim(job)
             if claimed is None:
+                with self._lock:
+                    self.ledger.give_back(job.job_id)
                 continue
-            if not is_service:
-                free -= 1
-            self._start(job, claimed)
+            try:
+                self._start(job, claimed, grant)
+            except BaseException:
+                with self._lock:  # no folder for it (a full disk): nothing of it runs
+                    if job.job_id not in self._runners:
+                        self.ledger.give_back(job.job_id)
+                raise
 
     def _claim(self, job: PolledJob) -> dict[str, Any] | None:
         """PATCH running; the job as the scheduler answered, or None when not claimed."""
@@ -379,7 +442,7 @@ class Agent(Reporting, Heartbeating):
             answer = None
         return answer if isinstance(answer, dict) else {}
 
-    def _start(self, job: PolledJob, claimed: dict[str, Any]) -> None:
+    def _start(self, job: PolledJob, claimed: dict[str, Any], grant: resources.Grant) -> None:
         with self._lock:
             stale = self._held.pop(job.job_id, None)
             self._next_try.pop(job.job_id, None)
@@ -397,6 +460,7 @@ class Agent(Reporting, Heartbeating):
             self.config.work_dir,
             self.groups,
             self.config.max_output_bytes,
+            grant,
         )
         with self._lock:
             self._runners[job.job_id] = runner
@@ -427,7 +491,9 @@ class Agent(Reporting, Heartbeating):
         else:
             timeout = runner.job.timeout_secs or self._job_timeout_secs
             try:
-                runner.start(timeout, self.config.kill_grace_secs, self._fence_deadline)
+                runner.start(
+                    timeout, self.config.kill_grace_secs, self._fence_deadline, self.limits
+                )
             except PrepareError as exc:
                 outcome = Outcome(-1, stderr=str(exc))
             except OSError as exc:
@@ -443,9 +509,11 @@ class Agent(Reporting, Heartbeating):
             # Stopped at its timeout where it ran: final, as the scheduler's own timeout is.
             body.update(status="failed", exit_code=-1, reason="timeout")
             body["stderr"] = with_last_line(body["stderr"], TIMED_OUT_STDERR)
+        elif outcome.why == "out_of_memory":
+            # Its group's OOM-kill count rose: final too (the scheduler adds the last line).
+            body.update(status="failed", reason=Reason.OUT_OF_MEMORY.value)
         body.update(self._names(attempt))
-        if outcome.usage:
-            body["usage"] = outcome.usage
+        body["usage"] = outcome.usage or NO_USAGE
         report = Report(runner.job_id, body, attempt, runner.folder)
         self._spool(report)
         # Held before the runner goes, so that every heartbeat lists the job one way or the
@@ -453,6 +521,7 @@ class Agent(Reporting, Heartbeating):
         self._hold(report, next_try=math.inf)
         with self._lock:
             self._runners.pop(runner.job_id, None)
+            self.ledger.give_back(runner.job_id)
         log.info(
             "%s ended: %s, exit %d%s",
             runner.job_id,

@@ -6,15 +6,20 @@ if it dies: the owner, not the agent, is the job's parent. It
 
 - starts the job (`sh -c …`, as `spec.json` in JOB_DIR says) in a session and process group of
   its own, its stdout and stderr going straight to the files `stdout` and `stderr` in JOB_DIR
-  (so its output outlives the agent and the owner too);
+  (so its output outlives the agent and the owner too), and in the job's control group when
+  the spec names one (`cgroups.py`: joined between fork and exec, so the job's first
+  instruction already runs within its limits);
 - stops the job's whole group (SIGTERM, SIGKILL after the grace) when the agent asks (SIGTERM
   to the owner, with the reason in `stop`), when its `timeout_secs` have passed since it
   started, or when the **fence** has passed: `fence` holds a deadline on the machine's
   monotonic clock that the agent moves on after every heartbeat the leader answers; a node cut
   off from the scheduler, or whose agent is dead or frozen, stops its own jobs by then;
-- collects the exit status and the resource usage (`wait4`), kills what the job left in its
-  group, and writes `result.json` (atomically, fsynced), the job's final result, which stays
-  until the agent has had the scheduler acknowledge it.
+- collects the exit status and the resource usage (`wait4`, or the control group's own
+  accounting, which counts every process the job started), kills what the job left in its
+  process group and its control group, tells an out-of-memory end (the group's OOM-kill count
+  rose) from an ordinary one, removes the control group, and writes `result.json`
+  (atomically, fsynced), the job's final result, which stays until the agent has had the
+  scheduler acknowledge it.
 
 `owner.pid` and `job.pid` hold "pid start-time" (the start time from /proc, in clock ticks since
 boot): a pid is only ever signalled after its start time was checked, so a pid the system has
@@ -32,6 +37,12 @@ import select
 import signal
 import sys
 import time
+
+if __package__:
+    from . import cgroups
+else:  # run as a script (`python -I -S owner.py`): its one module is the file beside it
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import cgroups  # type: ignore[no-redef]
 
 SPEC, RESULT, STOP, FENCE = "spec.json", "result.json", "stop", "fence"
 OWNER_PID, JOB_PID = "owner.pid", "job.pid"
@@ -113,14 +124,22 @@ def _on_stop(signum: int, frame: object) -> None:
     _stop_asked = True
 
 
-def _spawn(spec: dict, folder: str) -> int:
-    """Fork the job in a session of its own, its output going to the files."""
+def _spawn(spec: dict, folder: str, group: cgroups.JobGroup | None) -> int:
+    """Fork the job in a session of its own (and in its control group, when it has one),
+    its output going to the files."""
     out = os.open(os.path.join(folder, STDOUT), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     err = os.open(os.path.join(folder, STDERR), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     pid = os.fork()
     if pid == 0:  # the child: becomes the job
         try:
             os.setsid()
+            if group is not None:
+                try:
+                    group.join(os.getpid())
+                except OSError as exc:
+                    raise OSError(
+                        f"cannot join its cgroup {exc.filename}: {exc.strerror}"
+                    ) from None
             os.chdir(spec["cwd"])
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
@@ -152,8 +171,10 @@ def run(folder: str) -> int:
     with open(os.path.join(folder, SPEC)) as f:
         spec = json.load(f)
     _record(folder, OWNER_PID, os.getpid())
+    group = cgroups.JobGroup.from_spec(spec.get("cgroup"))
+    oom_before = group.oom_kills() if group is not None else None
     started = time.monotonic()
-    pid = _spawn(spec, folder)
+    pid = _spawn(spec, folder, group)
     _record(folder, JOB_PID, pid)
     timeout = spec.get("timeout_secs") or 0
     grace = float(spec.get("kill_grace_secs", 10))
@@ -175,19 +196,20 @@ def run(folder: str) -> int:
         elif not killed and now >= kill_at:
             _kill_group(pid, signal.SIGKILL)
             killed = True
-    _, status, usage = os.wait4(pid, 0)
+    _, status, rusage = os.wait4(pid, 0)
+    wall = time.monotonic() - started
     _kill_group(pid, signal.SIGKILL)  # what the job left behind in its group ends with it
     code = os.waitstatus_to_exitcode(status)
-    result = {
-        "exit_code": 128 - code if code < 0 else code,  # killed by signal N: 128 + N
-        "why": why,
-        "note": note,
-        "usage": {
-            "cpu_secs": round(usage.ru_utime + usage.ru_stime, 3),
-            "max_rss_mb": round(usage.ru_maxrss / 1024, 1),
-            "wall_secs": round(time.monotonic() - started, 3),
-        },
-    }
+    exit_code = 128 - code if code < 0 else code  # killed by signal N: 128 + N
+    if group is not None:
+        # Also what left the job's process group (a daemon it started): the group holds it.
+        group.kill_all()
+        if why == "exit" and cgroups.out_of_memory(oom_before, group.oom_kills(), exit_code):
+            why = "out_of_memory"
+    usage = cgroups.usage(wall, rusage.ru_utime + rusage.ru_stime, rusage.ru_maxrss / 1024, group)
+    if group is not None:
+        group.remove()  # when it cannot be yet, the agent tries again with the job's folder
+    result = {"exit_code": exit_code, "why": why, "note": note, "usage": usage}
     write_atomically(folder, RESULT, json.dumps(result).encode())
     return 0
 

@@ -6,7 +6,9 @@ optional strings, `port` an optional int 0-65535, `env_vars` an optional string 
 `null` anywhere or one bad element makes the whole reply unreadable (the real agent then
 silently does nothing), so this raises `ValueError` for it. The agent (`tiny_scheduler.agent`)
 and the tests both use it, so they see replies exactly as a tiny-aws agent would.
-`RUNNING_UPDATE` and `report_update` are the two PATCH bodies the real agent sends.
+`RUNNING_UPDATE` and `report_update` are the two PATCH bodies the real agent sends. What only
+this project's agent reads (`retry_count`, `timeout_secs`, `cpus`, `memory_mb`, `gpus`) is read
+leniently: a value of another shape counts as not given.
 """
 
 from __future__ import annotations
@@ -36,9 +38,13 @@ class PolledJob:
     port: int | None = None
     env_vars: dict[str, str] | None = None
     # Read by this project's agent only (the tiny-aws one ignores them): the attempt it is
-    # handed (to name it in its reports) and the job's own timeout (enforced where it runs).
+    # handed (to name it in its reports), the job's own timeout (enforced where it runs) and
+    # what it needs (0: not asked; a `run` job counts as one CPU).
     retry_count: int | None = None
     timeout_secs: int = 0
+    cpus: int = 0
+    memory_mb: int = 0
+    gpus: int = 0
 
 
 def parse_poll_reply(body: bytes | str) -> list[PolledJob]:
@@ -82,7 +88,12 @@ def _parse_job(element: Any) -> PolledJob:
         env_vars=env,
         retry_count=retry_count if _is_count(retry_count) else None,
         timeout_secs=timeout if _is_count(timeout) else 0,
+        **{name: _count(element.get(name)) for name in ("cpus", "memory_mb", "gpus")},
     )
+
+
+def _count(value: Any) -> int:
+    return value if _is_count(value) else 0
 
 
 def _is_count(value: Any) -> bool:

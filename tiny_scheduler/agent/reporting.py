@@ -12,14 +12,13 @@ import contextlib
 import json
 import logging
 import math
-import shutil
 import threading
 import time
 from typing import Any
 from urllib.parse import quote
 
 from .config import AgentConfig
-from .runner import Runner
+from .runner import Runner, remove_folder
 from .spool import Report, Spool
 from .wire import Unreachable, Wire
 
@@ -155,7 +154,7 @@ class Reporting:
         with contextlib.suppress(OSError):
             self.spool.remove(report.job_id)
         if report.folder:
-            shutil.rmtree(report.folder, ignore_errors=True)
+            remove_folder(report.folder)
         with self._lock:
             if self._held.get(report.job_id) is report:
                 del self._held[report.job_id]

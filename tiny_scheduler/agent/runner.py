@@ -9,6 +9,11 @@ at its timeout, or at the fence), and writes its result; so the job outlives the
 run it, or have left its result. `wait()` returns the outcome once the owner is done: the exit
 code, why the job ended, its resource usage, and the tails of its output.
 
+What the job was given goes into `spec.json` too, so that a restarted agent holds it again:
+its grant (CPUs, memory, GPU indexes: `resources`) and its control group (`cgroups`), made
+here before the owner starts, with the job's limits, and left for the owner to join, read and
+remove.
+
 The output goes from the job straight to files in its folder; the agent reads them from
 offsets (`OutputFile`): what is new for live sending, the last `max_output_bytes` of each for
 the final report. So a job printing gigabytes costs the agent no more memory than one printing
@@ -16,7 +21,7 @@ a line, and a restarted agent goes on sending live output where its previous run
 (`sent` remembers how far that was).
 
 A `service` job's output goes to the same files; its report carries none, as `peers.md` says.
-The folder stays until the job's final report is settled (`cleanup()`).
+The folder stays until the job's final report is settled (`remove_folder()`).
 """
 
 from __future__ import annotations
@@ -32,15 +37,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from typing import Any
 
 import requests
 
 from ..domain.jobs import cap_tail, parse_job_id
-from . import owner
+from . import cgroups, owner
 from .groups import Groups, signal_groups
 from .protocol import PolledJob
+from .resources import Grant, Need, grant_from_spec, grant_to_spec, job_environment
 
 DOWNLOAD_TIMEOUT = (5.0, 60.0)
 """(connect, read) seconds for fetching a `deploy_url` zip."""
@@ -66,8 +73,22 @@ class Outcome:
     exit_code: int
     stdout: str = ""
     stderr: str = ""
-    why: str = "exit"  # exit, timeout (its own), stopped (asked to), fenced
+    why: str = "exit"  # exit, timeout (its own), out_of_memory, stopped (asked to), fenced
     usage: dict[str, float] | None = None
+
+
+NO_USAGE = {"cpu_secs": 0.0, "max_rss_mb": 0.0, "wall_secs": 0.0}
+"""The usage of a job that never started (its zip did not download, say)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What the node gives every job: where job groups go (None: enforcement `none`), the
+    prefix of their names (the agent's), and how many GPUs the node has."""
+
+    layout: cgroups.Layout | None = None
+    group_prefix: str = "tiny-scheduler."
+    node_gpus: int = 0
 
 
 class OutputFile:
@@ -127,12 +148,15 @@ class Runner:
         folder: str,
         groups: Groups,
         max_output_bytes: int,
+        grant: Grant | None = None,
     ) -> None:
         self.job = job
         self.attempt = attempt
         self.node_id = node_id
         self.folder = folder
         self.is_service = job.job_type == "service"
+        self.grant = grant or Grant(Need.of(job.cpus, job.memory_mb, job.gpus, self.is_service))
+        self.group: cgroups.JobGroup | None = None  # made by start(), or read by adopt()
         self._groups = groups
         sent = _read_sent(folder)
         self.stdout = OutputFile(os.path.join(folder, owner.STDOUT), max_output_bytes, sent[0])
@@ -149,12 +173,13 @@ class Runner:
         work_dir: str,
         groups: Groups,
         max_output_bytes: int,
+        grant: Grant,
     ) -> Runner:
         jobs_dir = os.path.join(work_dir, "jobs")
         os.makedirs(jobs_dir, exist_ok=True)
         label = f"{job.job_id}.{attempt if attempt is not None else 'x'}."
         folder = tempfile.mkdtemp(prefix=label, dir=jobs_dir)
-        return cls(job, attempt, node_id, folder, groups, max_output_bytes)
+        return cls(job, attempt, node_id, folder, groups, max_output_bytes, grant)
 
     @classmethod
     def adopt(
@@ -165,24 +190,66 @@ class Runner:
         spec = read_spec(folder)
         if spec is None:
             return None
+        asked = spec.get("request") if isinstance(spec.get("request"), dict) else {}
         job = PolledJob(
-            job_id=spec["job_id"], command="", job_type=spec.get("job_type"), port=spec.get("port")
+            job_id=spec["job_id"],
+            command="",
+            job_type=spec.get("job_type"),
+            port=spec.get("port"),
+            **{name: _count(asked.get(name)) for name in ("cpus", "memory_mb", "gpus")},
         )
-        return cls(job, spec.get("attempt"), node_id, folder, groups, max_output_bytes)
+        grant = grant_from_spec(spec.get("grant"), job.job_type == "service")
+        runner = cls(job, spec.get("attempt"), node_id, folder, groups, max_output_bytes, grant)
+        runner.group = cgroups.JobGroup.from_spec(spec.get("cgroup"))
+        return runner
 
     @property
     def job_id(self) -> str:
         return self.job.job_id
 
-    def start(self, timeout_secs: float, kill_grace_secs: float, fence: float | None) -> None:
-        """Prepare the job and start its owner; raises PrepareError when it cannot start.
-        `fence`: the deadline (monotonic) its owner stops it at unless the agent moves it."""
+    def start(
+        self,
+        timeout_secs: float,
+        kill_grace_secs: float,
+        fence: float | None,
+        limits: Limits | None = None,
+    ) -> None:
+        """Prepare the job (and its control group, where `limits` has a layout) and start its
+        owner; raises PrepareError when it cannot start. `fence`: the deadline (monotonic) its
+        owner stops it at unless the agent moves it."""
+        limits = limits or Limits()
         argv, cwd = self._prepare(os.path.join(self.folder, "work"))
         env = {**os.environ, "TINY_NODE_ID": self.node_id, "TINY_JOB_ID": self.job_id}
         # The agent's key is the node's credential, not the job's: a job that needs one says
         # so in its env_vars.
         env.pop(KEY_VARIABLE, None)
         env.update(self.job.env_vars or {})
+        # After the job's own: what it was given is the node's to say.
+        job = self.job
+        env.update(job_environment(job.cpus, job.memory_mb, self.grant, limits.node_gpus))
+        if limits.layout is not None:
+            name = limits.group_prefix + os.path.basename(self.folder)
+            try:
+                self.group = cgroups.create(limits.layout, name, job.memory_mb, job.cpus)
+            except OSError as exc:
+                raise PrepareError(f"cannot make the job's cgroup: {exc}") from None
+        try:
+            self._start_owner(argv, cwd, env, timeout_secs, kill_grace_secs, fence)
+        except BaseException:
+            if self.group is not None:
+                self.group.remove()  # nothing of the job ran in it
+            raise
+
+    def _start_owner(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        timeout_secs: float,
+        kill_grace_secs: float,
+        fence: float | None,
+    ) -> None:
+        job = self.job
         spec = {
             "job_id": self.job_id,
             "attempt": self.attempt,
@@ -193,6 +260,9 @@ class Runner:
             "env": env,
             "timeout_secs": 0 if self.is_service else timeout_secs,
             "kill_grace_secs": kill_grace_secs,
+            "request": {"cpus": job.cpus, "memory_mb": job.memory_mb, "gpus": job.gpus},
+            "grant": grant_to_spec(self.grant),
+            "cgroup": self.group.to_spec() if self.group is not None else None,
         }
         if fence is not None:
             self.renew_fence(fence)
@@ -239,24 +309,39 @@ class Runner:
             _wait_for(owner.read_pid(self.folder, owner.OWNER_PID))
         result = read_result(self.folder)
         if result is None:
-            # The owner died before the job's end was written (or never started): whatever
-            # of the job still runs has nobody to report it; it ends here.
-            job = owner.read_pid(self.folder, owner.JOB_PID)
-            if owner.alive(job):
-                assert job is not None
-                signal_groups([job[0]], signal.SIGKILL)
-            started = job is not None
-            result = {
-                "exit_code": -1,
-                "why": "exit",
-                "note": OWNER_DIED if started else NEVER_STARTED,
-            }
+            result = self._owner_died()
         code, why = result.get("exit_code", -1), result.get("why", "exit")
-        usage = result.get("usage") if isinstance(result.get("usage"), dict) else None
+        usage = result.get("usage") if isinstance(result.get("usage"), dict) else NO_USAGE
         if self.is_service:
             return Outcome(code, why=why, usage=usage)
         stderr = self.stderr.text() + (result.get("note") or "")
         return Outcome(code, self.stdout.text(), stderr, why, usage)
+
+    def _owner_died(self) -> dict[str, Any]:
+        """The result of a job whose owner died before it wrote one (or never started):
+        whatever of the job still runs has nobody to report it, and ends here; what it used
+        is what its control group counted (no rusage is left)."""
+        job = owner.read_pid(self.folder, owner.JOB_PID)
+        if owner.alive(job):
+            assert job is not None
+            signal_groups([job[0]], signal.SIGKILL)
+        wall = 0.0
+        if job is not None:
+            with contextlib.suppress(OSError):  # job.pid is written as the job starts
+                wall = max(
+                    0.0, time.time() - os.path.getmtime(os.path.join(self.folder, owner.JOB_PID))
+                )
+        if self.group is not None:
+            self.group.kill_all()
+        usage = cgroups.usage(wall, 0.0, 0.0, self.group)
+        if self.group is not None:
+            self.group.remove()
+        return {
+            "exit_code": -1,
+            "why": "exit",
+            "note": OWNER_DIED if job is not None else NEVER_STARTED,
+            "usage": usage,
+        }
 
     @property
     def ended(self) -> bool:
@@ -291,8 +376,15 @@ class Runner:
                 f.write(f"{self.stdout.sent} {self.stderr.sent}")
             os.replace(path + ".tmp", path)
 
-    def cleanup(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+
+def remove_folder(folder: str) -> None:
+    """Remove a job's folder once its report is settled, and its control group when the
+    owner could not (a process of the job was slow to die)."""
+    spec = _read_json(os.path.join(folder, owner.SPEC))
+    group = cgroups.JobGroup.from_spec(spec.get("cgroup")) if spec else None
+    if group is not None and group.kill_all(seconds=1.0):
+        group.remove()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def read_spec(folder: str) -> dict[str, Any] | None:
@@ -321,6 +413,10 @@ def _read_json(path: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _read_sent(folder: str) -> tuple[int, int]:

@@ -53,10 +53,43 @@ FENCE = _Fence()
 @click.option(
     "--slots",
     envvar="AGENT_SLOTS",
-    type=click.IntRange(min=1),
-    default=lambda: os.cpu_count() or 1,
+    type=click.IntRange(min=1, max=1024),
+    default=lambda: min(os.cpu_count() or 1, 1024),
     show_default="the CPU count",
-    help="`run` jobs at once (env AGENT_SLOTS); services take none.",
+    help="This node's CPUs: a `run` job takes its cpus of them (at least one), a service none"
+    " (env AGENT_SLOTS).",
+)
+@click.option(
+    "--memory-mb",
+    envvar="AGENT_MEMORY_MB",
+    type=click.IntRange(min=1, max=16_777_216),
+    show_default="MemTotal of /proc/meminfo",
+    help="This node's memory for jobs, in MiB (env AGENT_MEMORY_MB).",
+)
+@click.option(
+    "--gpus",
+    envvar="AGENT_GPUS",
+    type=click.IntRange(min=0, max=64),
+    show_default="the count of /dev/nvidia[0-9]*",
+    help="This node's GPUs, handed to jobs by index (env AGENT_GPUS).",
+)
+@click.option(
+    "--label",
+    "label_texts",
+    envvar="AGENT_LABELS",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A label of this node, for jobs' node_selector; repeatable (env AGENT_LABELS,"
+    " space-separated).",
+)
+@click.option(
+    "--enforcement",
+    envvar="AGENT_ENFORCEMENT",
+    type=click.Choice(["auto", "none"]),
+    default="auto",
+    show_default=True,
+    help="auto: a cgroup per job with its memory limit and CPU quota, where the machine"
+    " allows; none: no cgroups (env AGENT_ENFORCEMENT).",
 )
 @click.option(
     "--work-dir",
@@ -167,6 +200,10 @@ def agent(
     ctx: click.Context,
     node_id: str,
     slots: int,
+    memory_mb: int | None,
+    gpus: int | None,
+    label_texts: tuple[str, ...],
+    enforcement: str,
     work_dir: str,
     spool_dir: str | None,
     drain_secs: float,
@@ -195,6 +232,7 @@ def agent(
     # Imported here: the other commands should not pay for loading the agent.
     from ..agent.config import AgentConfig
     from ..agent.main import Agent
+    from ..agent.resources import labels_of
 
     try:
         urls = tuple(base_url(part) for part in (ctx.obj or "").split(",") if part.strip())
@@ -202,6 +240,10 @@ def agent(
         raise CliError(str(exc)) from None
     if not urls:
         raise CliError("no scheduler URL: set --url or SCHEDULER_URL")
+    try:
+        labels = labels_of(label_texts)
+    except ValueError as exc:
+        raise CliError(f"--label: {exc}") from None
     logging.basicConfig(
         level=os.environ.get("AGENT_LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s [%(levelname)s] %(name)s: %(message)s",
@@ -211,6 +253,10 @@ def agent(
         urls=urls,
         node_id=node_id,
         slots=slots,
+        memory_mb=memory_mb,
+        gpus=gpus,
+        labels=labels,
+        enforce=enforcement == "auto",
         work_dir=os.path.abspath(work_dir),
         spool_dir=os.path.abspath(spool_dir or os.path.join(work_dir, "spool")),
         key=os.environ.get("TINYAWS_API_KEY") or None,
