@@ -120,3 +120,34 @@ def test_a_job_no_node_could_run_is_refused_and_the_cli_says_why(
     )
     listed = json.loads(cli(sched, "nodes", "--json").stdout)
     assert {node["node_id"] for node in listed} == {"small", "wide", "gpu"}
+
+
+def test_status_and_history_show_what_finished_jobs_used(
+    cluster: tuple[SchedulerProcess, Api],
+) -> None:
+    sched, api = cluster
+    burn = "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done"
+    job = submit(api, command=burn, cpus=2, memory_mb=256, node_ids=["wide"])
+    done = wait_for(lambda: ended(api, job["job_id"]), timeout=60, message="the job to end")
+    usage = done["usage"]
+    assert usage["wall_secs"] > 0 and usage["cpu_secs"] >= 0 and usage["max_rss_mb"] > 0
+    status = cli(sched, "status", job["job_id"]).stdout
+    assert "2 cpus, 256 MiB" in status
+    assert "used" in status and "max rss" in status
+    history = cli(sched, "history", "--since", "1h").stdout
+    header, *rows = history.splitlines()
+    assert header.split()[:5] == ["JOB", "STATUS", "NODE", "QUEUE", "OWNER"]
+    row = next(line for line in rows if line.startswith(job["job_id"] + " "))
+    assert f"{usage['wall_secs']:.1f}s" in row
+    # The same through the API: finished jobs of the window, without their output.
+    listed = expect_json(
+        api.get(
+            "/jobs",
+            params={"finished_since": done["finished_at"], "output": "none", "status": "done"},
+        ),
+        200,
+    )
+    assert [found["job_id"] for found in listed] == [job["job_id"]]
+    assert "stdout" not in listed[0] and listed[0]["usage"] == usage
+    empty = expect_json(api.get("/jobs", params={"finished_until": done["created_at"]}), 200)
+    assert job["job_id"] not in {found["job_id"] for found in empty}
