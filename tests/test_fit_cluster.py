@@ -139,6 +139,9 @@ def test_status_and_history_show_what_finished_jobs_used(
     assert header.split()[:5] == ["JOB", "STATUS", "NODE", "QUEUE", "OWNER"]
     row = next(line for line in rows if line.startswith(job["job_id"] + " "))
     assert f"{usage['wall_secs']:.1f}s" in row
+    page = api.get(f"/ui/jobs/{job['job_id']}").text
+    assert '<dd id="job-needs">2 CPUs · 256 MiB</dd>' in page
+    assert f"wall {usage['wall_secs']:.1f} s" in page
     # The same through the API: finished jobs of the window, without their output.
     listed = expect_json(
         api.get(
