@@ -119,7 +119,13 @@ class JobQuery:
     limit: int = DEFAULT_PAGE
     reason: str | None = None
     queue: str | None = None
+    # Batch comforts: a name, an array (the seq of its first job), an owner (exact matches).
+    name: str | None = None
+    array_id: int | None = None
+    owner: str | None = None
 
+
+ARRAY_ID_MESSAGE = "array_id must be a job id such as job-7"
 
 _POLL_PARAMETERS = frozenset({"node_id", "status"})
 
@@ -150,6 +156,12 @@ def parse_query(args: Mapping[str, str]) -> JobQuery:
         if seq is None:
             raise errors.BadRequest("after must be a job id such as job-7")
         after = seq
+    array_id = None
+    array_text = args.get("array_id")
+    if array_text:
+        array_id = jobs.parse_job_id(array_text)
+        if array_id is None:
+            raise errors.BadRequest(ARRAY_ID_MESSAGE)
     return JobQuery(
         node_id=args.get("node_id") or None,
         status=args.get("status") or None,
@@ -158,6 +170,9 @@ def parse_query(args: Mapping[str, str]) -> JobQuery:
         limit=limit,
         reason=args.get("reason") or None,
         queue=args.get("queue") or None,
+        name=args.get("name") or None,
+        array_id=array_id,
+        owner=args.get("owner") or None,
     )
 
 

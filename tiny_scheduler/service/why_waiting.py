@@ -2,12 +2,13 @@
 (`waiting_for` of `GET /jobs/{id}`). Pure: given the job and what it waits on, never the
 table or the clock itself.
 
-The reasons are checked in the order they would have to clear: its dependencies end, its
-`not_before` passes, its queue hands work out again, a slot frees on its node, its node's
-agent polls.
+The reasons are checked in the order they would have to clear: a person releases its hold
+(`held`: said first, whatever else it waits for, because only a person ends it), its
+dependencies end, its `not_before` passes, its queue hands work out again, a slot frees on its
+node, its node's agent polls.
 
 Tests: `tests/test_workflow_queues.py`, `tests/test_delayed.py`,
-`tests/test_workflow_dependencies.py`.
+`tests/test_workflow_dependencies.py`, `tests/test_batch_comforts.py`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from collections.abc import Sequence
 from ..domain import jobs, queues
 from ..domain.jobs import Job
 from ..domain.queues import QueueSettings
+
+HELD = "held"
+"""What a held job waits for: its release (`POST /jobs/{id}/release`)."""
 
 
 def waiting_for(
@@ -32,6 +36,8 @@ def waiting_for(
     running `run` jobs; `free_slots`: its node's free slots."""
     if job.status != jobs.PENDING:
         return None
+    if job.held:
+        return HELD
     if unmet:
         return "dependencies: " + ", ".join(jobs.job_id_of(seq) for seq in unmet)
     if not job.is_due(now):

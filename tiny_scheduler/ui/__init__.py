@@ -211,9 +211,34 @@ def retry(job_id: str) -> Response:
         new_id = actions.retry(scheduler(), job_id)
     except errors.NotFound:
         return _page("error.html", 404, message=f"There is no job {job_id}.")
+    except errors.Conflict:
+        return redirect(url_for("ui.job", job_id=job_id, notice="not_finished"), 303)
     except errors.PlacementError as exc:
         return _page("error.html", 503, message=f"Not submitted: {exc.message}.")
     return redirect(url_for("ui.job", job_id=new_id, notice="retry", **{"from": job_id}), 303)
+
+
+@bp.post("/jobs/<job_id>/hold")
+def hold(job_id: str) -> Response:
+    """Hold a pending job, then show it again with the outcome."""
+    return _held(job_id, True)
+
+
+@bp.post("/jobs/<job_id>/release")
+def release(job_id: str) -> Response:
+    """Release a held job, then show it again with the outcome."""
+    return _held(job_id, False)
+
+
+def _held(job_id: str, on: bool) -> Response:
+    try:
+        notice = actions.hold(scheduler(), job_id, on)
+    except errors.NotFound:
+        return _page("error.html", 404, message=f"There is no job {job_id}.")
+    back = request.form.get("back", "")
+    if back.startswith("/ui/") and "//" not in back:  # the list it was pressed on
+        return redirect(back, 303)
+    return redirect(url_for("ui.job", job_id=job_id, notice=notice), 303)
 
 
 @bp.post("/nodes/<node_id>/drain")
