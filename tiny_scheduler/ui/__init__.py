@@ -2,8 +2,10 @@
 
 Pages: the overview (the daemons, counts, a chart of the last hour, nodes, recent failures),
 the nodes (health, agent, drain state, slots, load, jobs) and one node (Drain / Undrain), the
-jobs list (filters, paging), one job (outputs, live while it runs; attempts; what a waiting job
-waits for; Cancel or Stop; Retry as a new job), the schedules and one schedule (its jobs;
+jobs list (newest first and paged, searched and filtered, one row per array with its summary;
+Cancel, Hold or Release, Retry on each row), one array's jobs by index, one job (outputs, live
+while it runs; attempts; its name, array and the job it retries; what a waiting job waits for;
+Cancel or Stop; Hold or Release; Retry as a new job), the schedules and one schedule (its jobs;
 Pause / Resume, Run now, Delete) and the queues (pending, running, limit, pause and resume).
 Jinja templates, one stylesheet and one small script, no build step and nothing fetched from
 elsewhere (the chart is inline SVG drawn on the server). The script keeps the open page
@@ -81,6 +83,7 @@ bp.add_app_template_global(formatting.duration, "duration")
 bp.add_app_template_global(pages.REFRESH_SECS, "refresh_secs")
 bp.add_app_template_global(jobs.can_cancel, "can_cancel")
 bp.add_app_template_global(formatting.job_ending, "job_ending")
+bp.add_app_template_global(formatting.job_state, "job_state")
 live.init_blueprint(bp)
 
 
@@ -124,7 +127,7 @@ def node_list() -> Response:
 
 @bp.get("/jobs")
 def job_list() -> Response:
-    """Jobs matching the filters, a page at a time, oldest first."""
+    """Jobs matching the filters, a page at a time, newest first (an array's: by index)."""
     return _page("jobs.html", view=pages.job_list(scheduler(), request.args))
 
 
