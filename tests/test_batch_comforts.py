@@ -11,7 +11,7 @@ import pytest
 from harness import Harness
 
 from tiny_scheduler import errors
-from tiny_scheduler.domain import jobs, validation
+from tiny_scheduler.domain import jobs, schedules, validation
 from tiny_scheduler.domain.queues import QueueSettings
 from tiny_scheduler.domain.validation import JobQuery
 from tiny_scheduler.service import Event
@@ -356,3 +356,14 @@ def test_failures_are_counted_by_reason() -> None:
     counts = h.service.reads.reason_counts()
     assert (counts["cancelled"], counts["exit"], counts["timeout"]) == (2, 1, 0)
     assert h.restart().service.reads.reason_counts() == counts
+
+
+def test_a_schedules_job_may_be_named_and_retried_but_not_an_array() -> None:
+    body: dict[str, Any] = {"name": "n", "cron": "* * * * *", "job": {"command": "x"}}
+    body["job"].update(name="nightly", max_retries=3)
+    change = schedules.parse_schedule_request(orjson.dumps(body), partial=False)
+    assert change.job is not None and (change.job.name, change.job.max_retries) == ("nightly", 3)
+    body["job"]["array"] = 10
+    with pytest.raises(errors.BadRequest) as refused:
+        schedules.parse_schedule_request(orjson.dumps(body), partial=False)
+    assert refused.value.message == "job.array is not allowed in a schedule's job"

@@ -6,6 +6,8 @@ Each is one call of the API per job (`POST /jobs/{id}/hold`, `/release`, `/retry
 `client.Client`; several ids are done one after the other, each on its own line, and the
 command exits 1 when any of them failed, after trying every one. What may be held or retried
 is the API's answer, never decided here.
+
+Tests: `tests/test_cli_batch.py`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ ids: each is placed by the placement rule as a submission of its own would be, a
 `array_id` (the first one's id), `array_index` (0…N-1) and `TINY_ARRAY_INDEX` in its
 environment; the submission answers the first. An Idempotency-Key belongs to the first.
 
-Tests: `tests/test_decisions.py`, `tests/test_harness.py`.
+Tests: `tests/test_decisions.py`, `tests/test_harness.py`, `tests/test_batch_comforts.py`.
 """
 
 from __future__ import annotations
