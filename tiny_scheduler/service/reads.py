@@ -72,11 +72,16 @@ class Reads:
         )
         return Page(found, found[-1].seq if more and found else None)
 
-    def array_jobs(self, array_id: int) -> list[Job]:
-        """Every job of the array whose first job is `array_id`, by index (at most
-        validation.MAX_ARRAY: one seek and a walk over its consecutive ids)."""
-        found, _ = self._core.table.query(None, None, None, 0, MAX_ARRAY, array_id=array_id)
+    def array_jobs(self, array_id: int, limit: int = MAX_ARRAY) -> list[Job]:
+        """The jobs of the array whose first job is `array_id`, by index, at most `limit`
+        (one seek and a walk over its consecutive ids)."""
+        found, _ = self._core.table.query(None, None, None, 0, limit, array_id=array_id)
         return found
+
+    def array_counts(self, array_id: int) -> dict[str, int]:
+        """How many of an array's jobs are in each state people read (O(1): kept by the
+        table at each change)."""
+        return self._core.table.array_counts(array_id)
 
     def waiting_for(self, job: Job) -> str | None:
         """Why a pending job waits (`why_waiting`), from the table as it stands; None for a

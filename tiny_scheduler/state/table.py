@@ -19,7 +19,8 @@ each has its own tests):
   moved, not counted as load), still listed among the pending;
 - `QueueLimits`: each queue's settings and counts; a paused queue or one at its limit hands
   nothing out, and a claim past the limit is refused even when two nodes claim at once;
-- `Offers`: what the agent polls offered in the last seconds (moving work leaves those).
+- `Offers`: what the agent polls offered in the last seconds (moving work leaves those);
+- `ArrayCounts`: how each array's jobs stand, by state (the dashboard's array rows).
 
 A new concern (resources, fair share) is a new structure beside these, not new fields here.
 
@@ -58,6 +59,7 @@ from ..config import OFFER_HOLD_SECS
 from ..domain import jobs
 from ..domain.jobs import Job
 from ..domain.queues import QueueSettings
+from .array_counts import ArrayCounts
 from .delayed_jobs import DelayedJobs
 from .dependency_waits import DependencyWaits, dependencies_met
 from .finished_jobs import FinishedJobs
@@ -94,6 +96,7 @@ class JobTable:
         self._delayed = DelayedJobs()
         self._waits = DependencyWaits()
         self._on_hold = HeldJobs()
+        self._arrays = ArrayCounts()
         self._limits = QueueLimits(queues)
         self._offers = Offers(int(OFFER_HOLD_SECS * 1_000_000))
         self._finished = FinishedJobs()
@@ -138,6 +141,7 @@ class JobTable:
             for job in ordered
             if job.reason is not None and job.seq not in placed_seqs
         )
+        self._arrays.load(job for job in ordered if job.array_id and job.seq not in placed_seqs)
         self._finished.load(job for job in ordered if job.status in final)
 
     # --- reads ------------------------------------------------------------------------------
@@ -153,6 +157,11 @@ class JobTable:
         """Number of jobs in each status."""
         with self._lock:
             return {status: self._counts[status] for status in jobs.STATUSES}
+
+    def array_counts(self, array_id: int) -> dict[str, int]:
+        """How many of the array's jobs are in each state people read (`jobs.STATES`)."""
+        with self._lock:
+            return self._arrays.of(array_id)
 
     def reason_counts(self) -> dict[str, int]:
         """Number of jobs failed for good by each reason (every reason, 0 when none)."""
@@ -459,6 +468,7 @@ class JobTable:
         self._counts[job.status] += 1
         if job.reason is not None:
             self._reasons[job.reason] += 1
+        self._arrays.add(job)
         self._limits.add(job)
         if job.status == jobs.PENDING and job.depends_on and not self._met(job):
             self._waits.add(job)
@@ -481,6 +491,7 @@ class JobTable:
         self._counts[job.status] -= 1
         if job.reason is not None:
             self._reasons[job.reason] -= 1
+        self._arrays.discard(job)
         self._limits.discard(job)
         if job.status == jobs.PENDING:
             if not (

@@ -305,14 +305,17 @@ class ArraySummary:
     states: list[tuple[str, int]]  # (state, how many), in jobs.STATES' order, zeros left out
 
     @classmethod
-    def of(cls, members: list[Job]) -> ArraySummary:
-        counted = collections.Counter(jobs.state_of(job.status, job.reason) for job in members)
-        first = members[0]
+    def of(cls, service: Scheduler, job: Job) -> ArraySummary | None:
+        """The summary of `job`'s array (None for a job of no array, or when retention took
+        every job of it meanwhile)."""
+        counted = service.reads.array_counts(job.array_id) if job.array_id else {}
+        if not counted:
+            return None
         return cls(
-            array_id=jobs.job_id_of(first.array_id),
-            name=first.name,
-            size=len(members),
-            states=[(state, counted[state]) for state in jobs.STATES if counted[state]],
+            array_id=jobs.job_id_of(job.array_id),
+            name=job.name,
+            size=sum(counted.values()),
+            states=list(counted.items()),
         )
 
 
@@ -396,8 +399,8 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
     if query.array_id is not None:
         # One array: its jobs in the order they were made, by index, paged forward.
         page = service.reads.list_jobs(query, also=_all(tests))
-        members = service.reads.array_jobs(query.array_id)
-        array = ArraySummary.of(members) if members else None
+        first = service.reads.array_jobs(query.array_id, limit=1)
+        array = ArraySummary.of(service, first[0]) if first else None
         rows = [JobRow(job) for job in page.jobs]
         next_after = jobs.job_id_of(page.next_after) if page.next_after else None
         next_before = None
@@ -408,7 +411,7 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
             before=before,
             also=_all([*tests, _one_row_per_array()]),
         )
-        rows = [_row(service, job) for job in page.jobs]
+        rows = [JobRow(job, ArraySummary.of(service, job)) for job in page.jobs]
         next_before = None
         if page.next_after is not None:
             last = rows[-1].job
@@ -435,13 +438,6 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
         error=error,
         nodes=sorted(set(health) | service.reads.busy_nodes()),
     )
-
-
-def _row(service: Scheduler, job: Job) -> JobRow:
-    if not job.array_id:
-        return JobRow(job)
-    members = service.reads.array_jobs(job.array_id)
-    return JobRow(job, ArraySummary.of(members) if members else None)
 
 
 def _job_seq(text: str, name: str) -> int | None:
@@ -569,13 +565,9 @@ def job_detail(
         # Only a job id is ever shown from the URL, so a link cannot put words on the page.
         notice_from=notice_from if jobs.parse_job_id(notice_from) is not None else "",
         holdable=job.status == jobs.PENDING,
-        array=ArraySummary.of(members) if (members := _members(service, job)) else None,
+        array=ArraySummary.of(service, job),
         default_retries=service.settings.max_job_retries,
     )
-
-
-def _members(service: Scheduler, job: Job) -> list[Job]:
-    return service.reads.array_jobs(job.array_id) if job.array_id else []
 
 
 def _attempt_row(number: int, run: Job | Attempt, status: str, current: bool) -> AttemptRow:
