@@ -412,9 +412,9 @@ def test_list_prints_an_aligned_table(cluster: DevCluster) -> None:
     assert table.exit_code == 0, table.stderr
     header, *rows = table.stdout.splitlines()
     # The API's times are UTC, and the header says so.
-    columns = "JOB STATUS EXIT NODE TYPE ATTEMPTS CREATED (UTC) WAITING FOR COMMAND"
+    columns = "JOB NAME STATUS EXIT NODE TYPE ATTEMPTS CREATED (UTC) WAITING FOR COMMAND"
     assert header.split() == columns.split()
-    for column in ("STATUS", "EXIT", "NODE", "COMMAND"):
+    for column in ("NAME", "STATUS", "EXIT", "NODE", "COMMAND"):
         start = header.index(column)
         for row in rows:
             assert row[start - 2 : start] == "  " and row[start] != " ", (column, row)
@@ -628,9 +628,12 @@ def test_version_and_bare_command() -> None:
 
 
 def test_status_text_shows_the_reason() -> None:
-    # The reason a failed job carries (issue 13) says more than its exit code of -1.
+    # The reason a failed job carries (issue 13) says more than its exit code of -1; a cancel
+    # and a timeout are states of their own for people (issue 36), as Slurm's CANCELLED and
+    # TIMEOUT, though the wire says failed.
     job = {"job_id": "job-1", "node_id": "n", "status": "failed", "exit_code": -1}
-    assert describe({**job, "reason": "cancelled"}) == "failed (cancelled)"
+    assert describe({**job, "reason": "cancelled"}) == "cancelled"
+    assert describe({**job, "reason": "timeout"}) == "timed out"
     assert describe({**job, "reason": "node_lost"}) == "failed (node lost)"
     assert describe({**job, "exit_code": 3, "reason": "exit"}) == "failed (exit 3)"
     assert describe(job) == "failed (exit -1)"
@@ -657,7 +660,7 @@ def test_list_watch_redraws_until_ctrl_c(cluster: DevCluster) -> None:
             """The first row of the next frame drawn."""
             watch.line(lambda line: line.startswith("tiny-scheduler list"))
             assert watch.line(lambda line: line.startswith("JOB")).split() == [
-                *("JOB", "STATUS", "EXIT", "NODE", "TYPE", "ATTEMPTS", "CREATED", "(UTC)"),
+                *("JOB", "NAME", "STATUS", "EXIT", "NODE", "TYPE", "ATTEMPTS", "CREATED", "(UTC)"),
                 *("WAITING", "FOR", "COMMAND"),
             ]
             return watch.line(lambda line: True)

@@ -140,7 +140,7 @@ def test_stop_ends_a_running_job_as_cancel_does(
     )
     pending = keyed.submit(command="true")
     assert ok(cli(scheduler, "cancel", pending["job_id"])).startswith(
-        f"{pending['job_id']} failed (cancelled)"
+        f"{pending['job_id']} cancelled"
     )
 
 

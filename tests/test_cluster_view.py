@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -16,10 +17,11 @@ from helpers import expect_error, expect_json, wait_for
 from test_ha import LONG_LEASE, Ha, leader_reply
 
 from tiny_scheduler.cli import main
+from tiny_scheduler.cluster.leadership import GONE_SECS
 
 KEY = "cluster-sekrit"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-FIELDS = ["id", "url", "role", "version", "started_at", "last_seen_at"]
+FIELDS = ["id", "url", "role", "version", "started_at", "last_seen_at", "alive"]
 TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
 
@@ -54,8 +56,9 @@ def test_with_sqlite_the_one_daemon_is_the_cluster(scheduler_factory: SchedulerF
     assert table.exit_code == 0, table.output
     lines = table.output.splitlines()
     assert lines[0] == f"leader: {proc.url}  (epoch 0)"
-    assert lines[1].split() == ["ROLE", "URL", "VERSION", "STARTED", "(UTC)", "LAST", "SEEN", "ID"]
-    assert lines[2].split()[:2] == ["leader", proc.url]
+    header = ["ROLE", "STATE", "URL", "VERSION", "STARTED", "(UTC)", "LAST", "SEEN", "ID"]
+    assert lines[1].split() == header
+    assert lines[2].split()[:3] == ["leader", "up", proc.url]
 
 
 def test_every_daemon_lists_the_leader_and_the_standbys(ha: Ha) -> None:
@@ -89,6 +92,22 @@ def test_every_daemon_lists_the_leader_and_the_standbys(ha: Ha) -> None:
     later = seen(first.url, second.url)
     wait_for(lambda: seen(second.url, first.url) > later, message="another round")
     assert seen(first.url, third.url) <= later
+    # ...and after a while it is marked gone (issue 36: it was listed as a standby "last seen
+    # 46s ago", nothing saying it was dead), by the API, the command line and the dashboard.
+    alive = {d["url"]: d["alive"] for d in cluster_of(first.url)["daemons"]}
+    assert alive == {first.url: True, second.url: True, third.url: True}
+    wait_for(
+        lambda: (
+            not next(d for d in cluster_of(first.url)["daemons"] if d["url"] == third.url)["alive"]
+        ),
+        timeout=GONE_SECS + 10,
+        message="the killed daemon marked gone",
+    )
+    rows = CliRunner().invoke(main, ["cluster"], env={"SCHEDULER_URL": first.url, **env})
+    states = {line.split()[2]: line.split()[:2] for line in rows.output.splitlines()[2:]}
+    assert states[third.url] == ["standby", "gone"] and states[second.url] == ["standby", "up"]
+    page = requests.get(first.url + "/ui/", headers=AUTH, timeout=10).text
+    assert f'data-url="{third.url}" data-alive="no"' in page
 
     # The leader dies: the standby takes over and says so, in /cluster and in its metrics.
     changes = metric(second.url, "tiny_scheduler_leader_changes_total")
@@ -111,7 +130,27 @@ def test_every_daemon_lists_the_leader_and_the_standbys(ha: Ha) -> None:
     table = CliRunner().invoke(main, ["cluster"], env=env)
     assert table.exit_code == 0, table.output
     assert table.output.splitlines()[0] == f"leader: {second.url}  (epoch 2)"
-    assert table.output.splitlines()[2].split()[:2] == ["leader", second.url]
+    assert table.output.splitlines()[2].split()[:3] == ["leader", "up", second.url]
+
+
+def test_the_logs_say_each_daemons_role_and_the_first_leader_is_no_takeover(ha: Ha) -> None:
+    first = ha.start(lease=LONG_LEASE)
+    assert ha.wait_leader() is first
+    second = ha.start(lease=LONG_LEASE)
+    follows = f"leadership: standby {second.url}; the leader is {first.url} (epoch 1)"
+    wait_for(lambda: follows in log_of(second), message="the standby naming its leader")
+    first_log = log_of(first)
+    assert "[INFO] leadership: leader of a new database, epoch 1" in first_log
+    assert "took over" not in first_log  # nobody led before: not a failover, no WARNING
+    assert log_of(second).count(follows) == 1  # once, not at every look
+    first.kill()
+    assert ha.wait_leader([second]) is second
+    took = f"[WARNING] leadership: took over as leader from {first.url}, epoch 2"
+    wait_for(lambda: took in log_of(second), message="the takeover in the log")
+
+
+def log_of(proc: Any) -> str:
+    return Path(proc.log_path).read_text(errors="replace")
 
 
 def test_the_dashboard_says_which_daemon_you_are_on(ha: Ha) -> None:

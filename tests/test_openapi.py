@@ -45,6 +45,7 @@ from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.domain import users
 from tiny_scheduler.domain.placement import NO_HEALTHY_NODES
 from tiny_scheduler.domain.validation import (
+    ARRAY_ID_MESSAGE,
     MAX_PAGE,
     MAX_RUNNING_MESSAGE,
     MAX_TIMEOUT_SECS,
@@ -138,6 +139,7 @@ def documents(message: str, status: str, method: str, path: str) -> bool:
 PLACEMENT_TEXTS = [REACH_FAILED, DECODE_FAILED, NO_HEALTHY_NODES, INSTANCE_NOT_FOUND]
 
 NODE, OUTPUT = "/nodes/{node_id}", "/jobs/{job_id}/output"
+RELEASE, RETRY = "/jobs/{job_id}/release", "/jobs/{job_id}/retry"
 
 # Each message of `errors`, and of the other modules that refuse requests, with the answers
 # (status, method, path) that carry it.
@@ -191,10 +193,15 @@ WHERE = {
     TOO_MANY_WAITERS: [("503", "get", OUTPUT), ("503", "get", "/events")],
     errors.DECODE_UPDATE: [("400", "patch", "/jobs/{job_id}")],
     errors.INVALID_STATUS: [("400", "patch", "/jobs/{job_id}")],
+    errors.NOT_PENDING: [("409", "post", "/jobs/{job_id}/hold"), ("409", "post", RELEASE)],
+    errors.NOT_FINISHED: [("409", "post", RETRY)],
     errors.JOB_NOT_FOUND: [
         ("404", "get", "/jobs/{job_id}"),
         ("404", "patch", "/jobs/{job_id}"),
         ("404", "post", "/jobs/{job_id}/cancel"),
+        ("404", "post", "/jobs/{job_id}/hold"),
+        ("404", "post", RELEASE),
+        ("404", "post", RETRY),
         ("404", "post", OUTPUT),
         ("404", "get", OUTPUT),
     ],
@@ -204,6 +211,9 @@ WHERE = {
         ("401", "get", "/jobs/{job_id}"),
         ("401", "patch", "/jobs/{job_id}"),
         ("401", "post", "/jobs/{job_id}/cancel"),
+        ("401", "post", "/jobs/{job_id}/hold"),
+        ("401", "post", RELEASE),
+        ("401", "post", RETRY),
         ("401", "get", "/schedule"),
         ("401", "post", "/schedules"),
         ("401", "get", "/schedules"),
@@ -238,6 +248,9 @@ WHERE = {
         ("503", "post", "/jobs"),
         ("503", "patch", "/jobs/{job_id}"),
         ("503", "post", "/jobs/{job_id}/cancel"),
+        ("503", "post", "/jobs/{job_id}/hold"),
+        ("503", "post", RELEASE),
+        ("503", "post", RETRY),
         ("503", "put", "/queues/{name}"),
         ("503", "put", "/users/{name}"),
         ("503", "put", NODE),  # a node's changed facts are stored before the answer
@@ -249,6 +262,9 @@ WHERE = {
         ("503", "post", "/jobs"),
         ("503", "patch", "/jobs/{job_id}"),
         ("503", "post", "/jobs/{job_id}/cancel"),
+        ("503", "post", "/jobs/{job_id}/hold"),
+        ("503", "post", RELEASE),
+        ("503", "post", RETRY),
         ("503", "put", NODE),  # a heartbeat may fail a job lost by its agent
         ("503", "post", OUTPUT),
     ],
@@ -289,6 +305,7 @@ def test_every_documented_message_is_one_the_code_has() -> None:
     known = {m + "\n" for m in [*WHERE, *PLACEMENT_TEXTS]} | {
         f"limit must be an integer between 1 and {MAX_PAGE}\n",
         "after must be a job id such as job-7\n",
+        ARRAY_ID_MESSAGE + "\n",
     }
     for path, item in DOCUMENT["paths"].items():
         for method, operation in item.items():
@@ -578,8 +595,20 @@ def test_every_documented_answer_of_a_walk_through_the_states_matches(
     call("POST", output_path, 409, {"stdout": "late"}, path_parameters=ids)
 
     cancel_ids = {"job_id": first["job_id"]}
+    held = call("POST", "/jobs/{job_id}/hold", 200, path_parameters=cancel_ids).json()
+    assert (held["held"], held["waiting_for"]) == (True, "held")
+    listed = call("GET", "/jobs", 200, query={"node_id": node, "status": "pending", "limit": 9})
+    assert {"job_id": first["job_id"], "waiting_for": "held"}.items() <= listed.json()[0].items()
+    call("POST", RELEASE, 200, path_parameters=cancel_ids)
+    call("POST", RETRY, 409, path_parameters=cancel_ids)
     call("POST", "/jobs/{job_id}/cancel", 200, path_parameters=cancel_ids)
     call("POST", "/jobs/{job_id}/cancel", 409, path_parameters=cancel_ids)
+    call("POST", "/jobs/{job_id}/hold", 409, path_parameters=cancel_ids)
+    again = call("POST", RETRY, 201, path_parameters=cancel_ids).json()
+    assert again["retry_of"] == first["job_id"]
+    swept = call("POST", "/jobs", 201, {"command": "true", "array": 3, "name": "walk"}).json()
+    members = call("GET", "/jobs", 200, query={"array_id": swept["job_id"]}).json()
+    assert [member["array_index"] for member in members] == [0, 1, 2]
     call("GET", job_path, 404, path_parameters={"job_id": "job-999999999999"})
 
     name = f"walk-{unique_node()}"

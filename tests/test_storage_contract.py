@@ -463,3 +463,38 @@ def test_queue_settings_survive_a_restart_and_a_second_save_replaces_the_first(
         QueueSettings("nightly", 2, True),
     ]
     assert type(loaded.queues[0].paused) is bool
+
+
+def test_an_arrays_jobs_are_saved_in_one_batch_and_keep_their_comforts(
+    open_store: OpenStore,
+) -> None:
+    """An array is one save of many jobs (Batch comforts): all of them or none, each with its
+    name, place in the array, hold, retry count limit and the job it retries."""
+    store = open_store()
+    array = [
+        Job(
+            seq=seq,
+            node_id=f"node-{seq % 3}",
+            command="run.sh",
+            created_at=T0,
+            env_vars={"TINY_ARRAY_INDEX": str(seq - 1)},
+            name="sweep ä",
+            max_retries=0 if seq == 1 else 10,
+            array_id=1,
+            array_index=seq - 1,
+            held=seq % 2 == 0,
+            retry_of=seq + 5000,
+        )
+        for seq in range(1, 1001)
+    ]
+    store.save(*array)
+    loaded, last_seq = reopen(store, open_store)
+    assert loaded == array and last_seq == 1000
+    first, second = loaded[0], loaded[1]
+    assert (first.max_retries, first.array_index, first.held) == (0, 0, False)
+    assert type(second.held) is bool and second.held and second.array_index == 1
+    unset = Job(seq=1001, node_id="n", command="true", created_at=T0)
+    store = open_store()
+    store.save(unset)
+    loaded, _ = reopen(store, open_store)
+    assert (loaded[-1].max_retries, loaded[-1].array_index, loaded[-1].array_id) == (None, None, 0)

@@ -38,7 +38,7 @@ def test_stop_a_running_job(page: Page, api: Api, node: str) -> None:
     question = page.accept_confirm()
     assert question == f"Stop {job_id}? Its process on {node} will be ended."
     wait_for(lambda: page.text("#notice").startswith("Job stopped"), message="the notice")
-    assert page.words("h1") == f"{job_id} failed (cancelled)"
+    assert page.words("h1") == f"{job_id} cancelled"
     ended = api.job(job_id)
     assert (ended["status"], ended["reason"]) == ("failed", "cancelled")
     # The node's agent hears of it at its next heartbeat.

@@ -1,5 +1,6 @@
-"""The overview chart's numbers (`ui/activity.py`): per-minute submissions, ends and failures,
-and the queue depth at each minute's end, from the jobs' stamps. Hand-made histories for each
+"""The overview chart's numbers (`ui/activity.py`): per-minute submissions, ends by state (done,
+failed, cancelled, timed out), retried attempts, and the queue depth at each minute's end, from
+the jobs' stamps. Hand-made histories for each
 rule, and random ones checked against a direct count."""
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ def job(
     finished: int | None = None,
     status: str = jobs.PENDING,
     attempts: tuple[Attempt, ...] = (),
+    reason: jobs.Reason | None = None,
 ) -> Job:
     return Job(
+        reason=reason,
         seq=1,
         node_id="node-a",
         command="true",
@@ -71,7 +74,7 @@ def test_a_job_counts_when_submitted_and_when_done_and_waits_in_between() -> Non
     assert [i for i, depth in enumerate(found.waiting) if depth] == [10, 11]
 
 
-def test_a_retried_job_fails_once_and_waits_twice() -> None:
+def test_a_retried_job_is_retried_once_fails_never_and_waits_twice() -> None:
     retried = job(
         at(1, 10),
         running=at(6, 10),
@@ -80,7 +83,8 @@ def test_a_retried_job_fails_once_and_waits_twice() -> None:
         attempts=(failed_attempt(at(2, 30), at(4, 10)),),
     )
     found = activity([retried], NOW)
-    assert found.failed[4] == 1 and sum(found.failed) == 1
+    # Issue 36: an attempt is no failed job (the card counts jobs): it is a retry.
+    assert found.retried[4] == 1 and sum(found.retried) == 1 and sum(found.failed) == 0
     assert found.done[7] == 1
     assert [i for i, depth in enumerate(found.waiting) if depth] == [1, 4, 5]
 
@@ -91,10 +95,17 @@ def test_a_failure_at_the_end_counts_as_failed() -> None:
 
 
 def test_a_job_cancelled_while_pending_waited_until_cancelled() -> None:
-    cancelled = job(at(30, 1), None, at(33, 20), jobs.FAILED)  # a cancel: failed, never ran
+    cancelled = job(at(30, 1), None, at(33, 20), jobs.FAILED, reason=jobs.Reason.CANCELLED)
     found = activity([cancelled], NOW)
     assert [i for i, depth in enumerate(found.waiting) if depth] == [30, 31, 32]
-    assert found.failed[33] == 1
+    assert found.cancelled[33] == 1 and sum(found.failed) == 0
+
+
+def test_a_timed_out_job_counts_apart_from_failures() -> None:
+    timed_out = job(at(3), at(3, 1), at(9), jobs.FAILED, reason=jobs.Reason.TIMEOUT)
+    lost = job(at(3), at(3, 1), at(9), jobs.FAILED, reason=jobs.Reason.NODE_LOST)
+    found = activity([timed_out, lost], NOW)
+    assert (found.timed_out[9], found.failed[9], sum(found.cancelled)) == (1, 1, 0)
 
 
 def test_a_job_pending_since_before_the_window_waits_all_along() -> None:
@@ -152,8 +163,9 @@ def test_random_histories_agree_with_a_direct_count(found: list[Job]) -> None:
 
     assert sum(chart.submitted) == sum(within(j.created_at) for j in found)
     assert sum(chart.done) == sum(j.status == jobs.DONE and within(j.finished_at) for j in found)
-    failures = [a.finished_at for j in found for a in j.attempts]
-    failures += [j.finished_at for j in found if j.is_final and j.status != jobs.DONE]
+    retries = [a.finished_at for j in found for a in j.attempts]
+    assert sum(chart.retried) == sum(within(us) for us in retries)
+    failures = [j.finished_at for j in found if j.is_final and j.status != jobs.DONE]
     assert sum(chart.failed) == sum(within(us) for us in failures)
     # Read at NOW, the last depth is exactly the jobs pending now.
     assert chart.waiting[-1] == sum(j.status == jobs.PENDING for j in found)

@@ -57,6 +57,8 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Placement error texts of the wire contract (api.md, "Placement").
 _INSTANCE_NOT_FOUND = "instance not found"
 _REGISTRY_TEXTS = ("failed to reach registry", "failed to decode registry response")
+_ROUTE_TEXTS = ("not found", "method not allowed")
+"""The daemon's answers to a path it does not serve (or not for that method)."""
 
 
 def base_url(text: str) -> str:
@@ -147,6 +149,13 @@ class Client:
                 if self.key
                 else "set TINYAWS_API_KEY to the scheduler's key"
             )
+        elif text in _ROUTE_TEXTS and _is_text(response):
+            # The server's own "no such path" (or method): the URL, not a job, is wrong. Say
+            # which URL was asked, or "not found" reads as if a job were missing.
+            context = (
+                f"HTTP {response.status_code} from {response.url.split('?')[0]}; is"
+                f" {self.base_url} the scheduler's base URL (no path after the port)?"
+            )
         elif response.status_code >= 500 and _is_text(response):
             # The scheduler's 503 texts (a registry it cannot reach, a store that cannot
             # commit) say what failed but not where: name the scheduler that said it.
@@ -220,6 +229,16 @@ class Client:
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._job_call("POST", job_id, "/cancel")
+
+    def hold(self, job_id: str) -> dict[str, Any]:
+        return self._job_call("POST", job_id, "/hold")
+
+    def release(self, job_id: str) -> dict[str, Any]:
+        return self._job_call("POST", job_id, "/release")
+
+    def retry(self, job_id: str) -> dict[str, Any]:
+        """Submit a finished job's request again as a new job; the new job."""
+        return self._job_call("POST", job_id, "/retry")
 
     def _job_call(self, method: str, job_id: str, suffix: str) -> dict[str, Any]:
         try:

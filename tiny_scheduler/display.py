@@ -9,7 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .domain.jobs import DONE, FAILED, PENDING, RUNNING
+from .domain.jobs import DONE, FAILED, PENDING, RUNNING, state_of
+
+HELD = "held"
+"""What a held job waits for (the scheduler's `waiting_for` says the same)."""
 
 _PLAIN_EXIT = "exit"
 """The `reason` of a job that failed by its own exit code: the code says it better."""
@@ -28,17 +31,19 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def status_text(job: dict[str, Any]) -> str:
-    """The status, with the `reason` a failed job carries when it says more than an exit code:
-    `failed (cancelled)`, `failed (node lost)`, `done`."""
+    """The state people read (`jobs.state_of`): `cancelled` and `timed out` as states of their
+    own (the wire says `failed`, for old clients), other failures with the `reason` when it
+    says more than an exit code (`failed (node lost)`)."""
     reason = job.get("reason")
-    if reason and reason != _PLAIN_EXIT:
-        return f"{job['status']} ({reason.replace('_', ' ')})"
-    return job["status"]
+    state = state_of(job["status"], reason)
+    if state == FAILED and reason and reason != _PLAIN_EXIT:
+        return f"{state} ({reason.replace('_', ' ')})"
+    return state
 
 
 def describe(job: dict[str, Any]) -> str:
-    """`failed (exit 3)`, `done (exit 0)`, `failed (timeout)`, `running on node-2`: a job's
-    state in a few words."""
+    """`failed (exit 3)`, `done (exit 0)`, `timed out`, `cancelled`, `running on node-2`,
+    a job's state in a few words."""
     status = job["status"]
     if status in (PENDING, RUNNING):
         return f"{status} on {job['node_id']}"
@@ -68,6 +73,8 @@ def waiting_for(job: dict[str, Any], now: str | None = None) -> str:
     has passed."""
     if job.get("status") != PENDING:
         return ""
+    if job.get("held"):
+        return HELD
     if job.get("waiting_for"):
         return str(job["waiting_for"])
     not_before = job.get("not_before")
@@ -80,7 +87,7 @@ def waiting_text(job: dict[str, Any], now: str | None = None) -> str:
     """`waiting_for` as a clause to put after `describe`: `, not before <time>`,
     `, waiting for <what the scheduler says>`, or ''."""
     what = waiting_for(job, now)
-    if not what or what.startswith("not before "):
+    if not what or what.startswith("not before ") or what == HELD:
         return f", {what}" if what else ""
     return f", waiting for {what}"
 

@@ -17,7 +17,8 @@ bp = Blueprint("cluster", __name__)
 @bp.get("/cluster")
 def cluster() -> Response:
     """`{"leader", "epoch", "daemons": [{"id","url","role","version","started_at",
-    "last_seen_at"}...]}`, the leader first."""
+    "last_seen_at","alive"}...]}`, the leader first; `alive` is false for a daemon not seen
+    for longer than a running one ever goes (killed, or cut off from the database)."""
     view = scheduler().terms.cluster(request.host_url.rstrip("/"))
     daemons = [
         {
@@ -27,6 +28,7 @@ def cluster() -> Response:
             "version": daemon.version,
             "started_at": format_time(daemon.started_at),
             "last_seen_at": format_time(daemon.last_seen_at),
+            "alive": daemon.alive,
         }
         for daemon in view.daemons
     ]

@@ -1,4 +1,5 @@
-"""The /jobs resource: submit, list (and the agent poll), read, update, cancel."""
+"""The /jobs resource: submit (one job, or an array), list (and the agent poll), read, update,
+cancel, hold and release, retry as a new job."""
 
 from __future__ import annotations
 
@@ -51,9 +52,20 @@ def list_jobs() -> Response:
     if not query.with_output:  # output=none: history and replay read no output at all
         return json_array_reply((job.to_wire() for job in page.jobs), headers=headers)
     # Each job's output is read from disk as the reply gets to it, and a long reply is
-    # streamed: ten thousand jobs of megabytes each are never in memory together.
-    found = (job.to_wire() for job in service.reads.with_output(page.jobs))
+    # streamed: ten thousand jobs of megabytes each are never in memory together. A pending
+    # job says what it waits for, as GET /jobs/{id} does (the poll's answer never does).
+    waiting = service.reads.waiting_for_each(page.jobs)
+    found = (
+        _with_waiting(job.to_wire(), waiting.get(job.seq))
+        for job in service.reads.with_output(page.jobs)
+    )
     return json_array_reply(found, headers=headers)
+
+
+def _with_waiting(wire: dict, why: str | None) -> dict:
+    if why is not None:
+        wire["waiting_for"] = why
+    return wire
 
 
 @bp.get("/jobs/<job_id>")
@@ -62,11 +74,9 @@ def get_job(job_id: str) -> Response:
     is pending, also what it waits for."""
     service = scheduler()
     job = service.reads.get(job_id)
-    wire = job.to_wire(with_attempts=True)
-    why = service.reads.waiting_for(job)
-    if why is not None:
-        wire["waiting_for"] = why
-    return json_reply(wire)
+    return json_reply(
+        _with_waiting(job.to_wire(with_attempts=True), service.reads.waiting_for(job))
+    )
 
 
 UNLIMITED_BODIES = frozenset({"jobs.update_job"})
@@ -96,6 +106,28 @@ def update_job(job_id: str) -> Response:
 def cancel_job(job_id: str) -> Response:
     """Cancel a job that has not ended: a pending one, or a running one (its agent stops it)."""
     return json_reply(scheduler().jobs.cancel(job_id).to_wire())
+
+
+@bp.post("/jobs/<job_id>/hold")
+def hold_job(job_id: str) -> Response:
+    """Hold a pending job: it stays pending but is not handed out until released."""
+    service = scheduler()
+    job = service.jobs.hold(job_id)
+    return json_reply(_with_waiting(job.to_wire(), service.reads.waiting_for(job)))
+
+
+@bp.post("/jobs/<job_id>/release")
+def release_job(job_id: str) -> Response:
+    """Release a held job: it waits like any other pending job again."""
+    service = scheduler()
+    job = service.jobs.release(job_id)
+    return json_reply(_with_waiting(job.to_wire(), service.reads.waiting_for(job)))
+
+
+@bp.post("/jobs/<job_id>/retry")
+def retry_job(job_id: str) -> Response:
+    """Submit a finished job's request again as a new job (201), `retry_of` naming it."""
+    return json_reply(scheduler().jobs.retry_as_new(job_id).to_wire(), 201)
 
 
 def read_body(message: str) -> bytes:

@@ -4,7 +4,8 @@ This module owns the command group `main` (the console script `tiny_scheduler.cl
 options every command shares, `--version`, help when no command is given, and one rule for
 failures: a `client.ClientError` becomes one line on stderr and exit 1. The commands live in
 `job_commands` (submit, status, list, logs, cancel, stop: clients of the HTTP API at
-SCHEDULER_URL, sending TINYAWS_API_KEY as the bearer token), `cluster_command` (the daemons
+SCHEDULER_URL, sending TINYAWS_API_KEY as the bearer token), `job_actions` (hold, release,
+retry), `cluster_command` (the daemons
 and their leader), `queue_commands` (`queues` and the `queue` group, a client of /queues),
 `schedule_commands` (the `schedule` group, a client of /schedules), `node_commands` (nodes,
 node drain|undrain, version), `dev_commands` (the local dev cluster and dev registry) and
@@ -27,6 +28,7 @@ from .agent_command import agent
 from .cluster_command import cluster
 from .dev_commands import dev
 from .history_command import history
+from .job_actions import COMMANDS as ACTION_COMMANDS
 from .job_commands import COMMANDS
 from .node_commands import COMMANDS as NODE_COMMANDS
 from .output import CliError
@@ -83,6 +85,7 @@ def serve() -> None:
 
 for _command in (
     *COMMANDS,
+    *ACTION_COMMANDS,
     history,
     cluster,
     queues,

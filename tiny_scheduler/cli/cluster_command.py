@@ -15,14 +15,16 @@ from ..domain.jobs import parse_time
 from .job_commands import client_from
 from .output import echo_json
 
-COLUMNS = ("ROLE", "URL", "VERSION", "STARTED (UTC)", "LAST SEEN", "ID")
+COLUMNS = ("ROLE", "STATE", "URL", "VERSION", "STARTED (UTC)", "LAST SEEN", "ID")
 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
 @click.pass_context
 def cluster(ctx: click.Context, as_json: bool) -> None:
-    """Show the scheduler daemons, the leader and the epoch."""
+    """Show the scheduler daemons, the leader and the epoch. STATE is `up`, or `gone` for a
+    daemon not seen for longer than a running one ever goes (stopped by a kill, or cut off
+    from the database); the list forgets it after an hour."""
     view = client_from(ctx).json("GET", "/cluster")
     if as_json:
         echo_json(view)
@@ -32,6 +34,7 @@ def cluster(ctx: click.Context, as_json: bool) -> None:
     rows = [
         (
             daemon["role"],
+            "up" if daemon.get("alive", True) else "gone",
             daemon["url"],
             daemon["version"],
             short_time(daemon["started_at"]),

@@ -1,5 +1,6 @@
 """The client commands of the command line: `submit`, `status`, `list`, `logs`, `cancel` (and
-`stop`, the same command under the word people use for a running job).
+`stop`, the same command under the word people use for a running job). `hold`, `release` and
+`retry` are `job_actions`'.
 
 They talk to the scheduler at SCHEDULER_URL through `client.Client`, print with `output`, and
 end with a non-zero exit on any failure. `--wait` streams the job's changes on stderr (woken
@@ -31,7 +32,7 @@ from ..client import (
 )
 from ..display import describe, waiting_text
 from ..domain.jobs import DONE, FAILED, JOB_ID_PREFIX, RUN, RUNNING, SERVICE, STATUSES
-from ..domain.validation import MAX_PAGE
+from ..domain.validation import MAX_ARRAY, MAX_JOB_RETRIES_ASKED, MAX_PAGE
 from .delays import delay_fields, delay_options
 from .follow import follow_output, live_output
 from .output import CliError, echo_json, jobs_table, print_attempts, print_status, print_streams
@@ -55,7 +56,7 @@ def client_from(ctx: click.Context) -> Client:
     return Client(url, os.environ.get("TINYAWS_API_KEY") or None)
 
 
-def _job_id(text: str) -> str:
+def as_job_id(text: str) -> str:
     """Accept `7` as well as `job-7`."""
     return f"{JOB_ID_PREFIX}{text}" if text.isdigit() else text
 
@@ -152,6 +153,21 @@ class _CommandAfterDashes(click.Command):
 )
 @click.option("--priority", type=click.IntRange(0, 100), help="0-100 (default 50), higher first.")
 @click.option("--queue", help="The queue the job waits in (default: default).")
+@click.option("-J", "--name", help="A name for the job, for people and for `list --name`.")
+@click.option(
+    "--retries",
+    "max_retries",
+    type=click.IntRange(0, MAX_JOB_RETRIES_ASKED),
+    help="Retries after a failed attempt, 0-10 (default: the scheduler's MAX_JOB_RETRIES,"
+    " 1 unless set). A timeout or a cancel is never retried.",
+)
+@click.option(
+    "--array",
+    type=click.IntRange(1, MAX_ARRAY),
+    metavar="N",
+    help="Submit N copies at once (a sweep), each with TINY_ARRAY_INDEX=0..N-1 in its"
+    " environment; list them with `list --array ID`.",
+)
 @resource_options
 @delay_options
 @_wait_option
@@ -175,6 +191,9 @@ def submit(
     after_any: bool,
     priority: int | None,
     queue: str | None,
+    name: str | None,
+    max_retries: int | None,
+    array: int | None,
     resources: dict[str, Any],
     at: str | None,
     delay: str | None,
@@ -201,6 +220,10 @@ def submit(
     if service and port is None:
         # The load balancer finds a service by its port; without one nobody can reach it.
         raise click.BadParameter("a service needs its port: add --port N", param_hint="'--service'")
+    if array and wait:
+        raise click.UsageError(
+            "--wait follows one job; follow an array with: tiny-scheduler list --array ID --watch"
+        )
     body: dict[str, Any] = {
         "command": command[0] if len(command) == 1 else shlex.join(command),
         "job_type": SERVICE if service else RUN,
@@ -215,6 +238,9 @@ def submit(
         "queue": queue,
         "depends_on": _job_ids(after) if after else None,
         "dependency": "any" if after_any else None,
+        "name": name,
+        "max_retries": max_retries,
+        "array": array,
     }
     body.update({name: value for name, value in optional.items() if value is not None})
     body.update(delay_fields(at, delay))
@@ -227,13 +253,18 @@ def submit(
         echo_json(job)
     elif quiet:
         click.echo(job["job_id"])
+    elif array:
+        click.echo(
+            f"{job['job_id']} {describe(job)}: the first of an array of {array}"
+            f" (list them: tiny-scheduler list --array {job['job_id']})"
+        )
     else:
         click.echo(f"{job['job_id']} {describe(job)}{waiting_text(job)}")
 
 
 def _job_ids(text: str) -> list[str]:
     """`job-3,4` -> [job-3, job-4]: the API checks that they exist."""
-    return [_job_id(part.strip()) for part in text.split(",") if part.strip()]
+    return [as_job_id(part.strip()) for part in text.split(",") if part.strip()]
 
 
 def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -265,7 +296,7 @@ def status(
 ) -> None:
     """Show one job."""
     client = client_from(ctx)
-    job_id = _job_id(job_id)
+    job_id = as_job_id(job_id)
     if wait:
         _wait_and_exit(client, job_id, as_json, interval, not no_logs, show_env)
     job = client.job(job_id)
@@ -311,6 +342,11 @@ def exit_status(job: dict[str, Any]) -> int:
 @click.command(name="list")
 @click.option("--node", help="Only jobs on this node.")
 @click.option("--status", type=click.Choice(STATUSES), help="Only jobs in this status.")
+@click.option("--queue", help="Only jobs of this queue.")
+@click.option("--name", help="Only jobs of this name (exactly).")
+@click.option(
+    "--array", "array_id", metavar="ID", help="Only the jobs of this array (its first job's id)."
+)
 @click.option("--limit", type=click.IntRange(1, MAX_PAGE), default=DEFAULT_LIMIT, show_default=True)
 @click.option("--after", help="Only jobs created after this job id.")
 @click.option("--oldest", is_flag=True, help="Oldest first (FIFO), paged with --after.")
@@ -329,20 +365,33 @@ def list_jobs(
     ctx: click.Context,
     node: str | None,
     status: str | None,
+    queue: str | None,
+    name: str | None,
+    array_id: str | None,
     limit: int,
     after: str | None,
     oldest: bool,
     watch: float | None,
     as_json: bool,
 ) -> None:
-    """List jobs, newest first (--oldest: oldest first). Times are UTC."""
+    """List jobs, newest first (--oldest: oldest first; an array's jobs by index). Times are
+    UTC. WAITING FOR says why a pending job waits."""
     if watch is not None and as_json:
         raise click.UsageError("--watch redraws a table for people; it does not go with --json")
     client = client_from(ctx)
-    after = _job_id(after) if after else None
+    after = as_job_id(after) if after else None
+    filters = {
+        "node_id": node,
+        "status": status,
+        "queue": queue,
+        "name": name,
+        "array_id": as_job_id(array_id) if array_id else None,
+    }
+    # An array reads in its own order, by index: the order it was submitted in.
+    oldest = oldest or array_id is not None
 
     def select() -> tuple[list[dict[str, Any]], str]:
-        return _select(client, node, status, limit, after, oldest)
+        return _select(client, filters, limit, after, oldest)
 
     if watch is not None:
         order = "oldest" if oldest else "newest"
@@ -361,8 +410,7 @@ def list_jobs(
 
 def _select(
     client: Client,
-    node: str | None,
-    status: str | None,
+    filters: dict[str, str | None],
     limit: int,
     after: str | None,
     oldest: bool,
@@ -371,9 +419,9 @@ def _select(
     # Every request here carries `limit`, so a node's pending jobs are listed like any other
     # filter: only the agent's exact query (node_id and status=pending alone) is its poll.
     if oldest:
-        jobs, following = client.page(limit, after, node_id=node, status=status)
+        jobs, following = client.page(limit, after, **filters)
         return jobs, _more_hint(following)
-    jobs, left_out = client.newest(limit, after, node_id=node, status=status)
+    jobs, left_out = client.newest(limit, after, **filters)
     return jobs, _older_hint(left_out)
 
 
@@ -437,13 +485,13 @@ def logs(ctx: click.Context, job_id: str, follow: bool, as_json: bool) -> None:
             raise click.UsageError("--follow prints the output as it comes; use one or the other")
         client = client_from(ctx)
         try:
-            job = follow_output(client, _job_id(job_id))
+            job = follow_output(client, as_job_id(job_id))
         except KeyboardInterrupt:
-            click.echo(f"\nstopped following; {_job_id(job_id)} goes on without us", err=True)
+            click.echo(f"\nstopped following; {as_job_id(job_id)} goes on without us", err=True)
             sys.exit(130)
         sys.exit(exit_status(job))
     client = client_from(ctx)
-    job = client.job(_job_id(job_id))
+    job = client.job(as_job_id(job_id))
     latest = {
         name: job[name]
         for name in (
@@ -471,7 +519,7 @@ def logs(ctx: click.Context, job_id: str, follow: bool, as_json: bool) -> None:
 def cancel(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """Cancel a job: a pending one never runs, a running one is stopped on its node (SIGTERM,
     then SIGKILL). It ends failed, reason cancelled, exit -1."""
-    job = client_from(ctx).cancel(_job_id(job_id))
+    job = client_from(ctx).cancel(as_job_id(job_id))
     if as_json:
         echo_json(job)
     else:

@@ -18,11 +18,15 @@ from ..display import describe, format_table, one_line, short_time, status_text,
 COMMAND_WIDTH = 48
 """Characters of a job's command shown in a table row."""
 
+NAME_WIDTH = 24
+"""Characters of a job's name shown in a table row."""
+
 JOB_COLUMNS = (
-    *("JOB", "STATUS", "EXIT", "NODE", "TYPE", "ATTEMPTS", "CREATED (UTC)", "WAITING FOR"),
-    "COMMAND",
+    *("JOB", "NAME", "STATUS", "EXIT", "NODE", "TYPE", "ATTEMPTS", "CREATED (UTC)"),
+    *("WAITING FOR", "COMMAND"),
 )
-"""The header of `list`; the API's times are UTC, and the table says so.
+"""The header of `list`; the API's times are UTC, and the table says so. STATUS is the state
+people read: `cancelled` and `timed out` apart from `failed` (`display.status_text`).
 
 ATTEMPTS, not RETRIES: the runs of a job counted from 1, the word `logs` already numbers
 them with (`attempt 2/2`) and the dashboard shows. A count of retries reads 0 for a job that
@@ -58,6 +62,7 @@ def print_status(job: dict[str, Any], show_env: bool = False) -> None:
     attempts = attempts_of(job)
     fields = [
         ("job", job["job_id"]),
+        ("name", job.get("name", "")),
         ("status", describe(job)),
         ("type", job["job_type"] + (f" on port {job['port']}" if job.get("port") else "")),
         ("node", job["node_id"]),
@@ -68,6 +73,8 @@ def print_status(job: dict[str, Any], show_env: bool = False) -> None:
         ("timeout", f"{job['timeout_secs']}s" if job.get("timeout_secs") else ""),
         ("not before", job.get("not_before", "")),
         ("waiting for", job.get("waiting_for", "") if job["status"] == "pending" else ""),
+        ("array", _array(job)),
+        ("retry of", job.get("retry_of", "")),
         ("schedule", job.get("schedule_id", "")),
         ("after", _dependencies(job)),
         ("priority", str(job["priority"]) if "priority" in job else ""),
@@ -84,6 +91,7 @@ def print_status(job: dict[str, Any], show_env: bool = False) -> None:
             if attempts > 1
             else "1",
         ),
+        ("retries", _retries(job)),
     ]
     rows = [(name, value) for name, value in fields if value]
     width = max(len(name) for name, _ in rows)
@@ -117,6 +125,26 @@ def usage_text(usage: dict[str, Any] | None) -> str:
         f"cpu {usage['cpu_secs']:.1f}s, max rss {usage['max_rss_mb']:.1f} MiB,"
         f" wall {usage['wall_secs']:.1f}s"
     )
+
+
+def _array(job: dict[str, Any]) -> str:
+    """`job-5, index 3 (its jobs: tiny-scheduler list --array job-5)`."""
+    if "array_id" not in job:
+        return ""
+    return (
+        f"{job['array_id']}, index {job.get('array_index', 0)}"
+        f" (its jobs: tiny-scheduler list --array {job['array_id']})"
+    )
+
+
+def _retries(job: dict[str, Any]) -> str:
+    """How often a failed attempt of this job is tried again, while it can still fail: its
+    own `max_retries`, or the scheduler's default, which people are otherwise never told."""
+    if job["status"] in ("done", "failed"):
+        return ""
+    if "max_retries" in job:
+        return f"up to {job['max_retries']} after a failed attempt (its own --retries)"
+    return "up to MAX_JOB_RETRIES after a failed attempt (the scheduler's default, 1 unless set)"
 
 
 def _dependencies(job: dict[str, Any]) -> str:
@@ -160,6 +188,7 @@ def jobs_table(jobs: list[dict[str, Any]], now: str | None = None) -> str:
     rows = [
         (
             job["job_id"],
+            one_line(job.get("name", ""), NAME_WIDTH) or "-",
             status_text(job),
             str(job["exit_code"]) if "exit_code" in job else "-",
             job["node_id"],

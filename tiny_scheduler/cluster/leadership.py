@@ -67,6 +67,10 @@ RECORD_SECS = 1.0
 """Seconds between two writes of this daemon's row in `daemons` (a standby looks at the lease
 five times a second; its "last seen" needs no such precision)."""
 
+GONE_SECS = 15.0
+"""A daemon whose row was not written for this long is gone: killed, or cut off from the
+database. A running one writes it every RECORD_SECS, leader or standby, whatever its lease."""
+
 FORGET_SECS = 3600.0
 """A daemon whose row was not written for this long is taken out of the table (it was killed,
 or moved): the list shows what runs, and what stopped lately."""
@@ -224,6 +228,7 @@ class Leadership:
         self._recorded_role = ""
         self._record_failing = False
         self._epoch_seen: int | None = None
+        self._said_leader: tuple[str | None, int] = (None, 0)  # last logged (leader, epoch)
         self._terms: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -246,6 +251,9 @@ class Leadership:
             # since. Naming nobody makes this standby answer 503 itself, not send clients on.
             return LeaderView(False, None, seen.epoch)
         return seen
+
+    gone_after_secs = GONE_SECS
+    """A daemon whose row was not written for this long is shown as gone (`GET /cluster`)."""
 
     def role(self) -> str:
         """`leader` from the takeover on (also while the term loads), else `standby`."""
@@ -356,6 +364,7 @@ class Leadership:
         known = not (expired or gone) and url != self.advertise_url
         self._seen = LeaderView(False, url if known else None, epoch)
         if not (expired or gone):
+            self._say_leader(url if known else None, epoch)
             return
         sent = self._clock.monotonic()
         try:
@@ -374,9 +383,24 @@ class Leadership:
             self._valid_until = lease.valid_until(sent, self.lease_secs)
         self._saw_epoch(won[0])
         self._store.fence_with(won[0])
-        why = "its session is gone" if gone else "its lease expired"
-        log.warning("leadership: took over as leader, epoch %d (%s)", won[0], why)
+        self._said_leader = (self.advertise_url, won[0])
+        if epoch == 0:
+            # Nobody led this database before: the first daemon on it, not a failover.
+            log.info("leadership: leader of a new database, epoch %d", won[0])
+        else:
+            why = "its session is gone" if gone else "its lease expired"
+            log.warning("leadership: took over as leader from %s, epoch %d (%s)", url, won[0], why)
         self._terms.put(("elected", won[0]))
+
+    def _say_leader(self, url: str | None, epoch: int) -> None:
+        """Log, once per leader, that this daemon is a standby and whom it follows: a
+        standby's log must say what it is and where the leader is."""
+        if (url, epoch) == self._said_leader or url is None:
+            return
+        self._said_leader = (url, epoch)
+        log.info(
+            "leadership: standby %s; the leader is %s (epoch %d)", self.advertise_url, url, epoch
+        )
 
     def _renew(self) -> None:
         epoch = self._epoch

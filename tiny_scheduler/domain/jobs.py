@@ -10,9 +10,11 @@ A job's output (stdout and stderr of each attempt) can be megabytes; the table k
 
 The state machine lives only in this module: `pending → running → done | failed`, a cancel
 (`pending → failed` with reason `cancelled`), the scheduler's own failures (timeout, lost node),
-the retry of a failed attempt back to `pending`, and the slot a timed-out attempt keeps until
+the retry of a failed attempt back to `pending`, a person's hold on a pending job (`hold`,
+`release`: it stays pending but is not handed out), and the slot a timed-out attempt keeps until
 its agent's late report. There are exactly four statuses, because every existing client waits
-for `done` or `failed`; *why* a job failed for good is its `reason`.
+for `done` or `failed`; *why* a job failed for good is its `reason`, and what people read as its
+state (`state_of`: `cancelled` and `timed out` apart from `failed`) is made of both.
 
 Tests: `tests/test_jobs_model.py` (the state machine and the wire shape).
 """
@@ -170,7 +172,9 @@ class TransitionError(Exception):
     def __init__(self, job: Job, wanted: str) -> None:
         self.current = job.status
         self.wanted = wanted
-        super().__init__(f"job {job.job_id} is {job.status}, cannot become {wanted}")
+        # A held job is pending, but it is its hold that stops it: say so.
+        state = "held" if job.held and job.status == PENDING else job.status
+        super().__init__(f"job {job.job_id} is {state}, cannot become {wanted}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -374,8 +378,11 @@ def check_update(job: Job, status: str) -> None:
 
 def start(job: Job, now: int, named: bool = False) -> Job:
     """The claim. `named`: the claim named its attempt (node and attempt number), so the
-    attempt takes only reports that name it too."""
+    attempt takes only reports that name it too. A held job is never handed out; an agent
+    that was handed it before the hold and claims it now is refused."""
     check_update(job, RUNNING)
+    if job.held:
+        raise TransitionError(job, RUNNING)
     return job.evolve(status=RUNNING, running_at=now, named_claim=named)
 
 
@@ -500,6 +507,37 @@ def cancel(job: Job, now: int, live: Output = _NO_OUTPUT) -> Job:
     )
 
 
+def hold(job: Job) -> Job:
+    """A person holds a pending job (Slurm's `scontrol hold`): it stays pending, but is not
+    handed out, moved or counted as load until released. Holding a held job changes nothing.
+    NotPending for a job that is not pending."""
+    if job.status != PENDING:
+        raise NotPending(job)
+    return job if job.held else job.evolve(held=True)
+
+
+def release(job: Job) -> Job:
+    """The hold ends: the job waits like any other pending job again. Releasing a job that is
+    not held changes nothing; NotPending for a job that is not pending."""
+    if job.status != PENDING:
+        raise NotPending(job)
+    return job.evolve(held=False) if job.held else job
+
+
+class NotPending(Exception):
+    """Only a pending job can be held or released (HTTP 409 `job is not pending`)."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(f"job {job.job_id} is {job.status}")
+        self.job = job
+
+
+def can_retry_as_new(job: Job) -> bool:
+    """Whether a job may be submitted again as a new job (`POST /jobs/{id}/retry`): only one
+    that has ended; one still waiting or running is still itself."""
+    return job.is_final
+
+
 def can_move(job: Job) -> bool:
     """Whether a waiting job may be handed to another node by an idle node's poll: a pending
     `run` job not pinned to an instance (its instance lives on its node; a service belongs
@@ -513,6 +551,29 @@ def run_deadline(job: Job, default_timeout_secs: int) -> int | None:
         return None
     timeout = job.timeout_secs or default_timeout_secs
     return job.running_at + timeout * 1_000_000
+
+
+# --- the state people read ----------------------------------------------------------------
+
+TIMED_OUT = "timed out"
+STATES = (*STATUSES, CANCEL, TIMED_OUT)
+"""What people read as a job's state, in the order the dashboard counts them: the four
+statuses, and the two ways of ending `failed` that are nobody's failure to fix in the job
+itself (Slurm's CANCELLED and TIMEOUT). The wire status of those stays `failed`."""
+
+_STATE_OF_REASON = {Reason.CANCELLED.value: CANCEL, Reason.TIMEOUT.value: TIMED_OUT}
+STATE_REASONS = {state: reason for reason, state in _STATE_OF_REASON.items()}
+"""The reason each state apart from `failed` stands for (a filter by state is a filter by
+status `failed` and that reason)."""
+
+
+def state_of(status: str, reason: str | None) -> str:
+    """The state people read for a job's status and reason: `cancelled` and `timed out` for
+    the failures they name, the status otherwise (a lost node or a failed dependency is still
+    a failure, shown with its reason beside it)."""
+    if status == FAILED and reason:
+        return _STATE_OF_REASON.get(str(reason), FAILED)
+    return str(status)
 
 
 # --- ids, times and output ------------------------------------------------------------------

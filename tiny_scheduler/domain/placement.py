@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Protocol
 
@@ -138,6 +138,26 @@ class Placement:
             self._previous = chosen
         return chosen
 
+    def place_many(
+        self, count: int, instance_id: str = "", wants: Wants | None = None
+    ) -> list[str]:
+        """The nodes for `count` copies of one job (an array), as `count` submissions one
+        after another would be placed, except that each sees the copies placed before it in
+        the loads (they are not in the table yet) and the node list is fetched once."""
+        if instance_id:
+            return [self.source.instance_node(instance_id)] * count
+        nodes = self.source.nodes()
+        need = fit.need_of(wants) if wants is not None else Resources(1)
+        placed: dict[str, Resources] = {}
+        chosen: list[str] = []
+        with self._turn_lock:
+            for _ in range(count):
+                node = self._choose(nodes, wants, None, placed)
+                self._previous = node
+                placed[node] = placed.get(node, NOTHING) + need
+                chosen.append(node)
+        return chosen
+
     def peek(self, wants: Wants | None = None) -> str:
         """The node `place()` would choose now for a job without instance or retry, without
         choosing it: a look changes nothing (GET /schedule)."""
@@ -157,7 +177,15 @@ class Placement:
             return None
         return fit.never_fits(wants, [self.capacity(node, nodes) for node in sorted(nodes.status)])
 
-    def _choose(self, nodes: Nodes, wants: Wants | None, avoid: str | None) -> str:
+    def _choose(
+        self,
+        nodes: Nodes,
+        wants: Wants | None,
+        avoid: str | None,
+        placed: Mapping[str, Resources] | None = None,
+    ) -> str:
+        """The node for one job (`placed`: what copies of it placed just now need, by node:
+        not in the table's counts yet)."""
         accepting = nodes.accepting
         if not accepting:
             if nodes.healthy:
@@ -173,11 +201,17 @@ class Placement:
         eligible = _candidates(eligible, avoid)
         if self._round_robin:
             return self._next_after(eligible)
+        counts = self._loads.node_resources(eligible, self._clock.now_us())
+        if placed:
+            counts = {
+                node: (waiting + placed.get(node, NOTHING), used)
+                for node, (waiting, used) in counts.items()
+            }
         if self._binpack:
-            packed = self._tightest(eligible, nodes, wants)
+            packed = self._tightest(eligible, nodes, wants, counts)
             if packed is not None:
                 return packed
-        return self._next_after(self._least_loaded(eligible, nodes))
+        return self._next_after(self._least_loaded(eligible, nodes, counts))
 
     def _next_after(self, candidates: Sequence[str]) -> str:
         """The first candidate (sorted by id) after the previous choice, wrapping around."""
@@ -188,11 +222,15 @@ class Placement:
                     return node_id
         return candidates[0]
 
-    def _least_loaded(self, healthy: Sequence[str], nodes: Nodes) -> list[str]:
+    def _least_loaded(
+        self,
+        healthy: Sequence[str],
+        nodes: Nodes,
+        counts: Mapping[str, tuple[Resources, Resources]],
+    ) -> list[str]:
         """The nodes of `healthy` with the lowest load, in the order given. Every submission
         comes through here, so it compares plain integers when it can: with a fixed number
         of slots, comparing (queued + used) compares the loads."""
-        counts = self._loads.node_resources(healthy, self._clock.now_us())
         loads: dict[str, int] | dict[str, Fraction]
         if self._max_jobs != AUTO_SLOTS:
             loads = {node: queued.cpus + used.cpus for node, (queued, used) in counts.items()}
@@ -204,11 +242,16 @@ class Placement:
         lowest = min(loads.values())
         return [node for node in healthy if loads[node] == lowest]
 
-    def _tightest(self, eligible: Sequence[str], nodes: Nodes, wants: Wants | None) -> str | None:
+    def _tightest(
+        self,
+        eligible: Sequence[str],
+        nodes: Nodes,
+        wants: Wants | None,
+        counts: Mapping[str, tuple[Resources, Resources]],
+    ) -> str | None:
         """Binpack's choice: of the nodes where the job fits now, counting what already waits
         there, the one with the fewest CPUs left over (ties: memory, then node id)."""
         need = fit.need_of(wants) if wants is not None else Resources(1)
-        counts = self._loads.node_resources(eligible, self._clock.now_us())
         best: tuple[int, int, str] | None = None
         for node in eligible:
             waiting, allocated = counts[node]

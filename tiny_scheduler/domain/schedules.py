@@ -335,6 +335,7 @@ def zone(name: str) -> ZoneInfo:
 
 
 DEPENDS_ON_MESSAGE = "job.depends_on is not allowed in a schedule's job"
+ARRAY_MESSAGE = "job.array is not allowed in a schedule's job"
 
 
 def _overlap(value: Any) -> Overlap:
@@ -349,6 +350,9 @@ def _job(value: Any) -> JobRequest:
     if value.get("depends_on") is not None:
         # A fire makes a new job each time: jobs named once cannot gate every run of it.
         raise errors.BadRequest(DEPENDS_ON_MESSAGE)
+    if value.get("array") is not None:
+        # A fire makes one job; a sweep at every fire is not what a schedule promises yet.
+        raise errors.BadRequest(ARRAY_MESSAGE)
     return validation.job_request_from(value)
 
 

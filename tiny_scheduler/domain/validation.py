@@ -124,7 +124,13 @@ class JobQuery:
     finished_since: int | None = None
     finished_until: int | None = None
     with_output: bool = True
+    # Batch comforts: a name, an array (the seq of its first job), an owner (exact matches).
+    name: str | None = None
+    array_id: int | None = None
+    owner: str | None = None
 
+
+ARRAY_ID_MESSAGE = "array_id must be a job id such as job-7"
 
 _POLL_PARAMETERS = frozenset({"node_id", "status"})
 
@@ -158,6 +164,12 @@ def parse_query(args: Mapping[str, str]) -> JobQuery:
     output = args.get("output") or ""
     if output not in ("", "none"):
         raise errors.BadRequest("output must be none, or left out")
+    array_id = None
+    array_text = args.get("array_id")
+    if array_text:
+        array_id = jobs.parse_job_id(array_text)
+        if array_id is None:
+            raise errors.BadRequest(ARRAY_ID_MESSAGE)
     return JobQuery(
         node_id=args.get("node_id") or None,
         status=args.get("status") or None,
@@ -169,6 +181,9 @@ def parse_query(args: Mapping[str, str]) -> JobQuery:
         finished_since=_query_time(args, "finished_since"),
         finished_until=_query_time(args, "finished_until"),
         with_output=output != "none",
+        name=args.get("name") or None,
+        array_id=array_id,
+        owner=args.get("owner") or None,
     )
 
 

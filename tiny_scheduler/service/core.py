@@ -44,6 +44,8 @@ class Event(str, Enum):
     FINISHED = "finished"  # a final status
     RETRIED = "retried"
     MOVED = "moved"  # detail: why (Move)
+    HELD = "held"  # a person held a pending job
+    RELEASED = "released"  # and released it
     POLLED = "polled"  # job None, detail: the node
 
 
@@ -136,6 +138,19 @@ class Core:
         for one in changed:
             self.table.put(one)  # without it
 
+    def commit_new(self, made: Sequence[Job]) -> None:
+        """Save and show the jobs one submission makes (one job, or an array's) in one
+        transaction. One created failed (its `ok` dependency had failed already) is final at
+        once: its event goes with it (a new job has no dependents to take along)."""
+        events: tuple[OutboxEvent, ...] = ()
+        if self.final_event is not None:
+            events = tuple(
+                OutboxEvent(job.seq, self.final_event(job)) for job in made if job.is_final
+            )
+        self.store.save(*made, events=events)
+        for job in made:
+            self.table.put(job)
+
     def commit_all(self, changed: Sequence[Job]) -> None:
         """Save and show several jobs' next versions in one transaction (none becomes final)."""
         self.store.save(*changed)
@@ -147,6 +162,19 @@ class Core:
     def created(self, job: Job, source: str) -> None:
         log.info("job %s created on node %s (from %s)", job.job_id, job.node_id, source)
         self.emit(Event.SUBMITTED, job, source)
+
+    def created_array(self, made: Sequence[Job], source: str) -> None:
+        """An array's jobs were created: one log line for them all, an event for each."""
+        nodes = sorted({job.node_id for job in made})
+        log.info(
+            "array %s of %d jobs created on %s (from %s)",
+            made[0].job_id,
+            len(made),
+            ", ".join(nodes) if len(nodes) <= 5 else f"{len(nodes)} nodes",
+            source,
+        )
+        for job in made:
+            self.emit(Event.SUBMITTED, job, source)
 
     def announce(self, new: Job) -> None:
         """Log and tell listeners what a committed change did."""

@@ -1,17 +1,24 @@
-"""A job's life: submit, the agent's reports, cancel, failures seen by the scheduler, retries,
-retention.
+"""A job's life: submit (one job, or an array of copies), the agent's reports, cancel, hold and
+release, failures seen by the scheduler, retries (of an attempt, and of a whole finished job as
+a new one), retention.
 
 Each operation holds the job busy in the table (`table.changing`), lets the state machine
 (`jobs`) decide the next version, and hands it to the core's one committer. Placement is asked
 for a node only when a job is created or retried.
 
-Tests: `tests/test_decisions.py`, `tests/test_harness.py`.
+An array (`array: N`) is N copies of the request made in one transaction, with consecutive
+ids: each is placed by the placement rule as a submission of its own would be, and carries
+`array_id` (the first one's id), `array_index` (0…N-1) and `TINY_ARRAY_INDEX` in its
+environment; the submission answers the first. An Idempotency-Key belongs to the first.
+
+Tests: `tests/test_decisions.py`, `tests/test_harness.py`, `tests/test_batch_comforts.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
 from .. import errors
 from ..domain import fencing, jobs
@@ -19,9 +26,17 @@ from ..domain.jobs import Job, Reason
 from ..domain.placement import NEVER_FITS
 from ..domain.validation import JobRequest, JobUpdate
 from . import dependencies
-from .core import Core, job_seq
+from .core import Core, Event, job_seq
 
 log = logging.getLogger("tiny_scheduler.service")
+
+ARRAY_INDEX_VAR = "TINY_ARRAY_INDEX"
+"""The environment variable that tells each copy of an array its index (Slurm's
+SLURM_ARRAY_TASK_ID)."""
+
+_NOT_REPEATED = frozenset({"not_before", "delay_secs"})
+"""Request fields a retry as a new job does not repeat: a time that has passed, a delay that
+already passed once."""
 
 # The request fields a job keeps as they are (delay_secs becomes the job's not_before).
 _REQUEST_FIELDS = tuple(
@@ -43,10 +58,13 @@ class Lifecycle:
         dedupe_key: str | None = None,
         source: str = "http",
         owner: str = "",
+        retry_of: int = 0,
     ) -> tuple[Job, bool]:
-        """Create a pending job, durable before this returns. With a dedupe key that already
-        created a job, return that job instead; the bool says whether a job was created.
-        `owner`: the user whose token submitted it ("" for the shared key)."""
+        """Create a pending job (an array: its copies), durable before this returns, and
+        return it (an array's first). With a dedupe key that already created a job, return
+        that job instead; the bool says whether a job was created. `owner`: the user whose
+        token submitted it ("" for the shared key); `retry_of`: the job this one retries as a
+        new job."""
         core = self._core
         table = core.table
         with table.deduplicating(dedupe_key) as existing:
@@ -55,17 +73,54 @@ class Lifecycle:
             self._check_dependencies(request)  # a 400 before a node is chosen
             if not request.instance_id:
                 self.check_fits(request)
-            node_id = core.placement.place(request.instance_id, wants=request)
+            # Each copy placed as a submission of its own would be, each seeing the ones
+            # before it: the rotation moves on, and loads count the copies placed already.
+            node_ids = core.placement.place_many(
+                request.array or 1, request.instance_id, wants=request
+            )
             if request.depends_on:
-                job = self._create_dependent(request, dedupe_key, node_id, owner)
+                made = self._create_dependent(request, dedupe_key, node_ids, retry_of, owner)
             else:
-                with table.creating() as seq:
-                    job = self.new_job(request, dedupe_key, seq, node_id, owner=owner)
-                    core.commit(job)
-        core.created(job, source)
-        if job.is_final:
-            core.announce(job)
-        return job, True
+                with table.creating(len(node_ids)) as seq:
+                    made = self._copies(request, dedupe_key, seq, node_ids, retry_of, owner)
+                    core.commit_new(made)
+        if request.array:
+            core.created_array(made, source)
+        else:
+            core.created(made[0], source)
+        for job in made:
+            if job.is_final:
+                core.announce(job)
+        return made[0], True
+
+    def _copies(
+        self,
+        request: JobRequest,
+        dedupe_key: str | None,
+        seq: int,
+        node_ids: list[str],
+        retry_of: int = 0,
+        owner: str = "",
+    ) -> list[Job]:
+        """The jobs of one submission (not yet committed), from id `seq` on: the job, or an
+        array's copies (the dedupe key is the first one's)."""
+        first = self.new_job(request, dedupe_key, seq, node_ids[0], owner=owner)
+        if retry_of:
+            first = first.evolve(retry_of=retry_of)
+        if not request.array:
+            return [first]
+        env = first.env_vars or {}
+        return [
+            first.evolve(
+                seq=seq + index,
+                node_id=node_id,
+                dedupe_key=dedupe_key if index == 0 else None,
+                array_id=seq,
+                array_index=index,
+                env_vars={**env, ARRAY_INDEX_VAR: str(index)},
+            )
+            for index, node_id in enumerate(node_ids)
+        ]
 
     def check_fits(self, request: JobRequest) -> None:
         """BadRequest (`no node can run this job: …`) when no known node could ever run the
@@ -85,21 +140,80 @@ class Lifecycle:
         return found
 
     def _create_dependent(
-        self, request: JobRequest, dedupe_key: str | None, node_id: str, owner: str
-    ) -> Job:
-        """Create a job with dependencies, under the dependency lock: a dependency failing
-        meanwhile either finds it among its dependents or has failed before it is looked at.
-        One whose `ok` dependency already failed ends at once (it could never run)."""
+        self,
+        request: JobRequest,
+        dedupe_key: str | None,
+        node_ids: list[str],
+        retry_of: int,
+        owner: str,
+    ) -> list[Job]:
+        """Create a job (or an array) with dependencies, under the dependency lock: a
+        dependency failing meanwhile either finds it among its dependents or has failed
+        before it is looked at. One whose `ok` dependency already failed ends at once (it
+        could never run)."""
         core = self._core
         with core.dependency_lock:
             found = self._check_dependencies(request)  # again: as they stand under the lock
-            with core.table.creating() as seq:
-                job = self.new_job(request, dedupe_key, seq, node_id, owner=owner)
-                failed = dependencies.doomed(job, found)
+            with core.table.creating(len(node_ids)) as seq:
+                made = self._copies(request, dedupe_key, seq, node_ids, retry_of, owner)
+                failed = dependencies.doomed(made[0], found)  # the same for every copy
                 if failed is not None:
-                    job = dependencies.fail(job, failed, job.created_at)
-                core.commit(job)
-        return job
+                    made = [dependencies.fail(job, failed, job.created_at) for job in made]
+                core.commit_new(made)
+        return made
+
+    def retry_as_new(self, job_id: str, source: str = "http") -> Job:
+        """Submit a finished job's request again, as a new job whose `retry_of` names it
+        (`POST /jobs/{id}/retry`). NotFound for an unknown id, Conflict `job is not finished`
+        for a job still waiting or running, and what a submission may raise."""
+        old = self._core.table.get(job_seq(job_id))
+        if old is None:
+            raise errors.NotFound(errors.JOB_NOT_FOUND)
+        if not jobs.can_retry_as_new(old):
+            raise errors.Conflict(errors.NOT_FINISHED)
+        new, _ = self.submit(
+            self._request_of(old), source=source, owner=old.owner, retry_of=old.seq
+        )
+        log.info("job %s submitted again as %s", old.job_id, new.job_id)
+        return new
+
+    def _request_of(self, job: Job) -> JobRequest:
+        """The request that made `job`, as a retry repeats it: its time (`not_before`) left
+        out, and the dependencies retention has removed since (they ended long ago: one that
+        is gone counts as met). An array's copy is one job again, with its index in its
+        environment still."""
+        fields = {
+            field.name: getattr(job, field.name)
+            for field in dataclasses.fields(JobRequest)
+            if field.name in _REQUEST_FIELDS and field.name not in _NOT_REPEATED
+        }
+        table = self._core.table
+        fields["depends_on"] = tuple(seq for seq in job.depends_on if table.get(seq) is not None)
+        return JobRequest(**fields)
+
+    def hold(self, job_id: str) -> Job:
+        """Hold a pending job: it is not handed out until released (Conflict `job is not
+        pending` otherwise; a held job stays as it is)."""
+        return self._set_hold(job_id, jobs.hold, Event.HELD)
+
+    def release(self, job_id: str) -> Job:
+        """Release a held job: it waits like any other pending job again (Conflict `job is not
+        pending` otherwise; a job not held stays as it is)."""
+        return self._set_hold(job_id, jobs.release, Event.RELEASED)
+
+    def _set_hold(self, job_id: str, change: Callable[[Job], Job], event: Event) -> Job:
+        core = self._core
+        with core.table.changing(job_seq(job_id)) as job:
+            try:
+                new = change(job)
+            except jobs.NotPending:
+                raise errors.Conflict(errors.NOT_PENDING) from None
+            if new is job:
+                return job  # held already, or not held: nothing to change
+            core.commit(new)
+        log.info("job %s %s on node %s", new.job_id, event, new.node_id)
+        core.emit(event, new)
+        return new
 
     def new_job(
         self,

@@ -17,7 +17,7 @@ from ..domain import jobs
 from ..domain.jobs import Job, Output
 from ..domain.nodes import Nodes
 from ..domain.placement import NodeLoad
-from ..domain.validation import JobQuery
+from ..domain.validation import MAX_ARRAY, JobQuery
 from ..state.table import NodeJobs
 from ..storage import OutboxEvent
 from ..storage.writer import CommitObserver
@@ -44,9 +44,18 @@ class Reads:
             raise errors.NotFound(errors.JOB_NOT_FOUND)
         return self._core.with_stored_output(job)
 
-    def list_jobs(self, query: JobQuery) -> Page:
+    def list_jobs(
+        self,
+        query: JobQuery,
+        *,
+        newest: bool = False,
+        before: int | None = None,
+        also: Callable[[Job], bool] | None = None,
+    ) -> Page:
         """Jobs matching the query, oldest first (the agent's own query is `poll`), without
-        their output."""
+        their output. The dashboard's own: `newest` first, below `before`, and `also` (a
+        search, one row per array) on top of the query's filters."""
+        exact = {"name": query.name, "owner": query.owner}
         found, more = self._core.table.query(
             query.node_id,
             query.status,
@@ -55,29 +64,69 @@ class Reads:
             query.limit,
             query.reason,
             query.queue,
-            (query.finished_since, query.finished_until),
+            exact={name: value for name, value in exact.items() if value is not None},
+            array_id=query.array_id,
+            also=also,
+            newest=newest,
+            before=before,
+            finished=(query.finished_since, query.finished_until),
         )
         return Page(found, found[-1].seq if more and found else None)
+
+    def array_jobs(self, array_id: int, limit: int = MAX_ARRAY) -> list[Job]:
+        """The jobs of the array whose first job is `array_id`, by index, at most `limit`
+        (one seek and a walk over its consecutive ids)."""
+        found, _ = self._core.table.query(None, None, None, 0, limit, array_id=array_id)
+        return found
+
+    def array_counts(self, array_id: int) -> dict[str, int]:
+        """How many of an array's jobs are in each state people read (O(1): kept by the
+        table at each change)."""
+        return self._core.table.array_counts(array_id)
 
     def waiting_for(self, job: Job) -> str | None:
         """Why a pending job waits (`why_waiting`), from the table as it stands; None for a
         job that is not pending."""
-        if job.status != jobs.PENDING:
-            return None
+        return self.waiting_for_each([job]).get(job.seq)
+
+    def waiting_for_each(self, found: Sequence[Job]) -> dict[int, str]:
+        """Why each pending job of `found` waits, by seq (a listing's page): each node's load
+        and each queue's state read once for the page."""
+        waiting = [job for job in found if job.status == jobs.PENDING]
+        if not waiting:
+            return {}
         core = self._core
         table = core.table
-        unmet = dependencies.unmet(job, {seq: table.get(seq) for seq in job.depends_on})
+        queue_names = {job.queue for job in waiting}
         with table.queue_limits() as limits:
-            settings, running = limits.state(job.queue)
+            states = {name: limits.state(name) for name in queue_names}
         with table.user_limits() as (user_limits, _):
-            user, user_running = user_limits.state(job.owner)
+            owners = {job.owner: user_limits.state(job.owner) for job in waiting}
         placement = core.placement
         nodes = placement.source.cached_nodes()
-        (load,) = placement.loads([job.node_id], nodes)
-        capacity = placement.capacity(job.node_id, nodes)
-        return why_waiting.waiting_for(
-            job, unmet, settings, running, capacity, load.available, core.now(), user, user_running
-        )
+        node_ids = sorted({job.node_id for job in waiting})
+        loads = {load.node_id: load for load in placement.loads(node_ids, nodes)}
+        capacities = {node: placement.capacity(node, nodes) for node in node_ids}
+        now = core.now()
+        why: dict[int, str] = {}
+        for job in waiting:
+            unmet = dependencies.unmet(job, {seq: table.get(seq) for seq in job.depends_on})
+            settings, running = states[job.queue]
+            user, user_running = owners[job.owner]
+            text = why_waiting.waiting_for(
+                job,
+                unmet,
+                settings,
+                running,
+                capacities[job.node_id],
+                loads[job.node_id].available,
+                now,
+                user,
+                user_running,
+            )
+            if text is not None:
+                why[job.seq] = text
+        return why
 
     def with_output(self, found: Sequence[Job]) -> Iterator[Job]:
         """The jobs of a page, in order, each with its latest output, read from the store one
@@ -100,6 +149,10 @@ class Reads:
     def counts(self) -> dict[str, int]:
         """Number of jobs in each status."""
         return self._core.table.counts()
+
+    def reason_counts(self) -> dict[str, int]:
+        """Number of jobs failed for good by each reason."""
+        return self._core.table.reason_counts()
 
     def running(self) -> list[Job]:
         """Every running job (O(running), not O(history))."""

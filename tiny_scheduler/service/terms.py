@@ -37,6 +37,7 @@ class DaemonView:
     started_at: int  # microseconds since the epoch
     last_seen_at: int
     seen_secs_ago: float  # by the database's clock, as of now
+    alive: bool = True  # False: not seen for longer than a live daemon ever goes (killed)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -97,9 +98,11 @@ class Terms:
                 row.version,
                 row.started_at,
                 row.last_seen_at,
-                max(0.0, (roster.read_at - row.last_seen_at) / 1e6) + since,
+                seen,
+                seen <= leadership.gone_after_secs,
             )
             for row in roster.daemons
+            for seen in (max(0.0, (roster.read_at - row.last_seen_at) / 1e6) + since,)
         )
         daemons = tuple(sorted(daemons, key=lambda daemon: (daemon.role != "leader", daemon.url)))
         return ClusterView(view.leader_url, view.epoch, daemons, leadership.daemon_id)

@@ -2,13 +2,14 @@
 (`waiting_for` of `GET /jobs/{id}`). Pure: given the job and what it waits on, never the
 table or the clock itself.
 
-The reasons are checked in the order they would have to clear: its dependencies end, its
-`not_before` passes, its queue hands work out again, its owner may run another job, a node
-that can run it at all (its labels, `node_ids` and size), what it needs frees on its node (a
-slot, or CPUs, memory and GPUs), its node's agent polls.
+The reasons are checked in the order they would have to clear: a person releases its hold
+(`held`: said first, whatever else it waits for, because only a person ends it), its
+dependencies end, its `not_before` passes, its queue hands work out again, its owner may run
+another job, a node that can run it at all (its labels, `node_ids` and size), what it needs
+frees on its node (a slot, or CPUs, memory and GPUs), its node's agent polls.
 
 Tests: `tests/test_workflow_queues.py`, `tests/test_delayed.py`,
-`tests/test_workflow_dependencies.py`.
+`tests/test_workflow_dependencies.py`, `tests/test_batch_comforts.py`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from ..domain.fit import Capacity, Resources
 from ..domain.jobs import Job
 from ..domain.queues import QueueSettings
 from ..domain.users import UserSettings
+
+HELD = "held"
+"""What a held job waits for: its release (`POST /jobs/{id}/release`)."""
 
 
 def waiting_for(
@@ -39,6 +43,8 @@ def waiting_for(
     `user_running`: its owner's limit (None: none) and running `run` jobs."""
     if job.status != jobs.PENDING:
         return None
+    if job.held:
+        return HELD
     if unmet:
         return "dependencies: " + ", ".join(jobs.job_id_of(seq) for seq in unmet)
     if not job.is_due(now):
@@ -48,8 +54,6 @@ def waiting_for(
         return queues.refusal(queue, queue_running)
     if user is not None and users.room(user, user_running) == 0:
         return users.refusal(user, user_running)
-    if job.held:
-        return "held"
     need = fit.need_of(job)
     selector = ",".join(f"{name}={value}" for name, value in (job.node_selector or {}).items())
     where = f"a node with {selector}" if selector else job.node_id

@@ -4,9 +4,10 @@ that stays in the store.
 
 The table itself keeps the jobs by sequence number (listings are oldest-first and `after=`
 is a seek), the finished ones in the order they finished (retention pops from the front),
-the dedupe keys (Idempotency-Key / SQS message), the count per status, and which jobs a
-change holds busy. Everything else is a structure of its own, kept in step by `put()` and
-`remove()` under the one lock (each says what it owns, each has its own tests):
+the dedupe keys (Idempotency-Key / SQS message), the count per status (and of the final
+failures per reason), and which jobs a change holds busy. Everything else is a structure of
+its own, kept in step by `put()` and `remove()` under the one lock (each says what it owns,
+each has its own tests):
 
 - `NodeQueues`: per node the due jobs in the order they are handed out, the running jobs,
   the slots in use and the load, and the jobs an idle node may take over;
@@ -14,12 +15,15 @@ change holds busy. Everything else is a structure of its own, kept in step by `p
   due (`poll` does it first), so the poll never reads a job that is not due;
 - `DependencyWaits`: pending jobs whose dependencies have not ended, released when their last
   one ends (and kept from retention while awaited);
+- `HeldJobs`: pending jobs a person holds: in no queue until released (not handed out, not
+  moved, not counted as load), still listed among the pending;
 - `QueueLimits`: each queue's settings and counts; a paused queue or one at its limit hands
   nothing out, and a claim past the limit is refused even when two nodes claim at once;
 - `UserLimits`: the same per user (a job's owner), with the limit an admin gave it;
 - `UserUsage`: each user's fair-share usage (decayed CPU time), by which due jobs of equal
   priority are handed out (`fair_share.order_key`);
-- `Offers`: what the agent polls offered in the last seconds (moving work leaves those).
+- `Offers`: what the agent polls offered in the last seconds (moving work leaves those);
+- `ArrayCounts`: how each array's jobs stand, by state (the dashboard's array rows).
 
 A new concern (resources, fair share) is a new structure beside these, not new fields here.
 
@@ -27,10 +31,12 @@ Changes are made in two steps by the service: `changing()` marks a job busy (a s
 to the same job waits), the store commits the new version, then `put()` swaps it in. So readers
 only ever see committed state, and two agents can never both claim one job.
 
-New jobs become visible in id order: `creating()` hands out the next id and keeps it "in
-flight" until the job is put (or its commit failed), and listings stop below the lowest id in
-flight. Commits finish in any order; without this a reader could page past job-8 while job-7
-was still being committed, and never see job-7.
+New jobs become visible in id order: `creating()` hands out the next id (or the next N, one
+after the other, for an array) and keeps it "in flight" until the job is put (or its commit
+failed), and listings stop below the lowest id in flight. So an array's jobs have consecutive
+ids and no other job's id falls among them: a listing by `array_id` seeks to its first id and
+stops at the first job past it that is not one of them. Commits finish in any order; without
+this a reader could page past job-8 while job-7 was still being committed, and never see job-7.
 
 No disk or network I/O here, and no lock is held while a caller does any. Nothing here
 waits but for another change of the same job: the service decides where that may happen.
@@ -47,7 +53,7 @@ import heapq
 import itertools
 import operator
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from sortedcontainers import SortedDict
 
@@ -58,9 +64,11 @@ from ..domain.fit import NOTHING, Capacity, Ending, Picker, Resources, need_of
 from ..domain.jobs import Job
 from ..domain.queues import QueueSettings
 from ..domain.users import UserSettings
+from .array_counts import ArrayCounts
 from .delayed_jobs import DelayedJobs
 from .dependency_waits import DependencyWaits, dependencies_met
 from .finished_jobs import FinishedJobs
+from .held_jobs import HeldJobs
 from .node_queues import Key, NodeQueues
 from .offers import Offers
 from .queue_limits import QueueLimits
@@ -97,6 +105,8 @@ class JobTable:
         self._nodes = NodeQueues()
         self._delayed = DelayedJobs()
         self._waits = DependencyWaits()
+        self._on_hold = HeldJobs()
+        self._arrays = ArrayCounts()
         self._limits = QueueLimits(queues)
         self._user_limits = UserLimits(users)
         self._usage = UserUsage(half_life_secs)
@@ -104,6 +114,7 @@ class JobTable:
         self._finished = FinishedJobs()
         self._keys: dict[str, int] = {}
         self._counts: collections.Counter[str] = collections.Counter()
+        self._reasons: collections.Counter[str] = collections.Counter()  # final failures
         self._busy: set[int] = set()
         self._busy_keys: set[str] = set()
         self._in_flight: set[int] = set()  # ids handed out whose job is not committed yet
@@ -137,6 +148,12 @@ class JobTable:
         self._limits.add_counts(counted.items())
         for (_, status), count in counted.items():
             self._counts[status] += count
+        self._reasons.update(
+            str(job.reason)
+            for job in ordered
+            if job.reason is not None and job.seq not in placed_seqs
+        )
+        self._arrays.load(job for job in ordered if job.array_id and job.seq not in placed_seqs)
         self._finished.load(job for job in ordered if job.status in final)
         # What the stored jobs used still counts for fair share, decayed (those with an ended
         # attempt: finished ones, and retried ones).
@@ -155,6 +172,16 @@ class JobTable:
         """Number of jobs in each status."""
         with self._lock:
             return {status: self._counts[status] for status in jobs.STATUSES}
+
+    def array_counts(self, array_id: int) -> dict[str, int]:
+        """How many of the array's jobs are in each state people read (`jobs.STATES`)."""
+        with self._lock:
+            return self._arrays.of(array_id)
+
+    def reason_counts(self) -> dict[str, int]:
+        """Number of jobs failed for good by each reason (every reason, 0 when none)."""
+        with self._lock:
+            return {reason: self._reasons[reason] for reason in jobs.REASONS}
 
     def poll(
         self,
@@ -260,47 +287,59 @@ class JobTable:
         limit: int,
         reason: str | None = None,
         queue: str | None = None,
+        *,
+        exact: Mapping[str, object] | None = None,
+        array_id: int | None = None,
+        also: Callable[[Job], bool] | None = None,
+        newest: bool = False,
+        before: int | None = None,
         finished: tuple[int | None, int | None] = (None, None),
     ) -> tuple[list[Job], bool]:
-        """Jobs matching every given filter with seq > after, oldest first, and whether more
-        match beyond `limit`. `finished`: (since, until), the jobs that finished at or after
-        `since` and before `until` (history), either None for no bound."""
+        """Jobs matching every given filter with after < seq (< before), oldest first (newest
+        first with `newest`), and whether more match beyond `limit`.
+
+        `exact`: job fields and the value each must have (`name`, `owner`); `array_id`: the
+        jobs of the array whose first job has that seq (a seek: its ids are consecutive);
+        `also`: one more test, called in the listing's order (the dashboard's search);
+        `finished`: (since, until), the jobs that finished at or after `since` and before
+        `until` (history), either None for no bound."""
         wanted = limit + 1
-        since, until = finished
-        history = since is not None or until is not None
+        since, finished_until = finished
+        history = since is not None or finished_until is not None
         if (reason is not None or history) and status in (jobs.PENDING, jobs.RUNNING):
             return [], False  # only a final failure has a reason, only a final job an end
+        if history:
+            also = _and(also, lambda job: _finished_within(job, since, finished_until))
         with self._lock:
             # Every id below the lowest one in flight is settled (committed, or never will be),
             # so what a listing shows below it can no longer gain an earlier job.
             horizon = min(self._in_flight, default=None)
+        if horizon is not None and newest:
+            before = horizon if before is None else min(before, horizon)
+        if array_id is not None:
+            after = max(after, array_id - 1)
+            exact = {**(exact or {}), "array_id": array_id}
+        checks = _checks(node_id, status, job_type, reason, queue, exact, also)
         if status in (jobs.PENDING, jobs.RUNNING):
             indexes = self._pending_indexes() if status == jobs.PENDING else (self._nodes.running,)
             with self._lock:
-                found_iter = _stream(indexes, node_id, after, job_type)
-                if queue is not None:
-                    found_iter = (job for job in found_iter if job.queue == queue)
+                found_iter = _stream(indexes, node_id, after, before, newest)
+                if array_id is not None and not newest:
+                    found_iter = _within_array(found_iter, array_id)
+                found_iter = (job for job in found_iter if checks(job))
                 found = list(itertools.islice(found_iter, wanted))
         else:
-
-            def matches(job: Job) -> bool:
-                return (
-                    (node_id is None or job.node_id == node_id)
-                    and (status is None or job.status == status)
-                    and (job_type is None or job.job_type == job_type)
-                    and (reason is None or job.reason == reason)
-                    and (queue is None or job.queue == queue)
-                    and (not history or _finished_within(job, since, until))
-                )
-
-            found = _scan(self._lock, self._jobs, matches, after, horizon, wanted)
-        if horizon is not None:
+            until = None
+            if array_id is not None and not newest:
+                until = _past_array(array_id)
+            found = _scan(self._lock, self._jobs, checks, after, before, wanted, newest, until)
+        if horizon is not None and not newest:
             found = list(itertools.takewhile(lambda job: job.seq < horizon, found))
         return found[:limit], len(found) > limit
 
     def _pending_indexes(self) -> tuple[dict[str, SortedDict], ...]:
-        # A listing shows every pending job, due or not: only the poll waits for not_before.
-        return (self._nodes.due, self._delayed.by_node, self._waits.by_node)
+        # A listing shows every pending job, due or not (held too): only the poll waits.
+        return (self._nodes.due, self._delayed.by_node, self._waits.by_node, self._on_hold.by_node)
 
     def running(self) -> list[Job]:
         """Every running job (the timeout scan's input: O(running), not O(history))."""
@@ -332,7 +371,7 @@ class JobTable:
         first."""
         with self._lock:
             return NodeJobs(
-                pending=list(_stream(self._pending_indexes(), node_id, 0, None)),
+                pending=list(_stream(self._pending_indexes(), node_id, 0)),
                 running=list(self._nodes.running.get(node_id, {}).values()),
                 held=list(self._nodes.held.get(node_id, {}).values()),
             )
@@ -467,18 +506,20 @@ class JobTable:
     # --- writes -----------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def creating(self) -> Iterator[int]:
+    def creating(self, count: int = 1) -> Iterator[int]:
         """The next job number (never handed out twice), in flight until the block ends: put
-        the committed job inside it. While it is in flight, listings show no job above it."""
+        the committed job inside it. While it is in flight, listings show no job above it.
+        With `count`, that many consecutive numbers, from the one yielded (an array)."""
         with self._lock:
-            self._last_seq += 1
-            seq = self._last_seq
-            self._in_flight.add(seq)
+            seq = self._last_seq + 1
+            self._last_seq += count
+            numbers = range(seq, seq + count)
+            self._in_flight.update(numbers)
         try:
             yield seq
         finally:
             with self._lock:
-                self._in_flight.discard(seq)
+                self._in_flight.difference_update(numbers)
 
     @contextlib.contextmanager
     def changing(self, seq: int) -> Iterator[Job]:
@@ -550,10 +591,15 @@ class JobTable:
     def _index(self, job: Job, old: Job | None) -> None:
         """Enter one version of a job into every structure (`old`: the version it replaces)."""
         self._counts[job.status] += 1
+        if job.reason is not None:
+            self._reasons[job.reason] += 1
+        self._arrays.add(job)
         self._limits.add(job)
         self._user_limits.add(job)
         if job.status == jobs.PENDING and job.depends_on and not self._met(job):
             self._waits.add(job)
+        elif job.status == jobs.PENDING and self._on_hold.belongs(job):
+            self._on_hold.add(job)
         elif job.status == jobs.PENDING and self._delayed.is_delayed(job):
             self._delayed.add(job)
         elif job.status == jobs.PENDING:
@@ -570,10 +616,15 @@ class JobTable:
 
     def _unindex(self, job: Job) -> None:
         self._counts[job.status] -= 1
+        if job.reason is not None:
+            self._reasons[job.reason] -= 1
+        self._arrays.discard(job)
         self._limits.discard(job)
         self._user_limits.discard(job)
         if job.status == jobs.PENDING:
-            if not self._waits.discard(job) and not self._delayed.discard(job):
+            if not (
+                self._waits.discard(job) or self._on_hold.discard(job) or self._delayed.discard(job)
+            ):
                 self._nodes.remove_due(job)
         elif job.status == jobs.RUNNING:
             self._nodes.remove_running(job)
@@ -614,6 +665,49 @@ class JobTable:
             self._nodes.add_due(job)
 
 
+def _checks(
+    node_id: str | None,
+    status: str | None,
+    job_type: str | None,
+    reason: str | None,
+    queue: str | None,
+    exact: Mapping[str, object] | None,
+    also: Callable[[Job], bool] | None,
+) -> Callable[[Job], bool]:
+    """One test of a job against every filter given (those left None test nothing). Written
+    out rather than looped over: a sparse filter runs it on every job of the history."""
+    extra = tuple((operator.attrgetter(name), value) for name, value in (exact or {}).items())
+    if not extra and also is None and (node_id, status, job_type, reason, queue) == (None,) * 5:
+        return _any_job
+
+    def matches(job: Job) -> bool:
+        return (
+            (node_id is None or job.node_id == node_id)
+            and (status is None or job.status == status)
+            and (job_type is None or job.job_type == job_type)
+            and (reason is None or job.reason == reason)
+            and (queue is None or job.queue == queue)
+            and (not extra or all(get(job) == value for get, value in extra))
+            and (also is None or also(job))
+        )
+
+    return matches
+
+
+def _any_job(job: Job) -> bool:
+    return True
+
+
+def _within_array(found: Iterator[Job], array_id: int) -> Iterator[Job]:
+    """The jobs of a stream (in id order, from the array's first id) up to the array's end."""
+    return itertools.takewhile(lambda job: job.array_id == array_id, found)
+
+
+def _past_array(array_id: int) -> Callable[[Job], bool]:
+    """Whether a job (seen in id order from the array's first id) is past the array's end."""
+    return lambda job: job.array_id != array_id
+
+
 def _scan(
     lock: threading.Lock,
     table: SortedDict,
@@ -621,53 +715,77 @@ def _scan(
     after: int,
     before: int | None,
     wanted: int,
+    newest: bool = False,
+    until: Callable[[Job], bool] | None = None,
 ) -> list[Job]:
     """The first `wanted` jobs of `table` that match, with ids above `after` and below
-    `before`, walked in chunks letting go of the lock between chunks: a sparse filter over a
-    million jobs must not stall the agents' polls."""
+    `before` (from the highest down with `newest`), walked in chunks letting go of the lock
+    between chunks: a sparse filter over a million jobs must not stall the agents' polls.
+    The walk ends at the first job for which `until` holds."""
     found: list[Job] = []
-    cursor = after
+    low, high = after, before
     while len(found) < wanted:
         with lock:
             chunk = list(
                 itertools.islice(
-                    table.irange(cursor, before, inclusive=(False, False)), _SCAN_CHUNK
+                    table.irange(low, high, inclusive=(False, False), reverse=newest),
+                    _SCAN_CHUNK,
                 )
             )
             candidates = [table[seq] for seq in chunk]
         for job in candidates:
+            if until is not None and until(job):
+                return found
             if matches(job):
                 found.append(job)
                 if len(found) == wanted:
                     break
         if len(chunk) < _SCAN_CHUNK:
             break
-        cursor = chunk[-1]
+        if newest:
+            high = chunk[-1]
+        else:
+            low = chunk[-1]
     return found
 
 
 def _stream(
-    indexes: Iterable[dict[str, SortedDict]], node_id: str | None, after: int, job_type: str | None
+    indexes: Iterable[dict[str, SortedDict]],
+    node_id: str | None,
+    after: int,
+    before: int | None = None,
+    newest: bool = False,
 ) -> Iterator[Job]:
-    """Jobs of active indexes (one node's, or every node's merged), oldest first. Consume it
-    while holding the table's lock."""
+    """Jobs of active indexes (one node's, or every node's merged) with after < seq (<
+    before), oldest first (newest first with `newest`). Consume it while holding the
+    table's lock."""
     if node_id is None:
         queues = [queue for index in indexes for queue in index.values()]
     else:
         queues = [index[node_id] for index in indexes if node_id in index]
     if not queues:
         return iter(())
-    streams = [_values_after(queue, after) for queue in queues]
-    found = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_seq_of)
-    if job_type is not None:
-        found = (job for job in found if job.job_type == job_type)
-    return found
+    streams = [_values_between(queue, after, before, newest) for queue in queues]
+    if len(streams) == 1:
+        return streams[0]
+    return heapq.merge(*streams, key=_seq_of, reverse=newest)
 
 
-def _values_after(queue: SortedDict, after: int) -> Iterator[Job]:
-    if not after:
+def _values_between(
+    queue: SortedDict, after: int, before: int | None, newest: bool
+) -> Iterator[Job]:
+    if not after and before is None and not newest:
         return iter(queue.values())  # the agent's poll: no seek needed
-    return (queue[seq] for seq in queue.irange(minimum=after, inclusive=(False, True)))
+    seqs = queue.irange(after, before, inclusive=(False, False), reverse=newest)
+    return (queue[seq] for seq in seqs)
+
+
+def _and(
+    first: Callable[[Job], bool] | None, second: Callable[[Job], bool]
+) -> Callable[[Job], bool]:
+    if first is None:
+        return second
+    return lambda job: first(job) and second(job)
 
 
 def _finished_within(job: Job, since: int | None, until: int | None) -> bool:

@@ -2,8 +2,10 @@
 
 Pages: the overview (the daemons, counts, a chart of the last hour, nodes, recent failures),
 the nodes (health, agent, drain state, slots, load, jobs) and one node (Drain / Undrain), the
-jobs list (filters, paging), one job (outputs, live while it runs; attempts; what a waiting job
-waits for; Cancel or Stop; Retry as a new job), the schedules and one schedule (its jobs;
+jobs list (newest first and paged, searched and filtered, one row per array with its summary;
+Cancel, Hold or Release, Retry on each row), one array's jobs by index, one job (outputs, live
+while it runs; attempts; its name, array and the job it retries; what a waiting job waits for;
+Cancel or Stop; Hold or Release; Retry as a new job), the schedules and one schedule (its jobs;
 Pause / Resume, Run now, Delete) and the queues (pending, running, limit, pause and resume).
 Jinja templates, one stylesheet and one small script, no build step and nothing fetched from
 elsewhere (the chart is inline SVG drawn on the server). The script keeps the open page
@@ -81,6 +83,7 @@ bp.add_app_template_global(formatting.duration, "duration")
 bp.add_app_template_global(pages.REFRESH_SECS, "refresh_secs")
 bp.add_app_template_global(jobs.can_cancel, "can_cancel")
 bp.add_app_template_global(formatting.job_ending, "job_ending")
+bp.add_app_template_global(formatting.job_state, "job_state")
 live.init_blueprint(bp)
 
 
@@ -124,7 +127,7 @@ def node_list() -> Response:
 
 @bp.get("/jobs")
 def job_list() -> Response:
-    """Jobs matching the filters, a page at a time, oldest first."""
+    """Jobs matching the filters, a page at a time, newest first (an array's: by index)."""
     return _page("jobs.html", view=pages.job_list(scheduler(), request.args))
 
 
@@ -211,9 +214,34 @@ def retry(job_id: str) -> Response:
         new_id = actions.retry(scheduler(), job_id)
     except errors.NotFound:
         return _page("error.html", 404, message=f"There is no job {job_id}.")
+    except errors.Conflict:
+        return redirect(url_for("ui.job", job_id=job_id, notice="not_finished"), 303)
     except errors.PlacementError as exc:
         return _page("error.html", 503, message=f"Not submitted: {exc.message}.")
     return redirect(url_for("ui.job", job_id=new_id, notice="retry", **{"from": job_id}), 303)
+
+
+@bp.post("/jobs/<job_id>/hold")
+def hold(job_id: str) -> Response:
+    """Hold a pending job, then show it again with the outcome."""
+    return _held(job_id, True)
+
+
+@bp.post("/jobs/<job_id>/release")
+def release(job_id: str) -> Response:
+    """Release a held job, then show it again with the outcome."""
+    return _held(job_id, False)
+
+
+def _held(job_id: str, on: bool) -> Response:
+    try:
+        notice = actions.hold(scheduler(), job_id, on)
+    except errors.NotFound:
+        return _page("error.html", 404, message=f"There is no job {job_id}.")
+    back = request.form.get("back", "")
+    if back.startswith("/ui/") and "//" not in back:  # the list it was pressed on
+        return redirect(back, 303)
+    return redirect(url_for("ui.job", job_id=job_id, notice=notice), 303)
 
 
 @bp.post("/nodes/<node_id>/drain")

@@ -7,12 +7,9 @@ keys, never text, so a link cannot make a page say something the scheduler did n
 
 from __future__ import annotations
 
-import dataclasses
-
 from .. import errors
 from ..domain import jobs
 from ..domain.schedules import ScheduleChange
-from ..domain.validation import JobRequest
 from ..service import Scheduler
 
 NOTICES = {
@@ -20,6 +17,10 @@ NOTICES = {
     "stopped": "Job stopped: its node's agent has been told to end it.",
     "conflict": "It had already ended: nothing to cancel.",
     "retry": "Submitted again as a new job, with the request of",
+    "not_finished": "It has not ended yet: nothing to retry.",
+    "held": "Job held: it stays pending and is not handed out until released.",
+    "released": "Job released: it waits for a node like any other again.",
+    "not_pending": "It is not pending any more: only a waiting job is held or released.",
     "drained": "Node drained: it gets no new job and its waiting jobs went elsewhere.",
     "undrained": "Node undrained: it takes new jobs again.",
     "paused": "Schedule paused: it does not fire until resumed.",
@@ -28,9 +29,6 @@ NOTICES = {
     "no_node": "Not run: no node can take its job now.",
     "deleted": "Deleted schedule",
 }
-
-# Fields a retry must not repeat: a time in the past, or a delay that already passed once.
-_NOT_REPEATED = frozenset({"not_before", "delay_secs"})
 
 SCHEDULE_ACTIONS = ("pause", "resume", "run", "delete")
 
@@ -46,18 +44,22 @@ def cancel(service: Scheduler, job_id: str) -> str:
 
 
 def retry(service: Scheduler, job_id: str) -> str:
-    """Submit a finished job's request again as a new job; the new job's id (NotFound for an
-    unknown id, PlacementError when no node can take it)."""
-    old = service.reads.get(job_id)
-    request = JobRequest(
-        **{
-            field.name: getattr(old, field.name)
-            for field in dataclasses.fields(JobRequest)
-            if field.name not in _NOT_REPEATED and hasattr(old, field.name)
-        }
-    )
-    new, _ = service.jobs.submit(request, source="dashboard")
-    return new.job_id
+    """Submit a finished job's request again as a new job (`POST /jobs/{id}/retry`); the new
+    job's id (NotFound for an unknown id, Conflict for one not finished, PlacementError when
+    no node can take it)."""
+    return service.jobs.retry_as_new(job_id, source="dashboard").job_id
+
+
+def hold(service: Scheduler, job_id: str, on: bool) -> str:
+    """Hold a pending job (`on`) or release it; the notice key (NotFound passes up)."""
+    try:
+        if on:
+            service.jobs.hold(job_id)
+        else:
+            service.jobs.release(job_id)
+    except errors.Conflict:
+        return "not_pending"
+    return "held" if on else "released"
 
 
 def drain(service: Scheduler, node_id: str, on: bool) -> str:
@@ -84,4 +86,4 @@ def schedule_action(service: Scheduler, schedule_id: str, action: str) -> tuple[
 
 def can_retry(job: jobs.Job) -> bool:
     """Only an ended job is submitted again: one still waiting or running is still itself."""
-    return job.is_final
+    return jobs.can_retry_as_new(job)

@@ -1,15 +1,18 @@
 """The overview's picture of the last hour, computed from the jobs' own stamps: per minute, how
-many jobs were submitted, how many ended done, how many attempts failed, and how many jobs were
-waiting (queue depth) at the end of each minute.
+many jobs were submitted, how many ended in each state (done, failed, cancelled, timed out), how
+many failed attempts were retried, and how many jobs were waiting (queue depth) at the end of
+each minute.
 
 Pure functions over a list of jobs (whatever the service hands over: every job not finished
 before the window starts) and a clock reading; no I/O, no locks, no service. Minutes are
 wall-clock minutes in UTC, the last one still running, so the bars stay put between refreshes.
 
 A job waits from its creation until an agent claims it, and again from each failed attempt's
-end until the next claim; a job cancelled while pending waits until it is cancelled. A failed
-attempt counts in `failed` whether or not it was retried (the failure rate an operator watches);
-`done` counts jobs at their end.
+end until the next claim; a job cancelled while pending waits until it is cancelled. Jobs are
+counted at their end, by the state people read (`jobs.state_of`), so the chart's `failed` is the
+overview card's `failed`: jobs, not attempts, and neither a cancel nor a timeout (issue 36: the
+chart said "failed 13" counting attempts while the card said 7). A failed attempt that was
+retried counts in `retried`.
 """
 
 from __future__ import annotations
@@ -39,8 +42,11 @@ class Activity:
     now_us: int
     submitted: list[int]
     done: list[int]
-    failed: list[int]
+    failed: list[int]  # jobs that ended failed for good (not cancelled, not timed out)
     waiting: list[int]  # queue depth at each bucket's end (at `now_us` for the current one)
+    cancelled: list[int] = dataclasses.field(default_factory=list)
+    timed_out: list[int] = dataclasses.field(default_factory=list)
+    retried: list[int] = dataclasses.field(default_factory=list)  # failed attempts retried
 
     @property
     def buckets(self) -> int:
@@ -83,7 +89,7 @@ def activity(
     bucket_us = bucket_secs * _US
     count = window_secs // bucket_secs
     start = window_start(now_us, window_secs, bucket_secs)
-    submitted, done, failed = [0] * count, [0] * count, [0] * count
+    series = {name: [0] * count for name in _SERIES}
     # Depth is sampled at each bucket's end, the current bucket's at `now_us`: +1 from the
     # first sample a wait covers, -1 from the first it no longer does.
     samples = [start + (index + 1) * bucket_us for index in range(count)]
@@ -95,7 +101,6 @@ def activity(
             return None
         return min((us - start) // bucket_us, count - 1)
 
-    series = {"submitted": submitted, "done": done, "failed": failed}
     for job in found:
         for name, moment in _events(job):
             index = bucket(moment)
@@ -112,18 +117,33 @@ def activity(
     for index in range(count):
         depth += change[index]
         waiting.append(depth)
-    return Activity(start, bucket_us, now_us, submitted, done, failed, waiting)
+    return Activity(
+        start,
+        bucket_us,
+        now_us,
+        series["submitted"],
+        series["done"],
+        series["failed"],
+        waiting,
+        series["cancelled"],
+        series["timed_out"],
+        series["retried"],
+    )
+
+
+_SERIES = ("submitted", "done", "failed", "cancelled", "timed_out", "retried")
+_ENDED = {jobs.DONE: "done", jobs.FAILED: "failed", jobs.CANCEL: "cancelled"}
+_ENDED[jobs.TIMED_OUT] = "timed_out"
 
 
 def _events(job: Job) -> Iterator[tuple[str, int | None]]:
-    """The job's countable moments: its submission, each failed attempt, its end."""
+    """The job's countable moments: its submission, each failed attempt that was retried, its
+    end (in the series of the state it ended in)."""
     yield "submitted", job.created_at
     for attempt in job.attempts:
-        yield "failed", attempt.finished_at
-    if job.status == jobs.DONE:
-        yield "done", job.finished_at
-    elif job.is_final:
-        yield "failed", job.finished_at
+        yield "retried", attempt.finished_at
+    if job.is_final:
+        yield _ENDED[jobs.state_of(job.status, job.reason)], job.finished_at
 
 
 def _waits(job: Job) -> Iterator[tuple[int, int | None]]:

@@ -1,5 +1,6 @@
 """The dashboard's line about the daemons: which one you are on and its role, the leader, and
-each standby with how long ago it was last seen.
+each standby with how long ago it was last seen, and `gone` for one not seen for longer than a
+running daemon ever goes.
 
 A standby forwards the dashboard to the leader like any request (`api/forward.py`), adding
 `X-Forwarded-By` with its own URL: so the page, rendered by the leader, can still say that
@@ -19,6 +20,7 @@ class DaemonRow:
     role: str
     seen_us: int  # when last seen, by this machine's clock (for the page's relative times)
     here: bool  # the daemon the browser talks to
+    alive: bool = True  # False: not seen for longer than a running daemon ever goes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -39,7 +41,7 @@ def daemons(service: Scheduler, forwarded_by: str | None, own_url: str) -> Daemo
     own = service.settings.advertise_url or own_url
     here = forwarded_by or own
     rows = [
-        DaemonRow(d.url, d.role, now - int(d.seen_secs_ago * 1e6), d.url == here)
+        DaemonRow(d.url, d.role, now - int(d.seen_secs_ago * 1e6), d.url == here, d.alive)
         for d in view.daemons
     ]
     role = "standby" if forwarded_by else "leader"

@@ -79,6 +79,12 @@ def ending(reason: str, exit_code: int | None, stderr: str = "") -> str:
     return f"exit {exit_code}" if exit_code is not None else "agent error"
 
 
+def job_state(job: jobs.Job) -> str:
+    """The state people read (`jobs.state_of`): `cancelled` and `timed out` apart from
+    `failed`."""
+    return jobs.state_of(job.status, job.reason)
+
+
 def job_ending(job: jobs.Job) -> str:
     """`ending` of a failed job as a whole (its reason is set once it failed for good)."""
     return ending(job.reason.value if job.reason else "", job.exit_code, job.stderr.strip())

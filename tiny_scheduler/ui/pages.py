@@ -6,10 +6,13 @@ listings, recent jobs), which serves it from memory and the registry client's ca
 a dashboard left open never touches the database, and a registry that is down only takes the
 node health column away, never the page.
 
-Newest-first listings would need a reverse read of the job table; the jobs page therefore
-pages oldest first with `after=`, exactly like `GET /jobs`. The overview's recent failures come
-from a small ring fed by the service's events, so they cover the time since start-up; its chart
-of the last hour is computed from the jobs themselves (`activity`), so it survives a restart.
+The jobs page lists newest first (as the command line does), a page at a time with `before=`,
+one row per array (its jobs a click away, by index, with a summary of how they stand); it is
+searched by id, name or command (`q`) and filtered by the state people read (`cancelled` and
+`timed out` apart from `failed`). The overview counts jobs by that state too. Its recent
+failures come from a small ring fed by the service's events, so they cover the time since
+start-up; its chart of the last hour is computed from the jobs themselves (`activity`), so it
+survives a restart.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import collections
 import dataclasses
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from .. import errors
 from ..clock import Clock
@@ -31,8 +34,9 @@ from .activity import Activity
 REFRESH_SECS = 5
 """Seconds between two automatic refreshes of an open page."""
 
-PAGE_SIZE = 50
-"""Jobs per page of the jobs list, unless the URL asks for another `limit`."""
+PAGE_SIZE = 25
+"""Rows per page of the jobs list, unless the URL asks for another `limit` (a page of 42 jobs
+was one long scroll)."""
 
 MAX_PAGE_SIZE = 200
 """Largest `limit` the jobs list accepts: a page must stay quick to render and to read."""
@@ -123,7 +127,7 @@ class NodeRow:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Overview:
     now: int
-    counts: dict[str, int]
+    counts: dict[str, int]  # by the state people read (jobs.STATES), in that order
     total: int
     store_error: str | None
     registry_error: str | None
@@ -135,7 +139,7 @@ class Overview:
 def overview(service: Scheduler, failures: RecentFailures, charts: ActivityCache) -> Overview:
     """Counts by status, the last hour's chart, every node with its health and jobs, and the
     recent failures."""
-    counts = service.reads.counts()
+    counts = state_counts(service.reads.counts(), service.reads.reason_counts())
     health, registry_error = node_health(service)
     rows = []
     for node_id in sorted(set(health) | service.reads.busy_nodes()):
@@ -164,6 +168,16 @@ def overview(service: Scheduler, failures: RecentFailures, charts: ActivityCache
         failures=failures.newest(),
         chart=Chart.of(charts.get(service, now)),
     )
+
+
+def state_counts(by_status: Mapping[str, int], by_reason: Mapping[str, int]) -> dict[str, int]:
+    """Jobs by the state people read: the statuses, with the failures of each reason that is
+    a state of its own (cancelled, timed out) counted apart from `failed`."""
+    counts = {state: by_status.get(state, 0) for state in jobs.STATUSES}
+    for state, reason in jobs.STATE_REASONS.items():
+        counts[state] = by_reason.get(reason, 0)
+        counts[jobs.FAILED] -= counts[state]
+    return {state: counts[state] for state in jobs.STATES}
 
 
 def node_health(service: Scheduler) -> tuple[dict[str, str], str | None]:
@@ -220,7 +234,7 @@ class Chart:
     data: Activity
     submitted: str  # polyline points
     done: str
-    failed: str
+    failed: str  # jobs failed for good, neither cancelled nor timed out: the card's `failed`
     waiting: str  # path of the filled area
     minutes: list[ChartMinute]
     slot: float  # width of one minute
@@ -254,7 +268,9 @@ class Chart:
                 x=round(i * slot, 1),
                 label=(
                     f"{_clock(data.bucket_start(i))} UTC: {data.submitted[i]} submitted, "
-                    f"{data.done[i]} done, {data.failed[i]} failed, {data.waiting[i]} waiting"
+                    f"{data.done[i]} done, {data.failed[i]} failed, "
+                    f"{data.cancelled[i]} cancelled, {data.timed_out[i]} timed out, "
+                    f"{data.retried[i]} retried, {data.waiting[i]} waiting"
                 ),
             )
             for i in range(data.buckets)
@@ -280,66 +296,208 @@ def _clock(us: int) -> str:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ArraySummary:
+    """How an array's jobs stand: how many, and how many in each state."""
+
+    array_id: str
+    name: str
+    size: int
+    states: list[tuple[str, int]]  # (state, how many), in jobs.STATES' order, zeros left out
+
+    @classmethod
+    def of(cls, service: Scheduler, job: Job) -> ArraySummary | None:
+        """The summary of `job`'s array (None for a job of no array, or when retention took
+        every job of it meanwhile)."""
+        counted = service.reads.array_counts(job.array_id) if job.array_id else {}
+        if not counted:
+            return None
+        return cls(
+            array_id=jobs.job_id_of(job.array_id),
+            name=job.name,
+            size=sum(counted.values()),
+            states=list(counted.items()),
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobRow:
+    job: Job
+    array: ArraySummary | None = None  # set: the row stands for its whole array
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class JobList:
     now: int
-    jobs: list[Job]
+    rows: list[JobRow]
     node_id: str
-    status: str
+    status: str  # a state (jobs.STATES): `cancelled` and `timed out` apart from `failed`
     job_type: str
     limit: int
-    after: str  # the job id this page continues after, or ""
-    next_after: str | None  # the job id the next page continues after, when there is one
     error: str | None
     nodes: list[str]  # known node ids, offered in the node filter
     reason: str = ""
     queue: str = ""  # a queue filter, from the queues page's links
-    statuses: tuple[str, ...] = jobs.STATUSES
+    name: str = ""  # exactly this name (a job page's link)
+    q: str = ""  # the search: a job id, or words of a name or command
+    array: ArraySummary | None = None  # listing one array's jobs, by index
+    before: str = ""  # newest first: the job id this page continues below, or ""
+    next_before: str | None = None
+    after: str = ""  # an array's jobs: the job id this page continues after, or ""
+    next_after: str | None = None
+    statuses: tuple[str, ...] = jobs.STATES
     job_types: tuple[str, ...] = jobs.JOB_TYPES
     reasons: tuple[str, ...] = jobs.REASONS
 
     @property
+    def jobs(self) -> list[Job]:
+        return [row.job for row in self.rows]
+
+    @property
     def page_args(self) -> dict[str, str]:
-        """The query of this listing without `after`: filters set, and a non-default limit."""
+        """The query of this listing without its paging: filters set, and a non-default
+        limit."""
         args = {
+            "q": self.q,
             "status": self.status,
             "reason": self.reason,
             "node_id": self.node_id,
             "job_type": self.job_type,
             "queue": self.queue,
+            "name": self.name,
+            "array_id": self.array.array_id if self.array else "",
         }
         if self.limit != PAGE_SIZE:
             args["limit"] = str(self.limit)
         return {name: value for name, value in args.items() if value}
 
 
+_FILTERS = ("node_id", "reason", "job_type", "queue", "name", "array_id")
+
+
 def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
-    """One page of jobs matching the filters in `args`, oldest first (as GET /jobs)."""
-    error = None
+    """One page of jobs matching the filters in `args`: newest first with one row per array,
+    or one array's jobs by index (`array_id`)."""
     limit = _page_size(args.get("limit", ""))
-    names = ("node_id", "status", "reason", "job_type", "queue", "after")
-    wanted = {name: args.get(name, "") for name in names}
+    wanted = {name: args.get(name, "").strip() for name in _FILTERS}
+    state = args.get("status", "")
+    state = state if state in jobs.STATES else ""
+    q = " ".join(args.get("q", "").split())
+    error = None
     try:
-        query = validation.parse_query({**wanted, "limit": str(limit)})
+        query = validation.parse_query(
+            {**wanted, "limit": str(limit), "after": args.get("after", "")}
+        )
+        before = _job_seq(args.get("before", ""), "before")
     except errors.BadRequest as exc:
         error = exc.message
-        wanted["after"] = ""
+        wanted["array_id"] = ""
         query = validation.parse_query({**wanted, "limit": str(limit)})
-    page = service.reads.list_jobs(query)
+        before = None
+    query, also = _by_state(query, state)
+    tests = [test for test in (also, _search(q)) if test is not None]
+    array = None
+    if query.array_id is not None:
+        # One array: its jobs in the order they were made, by index, paged forward.
+        page = service.reads.list_jobs(query, also=_all(tests))
+        first = service.reads.array_jobs(query.array_id, limit=1)
+        array = ArraySummary.of(service, first[0]) if first else None
+        rows = [JobRow(job) for job in page.jobs]
+        next_after = jobs.job_id_of(page.next_after) if page.next_after else None
+        next_before = None
+    else:
+        page = service.reads.list_jobs(
+            dataclasses.replace(query, after=0),
+            newest=True,
+            before=before,
+            also=_all([*tests, _one_row_per_array()]),
+        )
+        rows = [JobRow(job, ArraySummary.of(service, job)) for job in page.jobs]
+        next_before = None
+        if page.next_after is not None:
+            last = rows[-1].job
+            # Below an array's row come the rest of its jobs: the next page starts under them.
+            next_before = jobs.job_id_of(last.array_id if rows[-1].array else last.seq)
+        next_after = None
     health, _ = node_health(service)
     return JobList(
         now=service.clock.now_us(),
-        jobs=page.jobs,
+        rows=rows,
         node_id=wanted["node_id"],
-        status=wanted["status"],
+        status=state,
         job_type=wanted["job_type"],
         reason=wanted["reason"],
         queue=wanted["queue"],
+        name=wanted["name"],
+        q=q,
+        array=array,
         limit=limit,
-        after=wanted["after"],
-        next_after=jobs.job_id_of(page.next_after) if page.next_after else None,
+        before=jobs.job_id_of(before) if before else "",
+        next_before=next_before,
+        after=args.get("after", "") if array else "",
+        next_after=next_after,
         error=error,
         nodes=sorted(set(health) | service.reads.busy_nodes()),
     )
+
+
+def _job_seq(text: str, name: str) -> int | None:
+    if not text:
+        return None
+    seq = jobs.parse_job_id(text)
+    if seq is None:
+        raise errors.BadRequest(f"{name} must be a job id such as job-7")
+    return seq
+
+
+def _by_state(
+    query: validation.JobQuery, state: str
+) -> tuple[validation.JobQuery, Callable[[Job], bool] | None]:
+    """The query for a state: cancelled and timed out are failures of their reason; `failed`
+    is every other failure (unless a reason is asked for)."""
+    if state in jobs.STATE_REASONS:
+        return dataclasses.replace(
+            query, status=jobs.FAILED, reason=jobs.STATE_REASONS[state]
+        ), None
+    if state == jobs.FAILED and query.reason is None:
+        apart = frozenset(jobs.STATE_REASONS.values())
+        return dataclasses.replace(query, status=jobs.FAILED), lambda job: job.reason not in apart
+    return dataclasses.replace(query, status=state or None), None
+
+
+def _search(q: str) -> Callable[[Job], bool] | None:
+    """The search box: a job id (or its number) finds that job; other words, the jobs whose
+    name or command holds them (case aside)."""
+    if not q:
+        return None
+    seq = jobs.parse_job_id(q) or (int(q) if q.isascii() and q.isdigit() and q[0] != "0" else None)
+    if seq is not None:
+        return lambda job: job.seq == seq
+    words = q.lower()
+    return lambda job: words in job.name.lower() or words in job.command.lower()
+
+
+def _one_row_per_array() -> Callable[[Job], bool]:
+    """A listing's test that lets the first job it meets of each array through and no other
+    of that array: one row stands for the array (newest first: its newest matching job)."""
+    seen: set[int] = set()
+
+    def first_of_its_array(job: Job) -> bool:
+        if not job.array_id:
+            return True
+        if job.array_id in seen:
+            return False
+        seen.add(job.array_id)
+        return True
+
+    return first_of_its_array
+
+
+def _all(tests: list[Callable[[Job], bool]]) -> Callable[[Job], bool] | None:
+    if not tests:
+        return None
+    if len(tests) == 1:
+        return tests[0]
+    return lambda job: all(test(job) for test in tests)
 
 
 def _page_size(text: str) -> int:
@@ -377,6 +535,9 @@ class JobDetail:
     waiting_for: str | None  # while pending: what it waits for
     notice_key: str = ""
     notice_from: str = ""  # the job a notice names (the one this job retried), when valid
+    holdable: bool = False  # pending: Hold, or Release when it is held
+    array: ArraySummary | None = None  # the array it is part of
+    default_retries: int = 0  # MAX_JOB_RETRIES, for a job without retries of its own
 
 
 def job_detail(
@@ -403,6 +564,9 @@ def job_detail(
         notice_key=notice if notice in actions.NOTICES else "",
         # Only a job id is ever shown from the URL, so a link cannot put words on the page.
         notice_from=notice_from if jobs.parse_job_id(notice_from) is not None else "",
+        holdable=job.status == jobs.PENDING,
+        array=ArraySummary.of(service, job),
+        default_retries=service.settings.max_job_retries,
     )
 
 

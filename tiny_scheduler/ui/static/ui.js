@@ -3,6 +3,11 @@
 // reloading its content every few seconds. It keeps relative times ("3 min ago") current in
 // between, follows a running job's output as it grows, shows a chart minute's numbers where
 // it is pointed at or tapped, and asks before an action. Every page works without it.
+//
+// A tab in the background gives its stream and output reads up, and opens them again when it
+// is shown: a browser holds only six connections to one server, and tabs left open elsewhere
+// must not keep the one being looked at from going live (issue 36: one tab said "auto-refresh"
+// while the others said "live"). Until its stream opens, a page says it is connecting.
 (function () {
   "use strict";
 
@@ -21,7 +26,8 @@
   var busy = false;
   var again = false; // an event came while a refresh was under way: one more after it
   var stale = false; // an event came while paused: refresh on resume
-  var mode = "timer"; // "events" while the event stream is open
+  var mode = body.dataset.eventsUrl && window.EventSource ? "connecting" : "timer";
+  // "events" while the event stream is open, "hidden" while the tab is in the background
   var source = null;
   var ticks = 0;
   var skewMs = 0; // server clock minus browser clock, so relative times match the server's
@@ -92,6 +98,8 @@
       show("auto-refresh paused");
     } else if (mode === "events") {
       show("live");
+    } else if (mode === "connecting") {
+      show("connecting…");
     } else {
       show("auto-refresh every " + every / 1000 + " s");
     }
@@ -150,7 +158,7 @@
     }
     busy = true;
     again = false;
-    fetch(here(window.location.pathname + window.location.search), { cache: "no-store", credentials: "same-origin", signal: leaving.signal })
+    fetch(here(window.location.pathname + window.location.search), { cache: "no-store", credentials: "same-origin", signal: reads.signal })
       .then(function (response) {
         if (!response.ok) {
           throw new Error("HTTP " + response.status);
@@ -182,8 +190,11 @@
 
   function tick() {
     ticks += 1;
-    if (mode === "timer" || ticks % EVENTS_FALLBACK_FACTOR === 0) {
-      refresh();
+    if (mode === "hidden") {
+      return;
+    }
+    if (mode !== "events" || ticks % EVENTS_FALLBACK_FACTOR === 0) {
+      refresh(); // connecting counts as the timer until the stream opens
     }
   }
 
@@ -213,7 +224,7 @@
 
   function listen() {
     var url = body.dataset.eventsUrl;
-    if (!url || !window.EventSource) {
+    if (!url || !window.EventSource || source) {
       return;
     }
     source = new EventSource(url);
@@ -260,7 +271,7 @@
   function follow(pre, url) {
     var offset = Number(pre.dataset.offset) || 0;
     var query = "?stream=" + pre.dataset.stream + "&offset=" + offset + "&wait=" + OUTPUT_WAIT_SECS;
-    fetch(here(url + query), { cache: "no-store", credentials: "same-origin", signal: leaving.signal })
+    fetch(here(url + query), { cache: "no-store", credentials: "same-origin", signal: reads.signal })
       .then(function (response) {
         if (!response.ok) {
           throw new Error("HTTP " + response.status);
@@ -341,14 +352,31 @@
   });
 
   // A browser holds only a few connections per server: a page left behind (or kept in the
-  // back/forward cache) must not keep its event stream or output reads open.
-  var leaving = new AbortController();
-  window.addEventListener("pagehide", function () {
+  // back/forward cache), or a tab in the background, must not keep its event stream or output
+  // reads open.
+  function letGo() {
     if (source) {
       source.close();
       source = null;
     }
-    leaving.abort();
+    reads.abort();
+    reads = new AbortController();
+    document.querySelectorAll("pre[data-stream]").forEach(function (pre) {
+      pre.dataset.following = ""; // followed again, from where it was, when shown
+    });
+  }
+
+  window.addEventListener("pagehide", letGo);
+  document.addEventListener("visibilitychange", function () {
+    if (document.hidden) {
+      letGo();
+      setMode("hidden");
+      return;
+    }
+    setMode(body.dataset.eventsUrl && window.EventSource ? "connecting" : "timer");
+    listen();
+    refresh(); // whatever happened while it was hidden
+    startFollowing();
   });
   window.addEventListener("pageshow", function (event) {
     if (event.persisted) {
@@ -356,6 +384,7 @@
     }
   });
 
+  var reads = new AbortController(); // the page's fetches: aborted when it is let go of
   var content = document.getElementById("content");
   if (content) {
     learnSkew(content);
