@@ -11,11 +11,11 @@ registry.
 from __future__ import annotations
 
 import pytest
-from harness import NODES
+from harness import NODES, Harness
 
 from tiny_scheduler.clock import ManualClock
 from tiny_scheduler.config import Settings
-from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain import jobs, validation
 from tiny_scheduler.domain.jobs import Job
 from tiny_scheduler.domain.nodes import StaticNodes
 from tiny_scheduler.domain.placement import Placement
@@ -201,3 +201,18 @@ def test_a_new_terms_table_is_where_the_loads_come_from() -> None:
     assert placement.place() == "node-a", "a fresh rotation starts at the first node"
     add(new, "node-b", 1)
     assert placement.place() == "node-c", "the new table's loads: c is idle there"
+
+
+def test_the_copies_of_an_array_see_each_other_in_the_loads() -> None:
+    """Placed one after another, each copy counts the ones before it (they are not in the
+    table yet): an array fills the least-loaded node only up to the others' loads."""
+    h = Harness(nodes=("node-a", "node-b", "node-c"), max_jobs_per_node=4)
+    for node in ("node-a", "node-b"):
+        for _ in range(3):
+            h.submit_on(node)
+    placed = h.service._core.placement.place_many(6)
+    assert sorted(placed) == ["node-a", "node-b", "node-c", "node-c", "node-c", "node-c"]
+    array = h.submit(array=6)
+    query = validation.parse_query({"array_id": array.job_id})
+    copies = h.service.reads.list_jobs(query).jobs
+    assert {job.node_id for job in copies} == {"node-a", "node-b", "node-c"}
