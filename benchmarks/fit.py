@@ -33,7 +33,7 @@ running exactly its timeout, which is what backfill's promise is made of.
 from __future__ import annotations
 
 import dataclasses
-import http.client
+import functools
 import json
 import statistics
 import threading
@@ -45,9 +45,9 @@ from typing import Any
 from tiny_scheduler.domain.jobs import parse_time
 
 from . import fit_trace, virtual_cluster
-from .fit_agents import Agent
+from .fit_agents import Agent, Client
 from .fit_trace import NODES, TraceJob
-from .procs import Server
+from .procs import Server, side_by_side
 
 ROWS = {
     "least_loaded": ({"PLACEMENT": "least-loaded"}, False),
@@ -62,7 +62,6 @@ REPLAYS = {"least_loaded": "least-loaded", "binpack": "binpack"}
 TARGET_BOUND_FACTOR = 1.15
 """With fit (least-loaded and binpack): makespan within 15 % of the bound."""
 
-_HTTP_TIMEOUT = 30.0
 _EPSILON = 1e-6  # seconds: starts closer than this are the same instant
 
 
@@ -70,23 +69,13 @@ def run(workdir: Path, server_env: dict[str, str], scale: float) -> dict[str, An
     """The daemon rows at once, then the replays; their figures and the targets."""
     trace = fit_trace.trace(scale)
     bound = fit_trace.bound(trace)
-    rows: dict[str, Any] = {}
-    errors: list[BaseException] = []
-
-    def one(name: str) -> None:
-        env, one_slot = ROWS[name]
-        try:
-            rows[name] = _run_row(name, {**server_env, **env}, trace, one_slot, workdir)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(name,), name=f"fit-{name}") for name in ROWS]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    rows = side_by_side(
+        {
+            name: functools.partial(_run_row, name, {**server_env, **env}, trace, one_slot, workdir)
+            for name, (env, one_slot) in ROWS.items()
+        },
+        "fit",
+    )
     for name, row in rows.items():
         row["x_bound"] = round(row["makespan_s"] / bound, 3)
         if not ROWS[name][1]:
@@ -237,24 +226,20 @@ def _quantile(ordered: Sequence[float], share: float) -> float:
 
 def _submit(addr: tuple[str, int], trace: Sequence[TraceJob], one_slot: bool) -> list[str]:
     """The trace's bursts, each at its time after the first (one client, back to back)."""
-    conn = http.client.HTTPConnection(*addr, timeout=_HTTP_TIMEOUT)
+    client = Client(addr)
     began = time.monotonic()
     made = []
     try:
         for job in trace:
             pause = began + job.at - time.monotonic()
             if pause > 0:
-                conn.close()  # idle longer than the daemon keeps a connection
                 time.sleep(pause)
-            body = json.dumps(job.body(one_slot))
-            conn.request("POST", "/jobs", body, {"Content-Type": "application/json"})
-            reply = conn.getresponse()
-            data = reply.read()
-            if reply.status != 201:
-                raise RuntimeError(f"submission {job.n}: {reply.status} {data!r}")
+            status, data = client.call("POST", "/jobs", job.body(one_slot))
+            if status != 201:
+                raise RuntimeError(f"submission {job.n}: {status} {data!r}")
             made.append(json.loads(data)["job_id"])
     finally:
-        conn.close()
+        client.close()
     return made
 
 
@@ -270,13 +255,11 @@ def _wait_for_nodes(addr: tuple[str, int], count: int, timeout: float = 30.0) ->
 
 
 def _get_json(addr: tuple[str, int], path: str) -> Any:
-    conn = http.client.HTTPConnection(*addr, timeout=_HTTP_TIMEOUT)
+    client = Client(addr)
     try:
-        conn.request("GET", path)
-        reply = conn.getresponse()
-        data = reply.read()
+        status, data = client.call("GET", path)
     finally:
-        conn.close()
-    if reply.status != 200:
-        raise RuntimeError(f"GET {path}: {reply.status} {data!r}")
+        client.close()
+    if status != 200:
+        raise RuntimeError(f"GET {path}: {status} {data!r}")
     return json.loads(data)
