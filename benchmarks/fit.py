@@ -3,13 +3,13 @@ bound no schedule can beat, and against one job one slot; and, replayed on a vir
 whether backfill ever starts a job later than strict priority-then-age order would.
 
 The workload and the bound are `fit_trace.py`'s (300 jobs of 1, 2 or 4 CPUs in two bursts,
-a fifth of them asking for `disk=ssd`; nodes of 2, 4, 4 and 8 CPUs, two with the label).
+58 of them asking for `disk=ssd`; nodes of 2, 4, 4 and 8 CPUs, two with the label).
 
 **On real daemons** (`REGISTRY_URL=builtin`, so `MAX_JOBS_PER_NODE` is `auto` and a node's
 CPUs are its slots; everything else as in production), with the simulated agents of
-`fit_agents.py`, three rows at the same time, each with its own daemon and agents (the work is
-sleeping; the daemons use a few percent of a core), so the scenario costs one makespan of wall
-time, not three:
+`fit_agents.py`, three rows at the same time, each with its own daemon and agents (the jobs'
+work is simulated, so three clusters fit on the machine at once), so the scenario costs one
+makespan of wall time, not three:
 
 - `least_loaded`: `PLACEMENT=least-loaded` (the default), with backfill and moving work;
 - `binpack`: `PLACEMENT=binpack`;

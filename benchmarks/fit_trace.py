@@ -3,16 +3,17 @@
 
 - **Nodes**: `node-a` 2 CPUs, `node-b` 4, `node-c` 4 and `node-d` 8, the last two labelled
   `disk=ssd` (18 CPUs in all, 12 of them with the label).
-- **Jobs**: 300, drawn from `random.Random(34)`: 1, 2 or 4 CPUs (weights 5:3:2), a run time
-  uniform in 1-6 s (times the scale), a quarter of them with `node_selector` `disk=ssd`, one
-  in ten at priority 1 (the rest at the default), each with a `timeout_secs` a bit above its
-  run time (x1.25 and at least 0.5 s more, rounded up to whole seconds: backfill goes by
-  timeouts, and a person sets one with some room). The first 200 are submitted at once, the
-  last 100 in a second burst when 40 % of the first one's work could be done.
-- **The bound**: the makespan of no schedule can be below the largest of: the work
-  (the sum of cpus x run time) over all the CPUs, the longest job, and for each `node_selector` the
-  work of the jobs that ask for it over the CPUs of the nodes that have it; and, for the
-  second burst, its submission time plus the same over the jobs submitted from then on.
+- **Jobs**: 300, drawn from `random.Random(34)`: 1, 2 or 4 CPUs (weights 5:3:2; 141, 102 and
+  57 of them), a run time uniform in 1-6 s (times the scale), odds of 1 in 4 of asking for
+  `disk=ssd` with `node_selector` (58 do) and of 1 in 10 of priority 1 (20; the rest at the
+  default), and a `timeout_secs` a bit above the run time (x1.25 and at least 0.5 s more,
+  rounded up to whole seconds: backfill goes by timeouts, and a person sets one with some
+  room). The first 200 are submitted at once, the last 100 in a second burst when 40 % of
+  the first one's work could be done.
+- **The bound**: no schedule's makespan can be below the largest of: the work (the sum of
+  cpus x run time) over all the CPUs, the longest job, and for each `node_selector` the work
+  of the jobs that ask for it over the CPUs of the nodes that have it; and, for the second
+  burst, its submission time plus the same over the jobs submitted from then on.
 
 Pure: no clock, no network.
 """
