@@ -36,7 +36,7 @@ test-stress: install ## the tests with two CPU-burning processes beside them (a 
 soak: install ## run the long crash-and-restart tests, which make test leaves out (minutes)
 	$(VENV)/bin/pytest -m slow -n 0  # one at a time: each needs the machine's disk and memory
 
-bench: install ## measure throughput and latency against the floor and the Go original (~21 min; BENCH_ARGS=--quick)
+bench: install ## measure throughput and latency against the floor and the Go original (~23 min; BENCH_ARGS=--quick)
 	$(PY) -m benchmarks $(BENCH_ARGS)
 
 lint: install ## check style and common bugs (ruff)

@@ -4,6 +4,7 @@
     python -m benchmarks --quick    # one short run of each, 10k/100k history: for development
     python -m benchmarks --only submit,cycle --runs 1 --profile
     python -m benchmarks --only placement --placement-scale 0.1   # issue 13's scenario, 10x faster
+    python -m benchmarks --only fit --fit-scale 0.25   # issue 34's scenario, 4x faster
 
 See benchmarks/README.md for what each figure means.
 """
@@ -24,6 +25,7 @@ from typing import Any
 
 from . import (
     agents,
+    fit,
     ha,
     owners,
     placement,
@@ -48,6 +50,7 @@ SCENARIOS = (
     "worker",
     "postgres",
     "placement",
+    "fit",
     "waiters",
     "priorities",
     "agents1000",
@@ -78,6 +81,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--placement-scale",
         type=float,
         help="placement: multiply every job's run time (20 s / 0.2 s); default 1, quick 0.1",
+    )
+    parser.add_argument(
+        "--fit-scale",
+        type=float,
+        help="fit: multiply every job's run time (1-6 s); default 1, quick 0.25",
     )
     parser.add_argument(
         "--nodes", type=int, default=50, help="compute nodes (and agents); default 50"
@@ -117,6 +125,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.cycle_duration = args.cycle_duration or (3.0 if quick else 8.0)
     args.warmup = args.warmup if args.warmup is not None else (0.5 if quick else 1.0)
     args.placement_scale = args.placement_scale or (0.1 if quick else 1.0)
+    args.fit_scale = args.fit_scale or (0.25 if quick else 1.0)
     sizes = args.sizes or ("10000,100000" if quick else "10000,100000,1000000")
     args.sizes = [int(size) for size in sizes.split(",")]
     args.only = [name.strip() for name in args.only.split(",") if name.strip()]
@@ -175,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
             "postgres": ha.postgres,
             # Its own registries (4 nodes each), not the 50-node one.
             "placement": lambda _: placement.run(workdir, env, args.placement_scale),
+            # Issue 34: its own daemons, nodes from their agents' heartbeats.
+            "fit": lambda _: fit.run(workdir, env, args.fit_scale),
             "waiters": waiters.waiters,
             "priorities": priorities.priorities,
             "agents1000": agents.agents,

@@ -17,6 +17,7 @@ job's wait from `created_at` to `running_at`.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import statistics
@@ -28,7 +29,7 @@ from typing import Any
 from tiny_scheduler.agent.protocol import RUNNING_UPDATE, parse_poll_reply, report_update
 from tiny_scheduler.domain.jobs import parse_time
 
-from .procs import RegistryProcess, Server
+from .procs import RegistryProcess, Server, side_by_side
 
 NODES = 4
 JOBS = 200
@@ -66,25 +67,13 @@ def ideal_makespan(scale: float) -> float:
 
 def run(workdir: Path, server_env: dict[str, str], scale: float) -> dict[str, Any]:
     """Both policies at once; their figures and the targets."""
-    results: dict[str, Any] = {}
-    errors: list[BaseException] = []
-
-    def one(name: str, env: dict[str, str]) -> None:
-        try:
-            results[name] = _run_policy(name, {**server_env, **env}, workdir, scale)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [
-        threading.Thread(target=one, args=(name, env), name=f"placement-{name}")
-        for name, env in POLICIES.items()
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    results = side_by_side(
+        {
+            name: functools.partial(_run_policy, name, {**server_env, **env}, workdir, scale)
+            for name, env in POLICIES.items()
+        },
+        "placement",
+    )
     ideal = ideal_makespan(scale)
     least, plain = results["least_loaded"], results["round_robin"]
     return {

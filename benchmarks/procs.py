@@ -5,7 +5,8 @@
 - `Server`: one gunicorn-run scheduler (`SchedulerProcess`) started with its start-up timed to
   the first healthy `/health`, and the pid and resident memory of its worker;
 - `FloorProcess`: the floor app (`floor_app.py`) under the daemon's gunicorn settings;
-- `CpuMeter`: CPU used by named processes and by the whole machine over a window, in cores.
+- `CpuMeter`: CPU used by named processes and by the whole machine over a window, in cores;
+- `side_by_side`: a few runs at once, each in a thread (scenarios whose work is sleeping).
 """
 
 from __future__ import annotations
@@ -15,15 +16,41 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tiny_scheduler.dev.daemon import SchedulerProcess, memory_bytes
 from tiny_scheduler.dev.registry import FakeRegistry
 
+T = TypeVar("T")
+
 _FORK = multiprocessing.get_context("fork")
 _TICK = os.sysconf("SC_CLK_TCK")
+
+
+def side_by_side(runs: dict[str, Callable[[], T]], prefix: str) -> dict[str, T]:
+    """Each run's result by name, all run at the same time; the first error is raised once
+    all have ended."""
+    results: dict[str, T] = {}
+    errors: list[BaseException] = []
+
+    def one(name: str) -> None:
+        try:
+            results[name] = runs[name]()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(name,), name=f"{prefix}-{name}") for name in runs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 class RegistryProcess:

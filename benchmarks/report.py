@@ -176,6 +176,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
     out += _worker_floor_rows(results.get("worker_floor"))
     out += _postgres_rows(results)
     out += _placement_rows(results.get("placement"))
+    out += _fit_rows(results.get("fit"))
     out += _waiters_rows(results)
     out += _priorities_rows(results)
     out += _agents_rows(results.get("agents1000"))
@@ -379,6 +380,100 @@ def _placement_rows(case: dict[str, Any] | None) -> list[Row]:
         ),
         Row("", "jobs moved", _num(least["moved"])),
     ]
+
+
+_FIT_ROWS = {
+    "least_loaded": "least-loaded + backfill",
+    "binpack": "binpack + backfill",
+    "one_slot": "one job one slot (no cpus)",
+}
+
+
+def _fit_rows(case: dict[str, Any] | None) -> list[Row]:
+    """Issue 34's scenario: mixed 1/2/4-CPU jobs on four unequal nodes against the bound,
+    beside one job one slot; and backfill against strict order on a virtual clock."""
+    if not case:
+        return []
+    from .fit import TARGET_BOUND_FACTOR
+
+    scale = case["scale"]
+    where = f"2/4/4/8 CPUs, {case['jobs']} jobs" + (
+        "" if scale == 1 else f" (run times x{scale:g})"
+    )
+    out = [Row(f"fit, {where}", "bound s", _num(case["bound_s"], 1))]
+    for name, label in _FIT_ROWS.items():
+        row = case["rows"].get(name)
+        if not row:
+            continue
+        fitted = "met" in row
+        out.append(
+            Row(
+                f"  {label}",
+                "makespan s; x bound",
+                f"{_num(row['makespan_s'], 1)}; {row['x_bound']:.2f}x",
+                target=f"<= {TARGET_BOUND_FACTOR:g}x" if fitted else "",
+                met=row.get("met"),
+            )
+        )
+        out.append(
+            Row(
+                "",
+                "wait p50 / p99 s",
+                f"{_num(row['wait_p50_s'], 1)} / {_num(row['wait_p99_s'], 1)}",
+            )
+        )
+        out.append(
+            Row(
+                "",
+                "run time x its own p50 / p99; past timeout",
+                f"{row['stretch_p50']:.2f} / {row['stretch_p99']:.2f}; {row['past_timeout']}",
+            )
+        )
+        peaks = " ".join(row["peak_cpus"].values())
+        over = all(int(u) <= int(c) for u, c in (p.split("/") for p in row["peak_cpus"].values()))
+        out.append(
+            Row(
+                "",
+                "CPUs used at most / node's",
+                peaks,
+                target="<= node's" if fitted else "",
+                met=over and not row["refused"] if fitted else None,
+            )
+        )
+    for title, replays in (
+        ("replay", case["replay"]),
+        ("replay, runs = timeouts", case["replay_exact_timeouts"]),
+    ):
+        for name, replay in replays.items():
+            heads, others = replay["heads_later"], replay["others_later"]
+            out.append(
+                Row(
+                    f"  {title}, {name.replace('_', '-')}",
+                    "makespan x bound: backfill / strict",
+                    f"{replay['x_bound']:.2f}x / {replay['strict_x_bound']:.2f}x",
+                )
+            )
+            out.append(
+                Row(
+                    "",
+                    "heads started later than strict",
+                    f"{heads['count']} of {replay['heads']}{_longest(heads)}",
+                    target="0",
+                    met=replay["met"],
+                )
+            )
+            out.append(
+                Row(
+                    "",
+                    "other jobs later; earlier",
+                    f"{others['count']}{_longest(others)}; {replay['earlier']}",
+                )
+            )
+    return out
+
+
+def _longest(delays: dict[str, Any]) -> str:
+    return f" (max {_num(delays['max_s'], 2)} s)" if delays["count"] else ""
 
 
 TARGET_WAITERS_RATIO = 1.2  # issue 23: poll p99 and /health with waiters within this of without

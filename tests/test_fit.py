@@ -88,6 +88,19 @@ def test_jobs_are_taken_in_order_while_they_fit_and_a_head_that_does_not_blocks_
     assert chosen.head is not None and chosen.head.seq == 2
 
 
+def test_a_job_taken_before_the_head_counts_as_making_room_for_it() -> None:
+    # An empty 4-CPU node: the first job starts now and ends by T + 100 s, when the head can
+    # start; nothing running makes room for it before, but that job will.
+    chosen = picker(Resources(4, 1 << 40))
+    queue = [
+        job(1, timeout_secs=100),
+        job(2, cpus=4),  # the head
+        job(3, timeout_secs=600),  # would hold the head back past T + 100 s: waits
+        job(4, timeout_secs=60),  # ends before: backfills
+    ]
+    assert [j.seq for j in chosen.take(queue)] == [1, 4]
+
+
 def test_what_is_spare_beyond_the_head_may_be_used_by_a_long_job() -> None:
     # 8 CPUs, 6 free; the head needs 7, and 8 are free once the 2-CPU job ends: 1 spare.
     ends = [Ending(T + 100 * SEC, Resources(2))]

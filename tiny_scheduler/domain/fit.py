@@ -13,9 +13,10 @@ placement (resources, `node_selector`, `node_ids`) and the rule of backfill.
 - **Backfill** (`Picker`): the jobs a node hands out are taken in its order; when the first
   that does not fit yet (the *head*) is found, a later job may start ahead of it only if it
   ends, by its timeout, before the head's resources are expected to be free (the *shadow*
-  time: running jobs counted as ending at their deadlines), or if it takes only what will be
-  spare beyond the head's needs even then. So a big job is never passed forever by a stream
-  of small ones, and what is started ahead never delays it (Slurm's EASY backfill).
+  time: running jobs, and those this poll starts before the head, counted as ending at their
+  deadlines), or if it takes only what will be spare beyond the head's needs even then. So a
+  big job is never passed forever by a stream of small ones, and what is started ahead never
+  delays it past that time (Slurm's EASY backfill).
 
 Pure: given jobs, capacities and times, never the table, a node source or a clock.
 
@@ -205,6 +206,9 @@ class Picker:
         self._shadow: int | None = None  # when the head can start (None: nothing we do delays it)
         self._spare = NOTHING  # what is free beyond the head's needs at the shadow time
         self._passed = 0  # jobs looked at past the head
+        # The jobs taken before the head: they start now, so they end (and make room for
+        # it) by their timeouts from now, as the running ones do by theirs.
+        self._taken: list[Ending] = []
 
     @property
     def exhausted(self) -> bool:
@@ -224,8 +228,11 @@ class Picker:
             if self.head is None:
                 self._block(job, need)
             return False
-        if self.head is not None and not self._backfills(job, need):
-            return False
+        if self.head is not None:
+            if not self._backfills(job, need):
+                return False
+        else:
+            self._taken.append(Ending(self._deadline(job, self._now), need))
         self.free = self.free - need
         return True
 
@@ -234,7 +241,7 @@ class Picker:
         self.head = head
         available = self.free
         for ending in sorted(
-            (e for e in self._endings() if e.at is not None),
+            (e for e in [*self._endings(), *self._taken] if e.at is not None),
             key=lambda e: e.at,  # type: ignore[arg-type, return-value]
         ):
             available = available + ending.frees
