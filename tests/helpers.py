@@ -115,6 +115,11 @@ class Api:
     def jobs(self, **params: Any) -> list[dict[str, Any]]:
         return expect_json(self.get("/jobs", params=params), 200)
 
+    def listed(self, **params: Any) -> list[dict[str, Any]]:
+        """`jobs()` as the submissions showed them: without the `waiting_for` a listing adds
+        to a pending job (issue 36), to compare with what was acknowledged."""
+        return [without_waiting_for(job) for job in self.jobs(**params)]
+
     def close(self) -> None:
         """Close the kept-alive connections now: an open one makes gunicorn's graceful stop
         wait for it (and this urllib3's `Session.close()` leaves them to the GC)."""

@@ -171,7 +171,7 @@ class Client:
 
     def check_reads(self, pending: str) -> None:
         """Reads are served from memory: a failing disk does not stop them."""
-        listed = {job["job_id"]: job for job in self.api.jobs(limit=10000)}
+        listed = {job["job_id"]: job for job in self.api.listed(limit=10000)}
         for job_id, job in self.acknowledged.items():
             assert listed[job_id] == job
             assert without_waiting_for(self.api.job(job_id)) == job
@@ -186,7 +186,7 @@ class Client:
     def check_on_disk(self, url: str) -> None:
         """After a restart: every acknowledged version is there, no refused submission is."""
         api = Api(url)
-        listed = {job["job_id"]: job for job in api.jobs(limit=10000)}
+        listed = {job["job_id"]: job for job in api.listed(limit=10000)}
         api.close()
         for job_id, job in self.acknowledged.items():
             assert listed.get(job_id) == job, (job, listed.get(job_id))

@@ -75,7 +75,7 @@ def test_a_second_scheduler_on_the_same_file_refuses_to_start(
         # The first goes on as if nothing happened.
         jobs.append(api.submit(command="after the refusal"))
         assert jobs[-1]["job_id"] == "job-4"
-        assert api.jobs() == jobs
+        assert api.listed() == jobs
     finally:
         api.close()
         stop_scheduler(first)
@@ -84,7 +84,7 @@ def test_a_second_scheduler_on_the_same_file_refuses_to_start(
     again = start_scheduler(db_path, tmp_path / "again.log", registry.url)
     api = Api(again.url)
     try:
-        assert api.jobs() == jobs
+        assert api.listed() == jobs
     finally:
         api.close()
         stop_scheduler(again)
@@ -112,7 +112,7 @@ def test_a_second_scheduler_on_another_name_of_the_same_file_refuses_to_start(
         assert line in output, output
         jobs.append(api.submit(command="after the refusal"))
         assert jobs[-1]["job_id"] == "job-4"
-        assert api.jobs() == jobs
+        assert api.listed() == jobs
     finally:
         api.close()
         stop_scheduler(first)
@@ -132,7 +132,7 @@ def test_a_worker_started_again_by_gunicorn_takes_the_file_back(
         assert worker is not None
         os.kill(worker, signal.SIGKILL)
         wait_for(lambda: answers(proc, worker), timeout=30, message="a new worker to answer")
-        assert api.jobs() == jobs
+        assert api.listed() == jobs
         assert api.submit(command="after")["job_id"] == "job-4"
         output = refused_scheduler(db_path, tmp_path, registry.url)
         assert f"pid {worker_pid(proc)})" in output, output
@@ -153,7 +153,7 @@ def test_a_reload_hands_the_file_to_the_new_worker(tmp_path: Path, registry: Fak
         assert worker is not None and proc.proc is not None
         os.kill(proc.proc.pid, signal.SIGHUP)
         wait_for(lambda: answers(proc, worker), timeout=60, message="the reloaded worker")
-        assert api.jobs() == jobs
+        assert api.listed() == jobs
         assert api.submit(command="after the reload")["job_id"] == "job-6"
     finally:
         api.close()
@@ -171,7 +171,7 @@ class Served:
             self.agent.claim(job["job_id"])
         self.pending = self.jobs[2]["job_id"]
         self.running = self.jobs[0]["job_id"]
-        self.seen = {job["job_id"]: job for job in self.api.jobs()}
+        self.seen = {job["job_id"]: job for job in self.api.listed()}
 
     def check_refusing(self, cause: str) -> None:
         """Unhealthy, naming the cause; every write refused; reads as before."""
@@ -191,7 +191,7 @@ class Served:
         expect_error(self.agent.claim(self.pending), 503, errors.STORE_UNAVAILABLE)
         expect_error(self.agent.report(self.running, 0), 503, errors.STORE_UNAVAILABLE)
         expect_error(self.api.post(f"/jobs/{self.pending}/cancel"), 503, errors.STORE_UNAVAILABLE)
-        assert {job["job_id"]: job for job in self.api.jobs()} == self.seen
+        assert {job["job_id"]: job for job in self.api.listed()} == self.seen
         pending = [job_id for job_id, job in self.seen.items() if job["status"] == "pending"]
         assert [job.job_id for job in self.agent.poll()] == pending[:2]  # 2 free slots
 
@@ -227,7 +227,7 @@ def test_a_database_file_deleted_while_in_use_stops_acknowledging_and_ids_go_on(
     again = start_scheduler(db_path, tmp_path / "again.log", registry.url, ENV)
     api = Api(again.url)
     try:
-        assert api.jobs() == []
+        assert api.listed() == []
         assert api.submit(command="on the new file")["job_id"] == "job-5"
     finally:
         api.close()
@@ -261,7 +261,7 @@ def test_a_database_file_replaced_while_in_use_stops_acknowledging_and_ids_go_on
     again = start_scheduler(db_path, tmp_path / "again.log", registry.url, ENV)
     api = Api(again.url)
     try:
-        assert [job["job_id"] for job in api.jobs()] == [job["job_id"] for job in served.jobs]
+        assert [job["job_id"] for job in api.listed()] == [job["job_id"] for job in served.jobs]
         assert api.submit(command="after the restore")["job_id"] == "job-6"
     finally:
         api.close()
@@ -312,7 +312,7 @@ def test_a_write_ahead_log_lost_while_in_use_stops_acknowledging_and_loses_nothi
     again = start_scheduler(db_path, tmp_path / "again.log", registry.url, ENV)
     api = Api(again.url)
     try:
-        stored = {job["job_id"]: job for job in api.jobs()}
+        stored = {job["job_id"]: job for job in api.listed()}
         assert stored == served.seen
     finally:
         api.close()
