@@ -11,6 +11,7 @@ from .. import errors
 from ..domain import validation
 from ..domain.jobs import JOB_ID_PREFIX
 from ..server import inline
+from . import access
 from .replies import json_array_reply, json_reply, scheduler
 
 bp = Blueprint("jobs", __name__)
@@ -21,9 +22,11 @@ def submit_job() -> Response:
     """Create a job (201), or return the one an earlier request with the same
     Idempotency-Key created (200)."""
     job_request = validation.parse_job_request(read_body(errors.DECODE_JOB))
+    access.check_request(job_request)
     key = request.headers.get("Idempotency-Key") or None
-    job, created = scheduler().jobs.submit(job_request, f"http:{key}" if key else None)
-    return json_reply(job.to_wire(), 201 if created else 200)
+    dedupe = f"http:{key}" if key else None
+    job, created = scheduler().jobs.submit(job_request, dedupe, owner=access.owner())
+    return json_reply(access.shown(job.to_wire()), 201 if created else 200)
 
 
 @bp.get("/jobs")
@@ -48,11 +51,12 @@ def list_jobs() -> Response:
     if page.next_after is not None:
         following = dict(request.args.items(), after=f"{JOB_ID_PREFIX}{page.next_after}")
         headers = {"Link": f'<{request.path}?{urlencode(following)}>; rel="next"'}
+    shown = access.shown
     if not query.with_output:  # output=none: history and replay read no output at all
-        return json_array_reply((job.to_wire() for job in page.jobs), headers=headers)
+        return json_array_reply((shown(job.to_wire()) for job in page.jobs), headers=headers)
     # Each job's output is read from disk as the reply gets to it, and a long reply is
     # streamed: ten thousand jobs of megabytes each are never in memory together.
-    found = (job.to_wire() for job in service.reads.with_output(page.jobs))
+    found = (shown(job.to_wire()) for job in service.reads.with_output(page.jobs))
     return json_array_reply(found, headers=headers)
 
 
@@ -66,7 +70,7 @@ def get_job(job_id: str) -> Response:
     why = service.reads.waiting_for(job)
     if why is not None:
         wire["waiting_for"] = why
-    return json_reply(wire)
+    return json_reply(access.shown(wire))
 
 
 UNLIMITED_BODIES = frozenset({"jobs.update_job"})
@@ -89,13 +93,14 @@ def update_job(job_id: str) -> Response:
         # A body that cannot even be read (a malformed chunk size...) cannot be decoded
         # either; the WSGI server raises its own exception types for these.
         raise errors.BadRequest(errors.DECODE_UPDATE) from None
+    access.check_target(update.node_id)
     return json_reply(service.jobs.update(job_id, update).to_wire())
 
 
 @bp.post("/jobs/<job_id>/cancel")
 def cancel_job(job_id: str) -> Response:
     """Cancel a job that has not ended: a pending one, or a running one (its agent stops it)."""
-    return json_reply(scheduler().jobs.cancel(job_id).to_wire())
+    return json_reply(access.shown(scheduler().jobs.cancel(job_id).to_wire()))
 
 
 def read_body(message: str) -> bytes:

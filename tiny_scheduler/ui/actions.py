@@ -45,9 +45,10 @@ def cancel(service: Scheduler, job_id: str) -> str:
     return "stopped" if job.running_at is not None else "cancelled"
 
 
-def retry(service: Scheduler, job_id: str) -> str:
-    """Submit a finished job's request again as a new job; the new job's id (NotFound for an
-    unknown id, PlacementError when no node can take it)."""
+def retry(service: Scheduler, job_id: str, owner: str = "") -> str:
+    """Submit a finished job's request again as a new job, `owner`'s (whoever pressed the
+    button); the new job's id (NotFound for an unknown id, PlacementError when no node can
+    take it)."""
     old = service.reads.get(job_id)
     request = JobRequest(
         **{
@@ -56,7 +57,7 @@ def retry(service: Scheduler, job_id: str) -> str:
             if field.name not in _NOT_REPEATED and hasattr(old, field.name)
         }
     )
-    new, _ = service.jobs.submit(request, source="dashboard")
+    new, _ = service.jobs.submit(request, source="dashboard", owner=owner)
     return new.job_id
 
 

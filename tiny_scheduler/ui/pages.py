@@ -18,7 +18,8 @@ import collections
 import dataclasses
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .. import errors
 from ..clock import Clock
@@ -293,6 +294,7 @@ class JobList:
     nodes: list[str]  # known node ids, offered in the node filter
     reason: str = ""
     queue: str = ""  # a queue filter, from the queues page's links
+    owner: str = ""  # an owner filter ("My jobs")
     statuses: tuple[str, ...] = jobs.STATUSES
     job_types: tuple[str, ...] = jobs.JOB_TYPES
     reasons: tuple[str, ...] = jobs.REASONS
@@ -306,6 +308,7 @@ class JobList:
             "node_id": self.node_id,
             "job_type": self.job_type,
             "queue": self.queue,
+            "owner": self.owner,
         }
         if self.limit != PAGE_SIZE:
             args["limit"] = str(self.limit)
@@ -316,7 +319,8 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
     """One page of jobs matching the filters in `args`, oldest first (as GET /jobs)."""
     error = None
     limit = _page_size(args.get("limit", ""))
-    names = ("node_id", "status", "reason", "job_type", "queue", "after")
+    # `owner` ("My jobs") is GET /jobs's filter, passed on as it is.
+    names = ("node_id", "status", "reason", "job_type", "queue", "owner", "after")
     wanted = {name: args.get(name, "") for name in names}
     try:
         query = validation.parse_query({**wanted, "limit": str(limit)})
@@ -334,6 +338,7 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
         job_type=wanted["job_type"],
         reason=wanted["reason"],
         queue=wanted["queue"],
+        owner=wanted["owner"],
         limit=limit,
         after=wanted["after"],
         next_after=jobs.job_id_of(page.next_after) if page.next_after else None,
@@ -380,16 +385,25 @@ class JobDetail:
 
 
 def job_detail(
-    service: Scheduler, job_id: str, show_env: bool, notice: str, notice_from: str = ""
+    service: Scheduler,
+    job_id: str,
+    show_env: bool,
+    notice: str,
+    notice_from: str = "",
+    shown: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> JobDetail:
-    """One job with every attempt; raises NotFound. Env values only when asked for."""
+    """One job with every attempt; raises NotFound. Env values only when asked for, and
+    then as `shown` lets the viewer see them (others' masked)."""
     job = service.reads.get(job_id)
+    visible = dict(job.env_vars or {})
+    if shown is not None and visible:
+        visible = shown({"env_vars": visible, "owner": job.owner})["env_vars"]
     attempts = [
         _attempt_row(number, attempt, jobs.FAILED, current=False)
         for number, attempt in enumerate(job.attempts, start=1)
     ]
     attempts.append(_attempt_row(len(attempts) + 1, job, job.status, current=True))
-    env = [(name, value if show_env else None) for name, value in (job.env_vars or {}).items()]
+    env = [(name, value if show_env else None) for name, value in visible.items()]
     return JobDetail(
         now=service.clock.now_us(),
         job=job,
