@@ -314,6 +314,8 @@ def exit_status(job: dict[str, Any]) -> int:
 @click.option("--limit", type=click.IntRange(1, MAX_PAGE), default=DEFAULT_LIMIT, show_default=True)
 @click.option("--after", help="Only jobs created after this job id.")
 @click.option("--oldest", is_flag=True, help="Oldest first (FIFO), paged with --after.")
+@click.option("--owner", help="Only this user's jobs.")
+@click.option("--mine", is_flag=True, help="Only the jobs of the user TINYAWS_API_KEY is for.")
 @click.option(
     "--watch",
     type=click.FloatRange(min=0.1),
@@ -332,17 +334,25 @@ def list_jobs(
     limit: int,
     after: str | None,
     oldest: bool,
+    owner: str | None,
+    mine: bool,
     watch: float | None,
     as_json: bool,
 ) -> None:
     """List jobs, newest first (--oldest: oldest first). Times are UTC."""
     if watch is not None and as_json:
         raise click.UsageError("--watch redraws a table for people; it does not go with --json")
+    if mine and owner:
+        raise click.UsageError("use --mine or --owner, not both")
     client = client_from(ctx)
     after = _job_id(after) if after else None
+    if mine:
+        owner = client.json("GET", "/whoami").get("user")
+        if not owner:
+            raise CliError("--mine needs a token with a user; TINYAWS_API_KEY is the shared key")
 
     def select() -> tuple[list[dict[str, Any]], str]:
-        return _select(client, node, status, limit, after, oldest)
+        return _select(client, node, status, limit, after, oldest, owner)
 
     if watch is not None:
         order = "oldest" if oldest else "newest"
@@ -366,14 +376,15 @@ def _select(
     limit: int,
     after: str | None,
     oldest: bool,
+    owner: str | None = None,
 ) -> tuple[list[dict[str, Any]], str]:
     """The jobs `list` shows, in its order, and a hint about those it leaves out ('' if none)."""
     # Every request here carries `limit`, so a node's pending jobs are listed like any other
     # filter: only the agent's exact query (node_id and status=pending alone) is its poll.
     if oldest:
-        jobs, following = client.page(limit, after, node_id=node, status=status)
+        jobs, following = client.page(limit, after, node_id=node, status=status, owner=owner)
         return jobs, _more_hint(following)
-    jobs, left_out = client.newest(limit, after, node_id=node, status=status)
+    jobs, left_out = client.newest(limit, after, node_id=node, status=status, owner=owner)
     return jobs, _older_hint(left_out)
 
 
