@@ -92,13 +92,17 @@ def list_tokens(ctx: click.Context, as_json: bool) -> None:
 
 @token.command(name="revoke")
 @click.argument("token_id")
+@_json_option
 @click.pass_context
-def revoke(ctx: click.Context, token_id: str) -> None:
+def revoke(ctx: click.Context, token_id: str, as_json: bool) -> None:
     """Revoke token TOKEN_ID (tok-N) at once, on every daemon."""
     response = client_from(ctx).request("DELETE", f"/tokens/{quote(token_id, safe='')}")
     if response.status_code != 204:
         raise CliError(response.text.strip() or f"HTTP {response.status_code}")
-    click.echo(f"{token_id} revoked")
+    if as_json:
+        echo_json({"token_id": token_id, "revoked": True})
+    else:
+        click.echo(f"{token_id} revoked")
 
 
 def who(ctx: click.Context) -> dict[str, Any]:
