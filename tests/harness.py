@@ -86,6 +86,9 @@ class Harness:
             book=book,
             nodes=loaded.nodes,
         )
+        self.service.load_credentials(
+            loaded.tokens, loaded.last_token_seq, loaded.audit, loaded.last_audit_id
+        )
         self.scan = Scan(self.service)
         self.firing = ScheduleFiring(self.service)
         self.events: list[tuple[Event, str, str]] = []  # (event, job id or "", detail)
@@ -115,6 +118,9 @@ class Harness:
                 "node_lost_secs",
                 "job_stealing",
                 "node_heartbeat_secs",
+                "api_key",
+                "auth_agent_exempt",
+                "job_retention_secs",
             )
         }
         builtin = self.settings.builtin_registry

@@ -73,10 +73,12 @@ def test_the_units_make_a_cluster_with_auth_and_the_builtin_node_list(
         "NODE_HEARTBEAT_SECS": "1",
     }
     url = f"http://127.0.0.1:{port}"
+    # The agent holds its node's own token (the example's AGENT_TOKEN_FILE), not the key.
+    token_file = tmp_path / "agent.token"
     agent_env = {
         **env_file("agent.env.example"),
         "SCHEDULER_URL": url,
-        "TINYAWS_API_KEY": key,
+        "AGENT_TOKEN_FILE": str(token_file),
         "AGENT_NODE_ID": "node-1",
         "AGENT_POLL_SECS": "0.2",
     }
@@ -85,6 +87,8 @@ def test_the_units_make_a_cluster_with_auth_and_the_builtin_node_list(
     api = Api(url, key=key)
     try:
         wait_for(lambda: _healthy(api), message=lambda: (tmp_path / "s.log").read_text())
+        made = api.post("/tokens", {"user": "agent-node-1", "role": "agent", "node_id": "node-1"})
+        token_file.write_text(expect_json(made, 201)["token"] + "\n")
         agent = start("tiny-scheduler-agent.service", agent_state, agent_env, tmp_path / "a.log")
         nodes = wait_for(
             lambda: expect_json(api.get("/nodes"), 200) or None,

@@ -42,7 +42,7 @@ from tiny_scheduler.cluster import node_requests
 from tiny_scheduler.cluster.registry import DECODE_FAILED, INSTANCE_NOT_FOUND, REACH_FAILED
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
-from tiny_scheduler.domain import users
+from tiny_scheduler.domain import audit, roles, tokens, users
 from tiny_scheduler.domain.placement import NO_HEALTHY_NODES
 from tiny_scheduler.domain.validation import (
     ARRAY_ID_MESSAGE,
@@ -167,7 +167,7 @@ WHERE = {
     errors.DECODE_QUEUE: [("400", "put", "/queues/{name}")],
     MAX_RUNNING_MESSAGE: [("400", "put", "/queues/{name}"), ("400", "put", "/users/{name}")],
     errors.DECODE_USER: [("400", "put", "/users/{name}")],
-    users.NAME_MESSAGE: [("400", "put", "/users/{name}")],
+    users.NAME_MESSAGE: [("400", "put", "/users/{name}"), ("400", "post", "/tokens")],
     PAUSED_MESSAGE: [("400", "put", "/queues/{name}")],
     QUEUE_MESSAGE: [("400", "put", "/queues/{name}")],
     node_requests.DECODE_HEARTBEAT: [("400", "put", NODE)],
@@ -191,6 +191,16 @@ WHERE = {
     ATTEMPT_NOT_FOUND: [("404", "get", OUTPUT)],
     events.LAST_EVENT_ID_MESSAGE: [("400", "get", "/events")],
     TOO_MANY_WAITERS: [("503", "get", OUTPUT), ("503", "get", "/events")],
+    tokens.DECODE_TOKEN: [("400", "post", "/tokens")],
+    tokens.NODE_ID_MESSAGE: [("400", "post", "/tokens")],
+    tokens.NODE_MESSAGE: [("400", "post", "/tokens")],
+    tokens.EXPIRES_MESSAGE: [("400", "post", "/tokens")],
+    roles.ROLE_MESSAGE: [("400", "post", "/tokens")],
+    tokens.AUTH_OFF: [("409", "post", "/tokens")],
+    tokens.TOKEN_NOT_FOUND: [("404", "delete", "/tokens/{token_id}")],
+    audit.SINCE_MESSAGE: [("400", "get", "/audit")],
+    audit.AFTER_MESSAGE: [("400", "get", "/audit")],
+    audit.LIMIT_MESSAGE: [("400", "get", "/audit")],
     errors.DECODE_UPDATE: [("400", "patch", "/jobs/{job_id}")],
     errors.INVALID_STATUS: [("400", "patch", "/jobs/{job_id}")],
     errors.NOT_PENDING: [("409", "post", "/jobs/{job_id}/hold"), ("409", "post", RELEASE)],
@@ -233,6 +243,11 @@ WHERE = {
         ("401", "post", OUTPUT),
         ("401", "get", OUTPUT),
         ("401", "get", "/events"),
+        ("401", "post", "/tokens"),
+        ("401", "get", "/tokens"),
+        ("401", "delete", "/tokens/{token_id}"),
+        ("401", "get", "/audit"),
+        ("401", "get", "/whoami"),
     ],
     errors.REQUEST_TOO_LARGE: [  # an update is never refused for it
         ("413", "post", "/jobs"),
@@ -299,6 +314,18 @@ def test_every_error_message_of_the_code_is_documented_where_it_occurs() -> None
     for status in ("pending", "done", "failed"):
         conflict = f"job job-12 is {status}, not running: no output"
         assert documents(conflict, "409", "post", OUTPUT), conflict
+    # Every refusal of the role table, wherever a credential is needed.
+    forbidden = [
+        "forbidden: viewer tokens may only read",
+        "forbidden: only an admin may do this",
+        "forbidden: job-7 belongs to bob",
+        "forbidden: job-7 belongs to no user",
+        "forbidden: this token is for node-a",
+        "forbidden: priority above 50 needs an admin",
+    ]
+    for message in forbidden:
+        for method, path in (("post", "/jobs"), ("post", "/jobs/{job_id}/cancel"), ("put", NODE)):
+            assert documents(message, "403", method, path), (message, method, path)
 
 
 def test_every_documented_message_is_one_the_code_has() -> None:
@@ -650,6 +677,13 @@ def test_every_documented_answer_of_a_walk_through_the_states_matches(
     assert limited.json()["max_running"] == 3
     assert person in {shown["user"] for shown in call("GET", "/users", 200).json()}
     assert call("GET", "/cluster", 200).json()["daemons"]
+
+    # Tokens, who a credential is, and the audit trail of all the above.
+    made = call("POST", "/tokens", 201, {"user": "walker", "role": "viewer"}).json()
+    assert made["token_id"] in {t["token_id"] for t in call("GET", "/tokens", 200).json()}
+    assert call("GET", "/whoami", 200).json() == {"role": "admin", "auth": True}
+    call("DELETE", "/tokens/{token_id}", 204, path_parameters={"token_id": made["token_id"]})
+    assert call("GET", "/audit", 200, query={"action": "token.revoke"}).json()
 
     # An event stream: open, it takes a change made after it began; resumed just before that
     # change's id, it starts with it.

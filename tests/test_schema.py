@@ -22,6 +22,7 @@ from fixtures import make_fixtures
 
 from tiny_scheduler.domain.jobs import Attempt, Dependency, Job
 from tiny_scheduler.domain.nodes import NodeRecord
+from tiny_scheduler.domain.schedules import Schedule
 from tiny_scheduler.domain.validation import JobRequest
 from tiny_scheduler.storage import schema
 from tiny_scheduler.storage.postgres import PostgresStore
@@ -54,7 +55,7 @@ def drop_added_defaults(found: dict[str, Any], expected: dict[str, Any], cls: ty
 
 def assert_holds_the_fixture(found: dict[str, Any]) -> None:
     """`found` (`make_fixtures.read_back`) is what the fixtures were made with; a field added
-    since (of a job, an attempt, a schedule's job, a node) reads as its declared default."""
+    since (of a job, an attempt, a schedule or its job, a node) reads as its declared default."""
     jobs = found.pop("jobs")
     expected_jobs = EXPECTED["jobs"]
     assert [job["seq"] for job in jobs] == [job["seq"] for job in expected_jobs]
@@ -65,6 +66,7 @@ def assert_holds_the_fixture(found: dict[str, Any]) -> None:
         assert job == expected
     for schedule, expected_schedule in zip(found["schedules"], EXPECTED["schedules"], strict=True):
         drop_added_defaults(schedule["job"], expected_schedule["job"], JobRequest)
+        drop_added_defaults(schedule, expected_schedule, Schedule)
     for node, expected_node in zip(found["nodes"], EXPECTED["nodes"], strict=True):
         drop_added_defaults(node, expected_node, NodeRecord)
     assert found == {name: value for name, value in EXPECTED.items() if name != "jobs"}

@@ -16,10 +16,13 @@ import pytest
 
 from tiny_scheduler.clock import SYSTEM
 from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.audit import AuditRecord
 from tiny_scheduler.domain.jobs import Attempt, Job, Output
 from tiny_scheduler.domain.nodes import NodeRecord
 from tiny_scheduler.domain.queues import QueueSettings
+from tiny_scheduler.domain.roles import Role
 from tiny_scheduler.domain.schedules import Overlap, Schedule
+from tiny_scheduler.domain.tokens import Token
 from tiny_scheduler.domain.validation import JobRequest
 from tiny_scheduler.errors import StoreError
 from tiny_scheduler.storage import JobStore, OutboxEvent, Writer
@@ -498,3 +501,29 @@ def test_an_arrays_jobs_are_saved_in_one_batch_and_keep_their_comforts(
     store.save(unset)
     loaded, _ = reopen(store, open_store)
     assert (loaded[-1].max_retries, loaded[-1].array_index, loaded[-1].array_id) == (None, None, 0)
+
+
+def test_tokens_and_audit_records_survive_a_restart_and_ids_are_never_reused(
+    open_store: OpenStore,
+) -> None:
+    """Tokens (only their digests) and the audit trail are stored on every backend; a revoked
+    token and a record past the retention are gone, and their ids stay taken."""
+    store = open_store()
+    kept = Token(1, "alice", Role.USER, "d1" * 32, 10, "", None)
+    agent = Token(2, "agent-a", Role.AGENT, "d2" * 32, 11, "node-a", 99)
+    revoked = Token(3, "mallory", Role.VIEWER, "d3" * 32, 12)
+    for token in (kept, agent, revoked):
+        store.save_token(token)
+    store.delete_token(3)
+    old = AuditRecord(1, 5, "", "admin", "10.0.0.1", "drain", "node-a", 200)
+    new = AuditRecord(2, 50, "alice", "user", "10.0.0.2", "cancel", "job-7", 403)
+    store.save_audit(old, new)
+    store.delete_audit([1])
+    assert store.read_token("d2" * 32) == agent
+    assert store.read_token("d3" * 32) is None
+    store.close()
+    loaded = open_store().load()
+    assert loaded.tokens == [kept, agent]
+    assert loaded.last_token_seq == 3
+    assert loaded.audit == [new]
+    assert loaded.last_audit_id == 2

@@ -70,6 +70,7 @@ def create_app(
         )
         schedule_table = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
         node_records: list[NodeRecord] = loaded.nodes
+        credentials = (loaded.tokens, loaded.last_token_seq, loaded.audit, loaded.last_audit_id)
         last_seq = loaded.last_seq
         del loaded
         _settle_loaded()
@@ -78,6 +79,7 @@ def create_app(
         # A standby holds no jobs and no schedules: each term as leader loads them.
         table, schedule_table = JobTable(), ScheduleTable()
         node_records = []
+        credentials = None
     store.start()
     peer_calls: list[CallObserver] = []  # told of every call to a peer (the metrics count them)
     book = NodeBook(clock, settings.node_heartbeat_secs, settings.node_lost_secs)
@@ -88,6 +90,8 @@ def create_app(
     service = Scheduler(
         settings, store, table, placement, schedule_table, leadership, clock, book, node_records
     )
+    if credentials is not None:
+        service.load_credentials(*credentials)
     if store.events_waiting and not settings.sns_url:
         log.warning(
             "%d SNS events of an earlier run wait in the outbox; SNS_URL is unset, so they stay "

@@ -46,6 +46,12 @@ class Unauthorized(ServiceError):
     status = 401
 
 
+class Forbidden(ServiceError):
+    """The credential is good, but may not do this (the message starts `forbidden: `)."""
+
+    status = 403
+
+
 class NotFound(ServiceError):
     status = 404
 

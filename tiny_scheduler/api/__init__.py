@@ -1,6 +1,6 @@
-"""The HTTP API: blueprints for jobs, nodes, queues, users, schedule, schedules, health, the leader,
-the OpenAPI document, the redirect from `/` to the dashboard, authentication, and error
-replies.
+"""The HTTP API: blueprints for jobs, nodes, queues, users, tokens, the audit trail, schedule,
+schedules, health, the leader, the OpenAPI document, the redirect from `/` to the dashboard,
+authentication with the role table (`auth`, `access`), and error replies.
 
 Views only translate between HTTP and the service: read the request, call one service method,
 shape the reply. Every rule lives in the service or below it.
@@ -15,6 +15,7 @@ from flask import Flask, Response, current_app, request
 from .. import errors
 from ..server import inline
 from . import (
+    audit,
     auth,
     cluster,
     events,
@@ -30,6 +31,7 @@ from . import (
     replies,
     root,
     schedules,
+    tokens,
     users,
 )
 
@@ -47,6 +49,8 @@ def init_app(app: Flask) -> None:
     app.register_blueprint(schedules.bp)
     app.register_blueprint(queues.bp)
     app.register_blueprint(users.bp)
+    app.register_blueprint(tokens.bp)
+    app.register_blueprint(audit.bp)
     app.register_blueprint(nodes.bp)
     app.register_blueprint(output.bp)
     app.register_blueprint(events.bp)

@@ -7,19 +7,23 @@ Exempt: the health check, /leader, the metrics, the OpenAPI document, and (while
 PATCH. A plain listing of jobs is not exempt: it shows every job's command, environment and
 output.
 
+Beside the key, a token (`POST /tokens`) is a credential: who presents which, and what each
+may do, is `access.py`'s (the role table): this module finds out whether a request needs a
+credential, and leaves the rest to `access.identify` and `access.admit`. An exempt call that
+carries a good credential anyway is held to that credential's role.
+
 The dashboard under /ui/ is for people in a browser, which cannot be told to send a bearer
-header: there the key is also accepted as the password of HTTP Basic (any user name), and a
-refusal carries a `Basic` challenge so that the browser asks for it.
+header: there the key or a token is also accepted as the password of HTTP Basic (any user
+name), and a refusal carries a `Basic` challenge so that the browser asks for it.
 """
 
 from __future__ import annotations
 
-import hmac
-
 from flask import Flask, Response, request
 
 from .. import errors
-from ..domain import validation
+from ..domain import roles, validation
+from . import access
 from .replies import scheduler, text_reply
 
 # `/` only redirects to the dashboard, which asks for the key itself.
@@ -27,48 +31,34 @@ _ALWAYS_OPEN = frozenset(
     {"health.health", "leader.leader", "metrics.metrics", "openapi.openapi", "root.root"}
 )
 _UI_PATH = "/ui"
-_BEARER = "bearer "  # the scheme, lower-cased, and the one space before the key
 _UI_CHALLENGE = {"WWW-Authenticate": 'Basic realm="tiny-scheduler", charset="UTF-8"'}
 
 
 def init_app(app: Flask) -> None:
     app.before_request(check)
+    app.after_request(access.record)
 
 
 def check() -> Response | None:
-    """The current request's refusal (a reply, or errors.Unauthorized raised), or None when
-    its key is right or it needs none."""
+    """The current request's refusal (a reply, or errors.Unauthorized or errors.Forbidden
+    raised), or None when its credential may make it or it needs none."""
     settings = scheduler().settings
-    if not settings.api_key or _exempt(settings.auth_agent_exempt):
+    if not settings.api_key:
+        access.assume(roles.SHARED_KEY)  # auth is off: everyone is the admin
         return None
-    if key_matches(request.headers.get("Authorization", ""), settings.api_key):
+    if request.endpoint in _ALWAYS_OPEN:
         return None
     path = request.path
-    if path == _UI_PATH or path.startswith(_UI_PATH + "/"):
-        if _basic_password_matches(settings.api_key):
+    on_ui = path == _UI_PATH or path.startswith(_UI_PATH + "/")
+    who = access.identify(settings.api_key, basic_too=on_ui)
+    if who is None:
+        if _exempt(settings.auth_agent_exempt):
             return None
-        return text_reply(errors.UNAUTHORIZED, 401, _UI_CHALLENGE)
-    raise errors.Unauthorized(errors.UNAUTHORIZED)
-
-
-def key_matches(header: str, key: str) -> bool:
-    """Whether an Authorization header carries the key: `Bearer` in any case, one space, and
-    the key, compared in constant time (the scheme is no secret; only the key's comparison
-    must not tell how much of it matched)."""
-    scheme, given = header[: len(_BEARER)], header[len(_BEARER) :]
-    # isascii: lower() maps a few non-ASCII letters onto ASCII ones; a scheme name is ASCII.
-    if not scheme.isascii() or scheme.lower() != _BEARER:
-        return False
-    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), key.encode())
-
-
-def _basic_password_matches(key: str) -> bool:
-    """Whether the request carries HTTP Basic credentials whose password is the key."""
-    credentials = request.authorization
-    if credentials is None or credentials.type != "basic" or credentials.password is None:
-        return False
-    given = credentials.password.encode("utf-8", "surrogateescape")
-    return hmac.compare_digest(given, key.encode())
+        if on_ui:
+            return text_reply(errors.UNAUTHORIZED, 401, _UI_CHALLENGE)
+        raise errors.Unauthorized(errors.UNAUTHORIZED)
+    access.admit(who)
+    return None
 
 
 def _exempt(agent_exempt: bool) -> bool:

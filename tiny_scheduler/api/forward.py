@@ -5,9 +5,10 @@ to the leader's advertised URL itself and relays the answer, so that a client ne
 for the whole cluster and its `Authorization` header reaches the leader (Go's HTTP client,
 like many, drops it on a redirect that changes host). What goes to the leader is what came:
 method, request-target (path and query exactly as sent), every end-to-end header, and the
-body. Only the hop-by-hop headers (RFC 9110 7.6.1) and `Host` are left out, and one header is
-added, `X-Forwarded-By`, so that a request is never forwarded twice (a loop between two
-daemons that each believe the other leads).
+body. Only the hop-by-hop headers (RFC 9110 7.6.1) and `Host` are left out, and two headers
+are added: `X-Forwarded-By`, so that a request is never forwarded twice (a loop between two
+daemons that each believe the other leads), and `X-Forwarded-Client`, the client's address,
+which the leader's audit trail records (a client's own copies of either are dropped).
 
 Memory stays bounded whatever the sizes: the body is read from `wsgi.input` (which our worker
 has spooled to a file past 64 KiB) and sent a chunk at a time, with the Content-Length it came
@@ -38,6 +39,10 @@ log = logging.getLogger(__name__)
 
 MARKER = "X-Forwarded-By"
 """Added to every forwarded request, with the forwarding daemon's advertised URL."""
+
+CLIENT_ADDRESS = "X-Forwarded-Client"
+"""Added to every forwarded request: the address of the standby's client, which the leader's
+audit trail records (it believes it only from a daemon sharing the database, `access`)."""
 
 HEAD_SECS = 10.0
 """Seconds from the start of a forward until the leader's answer has begun (its status and
@@ -76,6 +81,7 @@ _HOP_BY_HOP = frozenset(
         "content-length",
     }
 )
+_OURS = frozenset({MARKER.lower(), CLIENT_ADDRESS.lower()})  # set here, never a client's copy
 _NOT_RELAYED = _HOP_BY_HOP - {"content-length"} | {"date", "server"}
 
 _last_warning = 0.0
@@ -153,10 +159,11 @@ def _send(conn: http.client.HTTPConnection, host: str, target: str, own: str | N
     }
     for name, value in request.headers.items():
         lower = name.lower()
-        if lower in _HOP_BY_HOP or lower in connection_tokens or lower == MARKER.lower():
+        if lower in _HOP_BY_HOP or lower in connection_tokens or lower in _OURS:
             continue
         conn.putheader(name, value)
     conn.putheader(MARKER, own or "unknown")
+    conn.putheader(CLIENT_ADDRESS, request.remote_addr or "")
     body: IO[bytes] = environ["wsgi.input"]
     length = environ.get("CONTENT_LENGTH")
     chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()

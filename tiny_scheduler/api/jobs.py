@@ -12,6 +12,7 @@ from .. import errors
 from ..domain import validation
 from ..domain.jobs import JOB_ID_PREFIX
 from ..server import inline
+from . import access
 from .replies import json_array_reply, json_reply, scheduler
 
 bp = Blueprint("jobs", __name__)
@@ -22,9 +23,11 @@ def submit_job() -> Response:
     """Create a job (201), or return the one an earlier request with the same
     Idempotency-Key created (200)."""
     job_request = validation.parse_job_request(read_body(errors.DECODE_JOB))
+    access.check_request(job_request)
     key = request.headers.get("Idempotency-Key") or None
-    job, created = scheduler().jobs.submit(job_request, f"http:{key}" if key else None)
-    return json_reply(job.to_wire(), 201 if created else 200)
+    dedupe = f"http:{key}" if key else None
+    job, created = scheduler().jobs.submit(job_request, dedupe, owner=access.owner())
+    return json_reply(access.shown(job.to_wire()), 201 if created else 200)
 
 
 @bp.get("/jobs")
@@ -49,14 +52,15 @@ def list_jobs() -> Response:
     if page.next_after is not None:
         following = dict(request.args.items(), after=f"{JOB_ID_PREFIX}{page.next_after}")
         headers = {"Link": f'<{request.path}?{urlencode(following)}>; rel="next"'}
+    shown = access.shown
     if not query.with_output:  # output=none: history and replay read no output at all
-        return json_array_reply((job.to_wire() for job in page.jobs), headers=headers)
+        return json_array_reply((shown(job.to_wire()) for job in page.jobs), headers=headers)
     # Each job's output is read from disk as the reply gets to it, and a long reply is
     # streamed: ten thousand jobs of megabytes each are never in memory together. A pending
     # job says what it waits for, as GET /jobs/{id} does (the poll's answer never does).
     waiting = service.reads.waiting_for_each(page.jobs)
     found = (
-        _with_waiting(job.to_wire(), waiting.get(job.seq))
+        shown(_with_waiting(job.to_wire(), waiting.get(job.seq)))
         for job in service.reads.with_output(page.jobs)
     )
     return json_array_reply(found, headers=headers)
@@ -75,7 +79,7 @@ def get_job(job_id: str) -> Response:
     service = scheduler()
     job = service.reads.get(job_id)
     return json_reply(
-        _with_waiting(job.to_wire(with_attempts=True), service.reads.waiting_for(job))
+        access.shown(_with_waiting(job.to_wire(with_attempts=True), service.reads.waiting_for(job)))
     )
 
 
@@ -99,13 +103,14 @@ def update_job(job_id: str) -> Response:
         # A body that cannot even be read (a malformed chunk size...) cannot be decoded
         # either; the WSGI server raises its own exception types for these.
         raise errors.BadRequest(errors.DECODE_UPDATE) from None
+    access.check_target(update.node_id)
     return json_reply(service.jobs.update(job_id, update).to_wire())
 
 
 @bp.post("/jobs/<job_id>/cancel")
 def cancel_job(job_id: str) -> Response:
     """Cancel a job that has not ended: a pending one, or a running one (its agent stops it)."""
-    return json_reply(scheduler().jobs.cancel(job_id).to_wire())
+    return json_reply(access.shown(scheduler().jobs.cancel(job_id).to_wire()))
 
 
 @bp.post("/jobs/<job_id>/hold")
@@ -113,7 +118,7 @@ def hold_job(job_id: str) -> Response:
     """Hold a pending job: it stays pending but is not handed out until released."""
     service = scheduler()
     job = service.jobs.hold(job_id)
-    return json_reply(_with_waiting(job.to_wire(), service.reads.waiting_for(job)))
+    return json_reply(access.shown(_with_waiting(job.to_wire(), service.reads.waiting_for(job))))
 
 
 @bp.post("/jobs/<job_id>/release")
@@ -121,13 +126,14 @@ def release_job(job_id: str) -> Response:
     """Release a held job: it waits like any other pending job again."""
     service = scheduler()
     job = service.jobs.release(job_id)
-    return json_reply(_with_waiting(job.to_wire(), service.reads.waiting_for(job)))
+    return json_reply(access.shown(_with_waiting(job.to_wire(), service.reads.waiting_for(job))))
 
 
 @bp.post("/jobs/<job_id>/retry")
 def retry_job(job_id: str) -> Response:
     """Submit a finished job's request again as a new job (201), `retry_of` naming it."""
-    return json_reply(scheduler().jobs.retry_as_new(job_id).to_wire(), 201)
+    new = scheduler().jobs.retry_as_new(job_id, owner=access.owner() or None)
+    return json_reply(access.shown(new.to_wire()), 201)
 
 
 def read_body(message: str) -> bytes:

@@ -14,6 +14,7 @@ from .. import errors
 from ..clock import SYSTEM
 from ..domain import validation
 from ..server.waiting import PARK_KEY, WAITED_KEY, AskAgain, wait_in_thread
+from . import access
 from .jobs import read_body
 from .replies import scheduler
 
@@ -35,6 +36,7 @@ def append_output(job_id: str) -> Response:
     if not isinstance(stdout, str) or not isinstance(stderr, str):
         raise errors.BadRequest(STRINGS_MESSAGE)
     node_id, attempt = validation.report_names(data, DECODE_OUTPUT)
+    access.check_target(node_id)
     scheduler().output.append(job_id, stdout, stderr, node_id, attempt)
     return Response(status=204)
 

@@ -1,8 +1,9 @@
 """The /schedules resource: create, list, read, change and delete periodic jobs.
 
-Every call needs the key when one is set (the auth check's default). The rules (checks,
-names, fire times) live in `schedules` and the service; these views read the request, call
-one service method and shape the reply.
+Every call needs a credential when auth is on; a user may create schedules and change its
+own (the role table, `access`). A schedule records its creator as its `owner`, and the jobs
+it fires are that owner's. The rules (checks, names, fire times) live in `schedules` and the
+service; these views read the request, call one service method and shape the reply.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from flask import Blueprint, Response
 
 from .. import errors
 from ..domain.schedules import parse_schedule_request
+from . import access
 from .jobs import read_body
 from .replies import json_reply, scheduler
 
@@ -21,32 +23,40 @@ bp = Blueprint("schedules", __name__)
 def create_schedule() -> Response:
     """A new schedule (201); 409 when its name is taken."""
     change = parse_schedule_request(read_body(errors.DECODE_SCHEDULE), partial=False)
-    return json_reply(scheduler().schedules.create(change).to_wire(), 201)
+    assert change.job is not None
+    access.check_request(change.job)
+    schedule = scheduler().schedules.create(change, owner=access.owner())
+    return json_reply(access.shown_schedule(schedule.to_wire()), 201)
 
 
 @bp.get("/schedules")
 def list_schedules() -> Response:
     """Every schedule, oldest first."""
-    return json_reply([schedule.to_wire() for schedule in scheduler().schedules.listing()])
+    found = scheduler().schedules.listing()
+    return json_reply([access.shown_schedule(schedule.to_wire()) for schedule in found])
 
 
 @bp.get("/schedules/<schedule_id>")
 def get_schedule(schedule_id: str) -> Response:
     """One schedule."""
-    return json_reply(scheduler().schedules.get(schedule_id).to_wire())
+    return json_reply(access.shown_schedule(scheduler().schedules.get(schedule_id).to_wire()))
 
 
 @bp.patch("/schedules/<schedule_id>")
 def update_schedule(schedule_id: str) -> Response:
     """Change any of its fields but its id (checked like POST /jobs: the body first)."""
     change = parse_schedule_request(read_body(errors.DECODE_SCHEDULE), partial=True)
-    return json_reply(scheduler().schedules.update(schedule_id, change).to_wire())
+    access.check_target()
+    if change.job is not None:
+        access.check_request(change.job)
+    schedule = scheduler().schedules.update(schedule_id, change)
+    return json_reply(access.shown_schedule(schedule.to_wire()))
 
 
 @bp.post("/schedules/<schedule_id>/run")
 def run_schedule(schedule_id: str) -> Response:
     """Submit the schedule's job once now, as a fire would (201 with the new Job)."""
-    return json_reply(scheduler().schedules.run(schedule_id).to_wire(), 201)
+    return json_reply(access.shown(scheduler().schedules.run(schedule_id).to_wire()), 201)
 
 
 @bp.delete("/schedules/<schedule_id>")

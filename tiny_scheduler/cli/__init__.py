@@ -9,7 +9,8 @@ retry), `cluster_command` (the daemons
 and their leader), `queue_commands` (`queues` and the `queue` group, a client of /queues),
 `schedule_commands` (the `schedule` group, a client of /schedules), `node_commands` (nodes,
 node drain|undrain, version), `dev_commands` (the local dev cluster and dev registry) and
-`agent_command` (a node's compute agent); what they print is in `output`. Tables for people,
+`token_commands` (`token create|list|revoke`, `whoami`, `audit`), `agent_command` (a node's
+compute agent); what they print is in `output`. Tables for people,
 `--json` for scripts.
 
 Nothing outside this package imports it: it is the top of the import graph.
@@ -34,6 +35,7 @@ from .node_commands import COMMANDS as NODE_COMMANDS
 from .output import CliError
 from .queue_commands import queue, queues
 from .schedule_commands import schedule
+from .token_commands import audit, token, whoami
 from .user_commands import user, users
 
 __all__ = ["main"]
@@ -92,6 +94,9 @@ for _command in (
     queue,
     users,
     user,
+    token,
+    whoami,
+    audit,
     schedule,
     *NODE_COMMANDS,
     dev,

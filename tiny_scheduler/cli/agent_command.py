@@ -194,6 +194,13 @@ FENCE = _Fence()
     default=defaults.DEFAULT_REGISTRY_HEARTBEAT_SECS,
     hidden=True,
 )
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    envvar="AGENT_TOKEN_FILE",
+    help="Read this node's credential (an agent token) from this file (env AGENT_TOKEN_FILE)"
+    " instead of TINYAWS_API_KEY: a file keeps it out of the process list and the unit file.",
+)
 @click.option("--exit-with-parent", is_flag=True, hidden=True)
 @click.pass_context
 def agent(
@@ -217,10 +224,12 @@ def agent(
     spool_max_bytes: int,
     registry_url: str | None,
     registry_heartbeat_secs: float,
+    token_file: str | None,
     exit_with_parent: bool,
 ) -> None:
     """Run this node's compute agent: poll the scheduler (--url, comma-separated for a leader
-    and its standbys) for work, run it, report it; TINYAWS_API_KEY is its bearer key.
+    and its standbys) for work, run it, report it; its credential (an agent token for this
+    node, or the shared key) is TINYAWS_API_KEY, or the contents of --token-file.
 
     Each job is owned by a small process of its own, so it outlives the agent: a restarted
     agent takes its jobs back. SIGTERM detaches: no new work, the jobs go on, the agent exits
@@ -259,7 +268,7 @@ def agent(
         enforce=enforcement == "auto",
         work_dir=os.path.abspath(work_dir),
         spool_dir=os.path.abspath(spool_dir or os.path.join(work_dir, "spool")),
-        key=os.environ.get("TINYAWS_API_KEY") or None,
+        key=_credential(token_file),
         poll_secs=poll_secs,
         heartbeat_secs=heartbeat_secs,
         drain_secs=drain_secs,
@@ -282,3 +291,17 @@ def agent(
     node.run()
     if node.fatal:
         raise CliError(node.fatal)
+
+
+def _credential(token_file: str | None) -> str | None:
+    """The agent's bearer credential: the first line of `token_file`, else TINYAWS_API_KEY."""
+    if token_file is None:
+        return os.environ.get("TINYAWS_API_KEY") or None
+    try:
+        with open(token_file, encoding="utf-8") as file:
+            secret = file.readline().strip()
+    except OSError as exc:
+        raise CliError(f"cannot read --token-file {token_file}: {exc.strerror}") from None
+    if not secret:
+        raise CliError(f"--token-file {token_file} is empty")
+    return secret

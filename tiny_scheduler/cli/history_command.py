@@ -56,7 +56,7 @@ def history(
     """List finished jobs, oldest first, with their elapsed time, CPU and memory."""
     client = client_from(ctx)
     filters = {
-        "finished_since": _moment(since),
+        "finished_since": moment(since),
         "finished_until": until,
         "status": status,
         "queue": queue,
@@ -78,7 +78,7 @@ def history(
         click.echo(format_table(HISTORY_COLUMNS, [_row(job) for job in found]))
 
 
-def _moment(text: str) -> str:
+def moment(text: str) -> str:
     """`--since` as the API's RFC 3339: a duration counts back from now."""
     if text[:1].isdigit() and "-" not in text:
         back = datetime.timedelta(seconds=parse_duration(text))

@@ -350,6 +350,8 @@ def exit_status(job: dict[str, Any]) -> int:
 @click.option("--limit", type=click.IntRange(1, MAX_PAGE), default=DEFAULT_LIMIT, show_default=True)
 @click.option("--after", help="Only jobs created after this job id.")
 @click.option("--oldest", is_flag=True, help="Oldest first (FIFO), paged with --after.")
+@click.option("--owner", help="Only this user's jobs.")
+@click.option("--mine", is_flag=True, help="Only the jobs of the user TINYAWS_API_KEY is for.")
 @click.option(
     "--watch",
     type=click.FloatRange(min=0.1),
@@ -371,6 +373,8 @@ def list_jobs(
     limit: int,
     after: str | None,
     oldest: bool,
+    owner: str | None,
+    mine: bool,
     watch: float | None,
     as_json: bool,
 ) -> None:
@@ -378,14 +382,21 @@ def list_jobs(
     UTC. WAITING FOR says why a pending job waits."""
     if watch is not None and as_json:
         raise click.UsageError("--watch redraws a table for people; it does not go with --json")
+    if mine and owner:
+        raise click.UsageError("use --mine or --owner, not both")
     client = client_from(ctx)
     after = as_job_id(after) if after else None
+    if mine:
+        owner = client.json("GET", "/whoami").get("user")
+        if not owner:
+            raise CliError("--mine needs a token with a user; TINYAWS_API_KEY is the shared key")
     filters = {
         "node_id": node,
         "status": status,
         "queue": queue,
         "name": name,
         "array_id": as_job_id(array_id) if array_id else None,
+        "owner": owner,
     }
     # An array reads in its own order, by index: the order it was submitted in.
     oldest = oldest or array_id is not None
@@ -414,6 +425,7 @@ def _select(
     limit: int,
     after: str | None,
     oldest: bool,
+    owner: str | None = None,
 ) -> tuple[list[dict[str, Any]], str]:
     """The jobs `list` shows, in its order, and a hint about those it leaves out ('' if none)."""
     # Every request here carries `limit`, so a node's pending jobs are listed like any other

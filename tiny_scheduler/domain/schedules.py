@@ -102,6 +102,7 @@ class Schedule:
     next_run_at: int | None = None  # None: the expression matches no later time
     last_run_at: int | None = None  # the fire time of the last job it created
     last_job_seq: int | None = None  # N of that job's job-N
+    owner: str = ""  # the user whose token created it ("" for the shared key); its jobs' owner
 
     @property
     def schedule_id(self) -> str:
@@ -133,6 +134,8 @@ class Schedule:
             out["last_run_at"] = jobs.format_time(self.last_run_at)
         if self.last_job_seq is not None:
             out["last_job_id"] = self.last_job_id
+        if self.owner:
+            out["owner"] = self.owner
         return out
 
 

@@ -107,7 +107,8 @@ class Scan:
                 _guarded(self.service.jobs.release_slot, job)
 
     def apply_retention(self) -> int:
-        """Delete finished jobs older than JOB_RETENTION_SECS; returns how many."""
+        """Delete finished jobs and audit records older than JOB_RETENTION_SECS; returns how
+        many jobs."""
         keep_secs = self.settings.job_retention_secs
         if not keep_secs:
             return 0
@@ -117,7 +118,11 @@ class Scan:
             count = self.service.jobs.expire(cutoff, RETENTION_BATCH)
             removed += count
             if count < RETENTION_BATCH:
-                return removed
+                break
+        # The audit trail is kept as long as the jobs it is about.
+        while self.service.audit.expire(cutoff, RETENTION_BATCH) == RETENTION_BATCH:
+            pass
+        return removed
 
 
 def _guarded(action: Callable[..., object], job: jobs.Job, *args: object) -> object:

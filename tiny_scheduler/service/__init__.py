@@ -15,6 +15,8 @@ It knows nothing of HTTP. Its parts each own one concern and decide apart from c
 - `queue_ops`: the queues' listing and settings (the table applies them);
 - `user_ops`: the users' listing and limits (the table applies them, and keeps their
   fair-share usage);
+- `token_ops`: tokens (create, list, revoke) and who presents one; `audit_ops`: the audit
+  trail;
 - `reads`: every read (with why a pending job waits, `why_waiting`), and the outbox of
   final-state events.
 
@@ -33,14 +35,19 @@ from typing import TYPE_CHECKING
 from ..clock import SYSTEM, Clock
 from ..cluster.node_book import NodeBook
 from ..config import Settings
+from ..domain.audit import AuditRecord
 from ..domain.jobs import Job
 from ..domain.nodes import NodeRecord
 from ..domain.placement import NodeLoad, Placement
+from ..domain.tokens import Token
 from ..server.waiting import Waiters
+from ..state.audit_log import AuditLog
 from ..state.event_log import EventLog
 from ..state.schedule_table import ScheduleTable
 from ..state.table import JobTable, NodeJobs
+from ..state.token_book import TokenBook
 from ..storage import OutboxEvent, Writer
+from .audit_ops import AuditOps
 from .core import Core, Event, Listener, Move
 from .dispatch import Dispatch
 from .lifecycle import Lifecycle
@@ -50,6 +57,7 @@ from .queue_ops import QueueOps, QueueView
 from .reads import Page, Reads
 from .schedule_ops import ScheduleOps
 from .terms import Terms
+from .token_ops import TokenOps
 from .user_ops import UserOps, UserView
 
 if TYPE_CHECKING:  # psycopg is imported only by a daemon on PostgreSQL
@@ -83,6 +91,8 @@ class Scheduler:
     - `nodes` (`NodeOps`): heartbeats, drains, the node listing;
     - `queues` (`QueueOps`): the queues' listing and settings;
     - `users` (`UserOps`): the users' listing (jobs, fair-share usage) and limits;
+    - `tokens` (`TokenOps`): tokens, and who a request's credential is;
+    - `audit` (`AuditOps`): the audit trail;
     - `output` (`OutputOps`): live output;
     - `terms` (`Terms`): leadership terms and `/health`;
     - `reads` (`Reads`): every other read, and the outbox of final-state events.
@@ -121,11 +131,25 @@ class Scheduler:
         self.users = UserOps(core)
         self.output = OutputOps(core)
         self.terms = Terms(core, self.nodes, leadership)
+        self.tokens = TokenOps(core, self.terms.is_serving if leadership is not None else None)
+        self.audit = AuditOps(core)
         self.reads = Reads(core)
 
         self.events = EventLog(clock)
         self.listeners.append(self._log_event)
         self.waiters = Waiters(settings.max_waiters)
+
+    def load_credentials(
+        self,
+        tokens: list[Token],
+        last_token_seq: int,
+        audit: list[AuditRecord],
+        last_audit_id: int,
+    ) -> None:
+        """The stored tokens and audit trail (SQLite: loaded with the jobs; a PostgreSQL
+        leader loads them with each term)."""
+        self._core.tokens = TokenBook(tokens, last_token_seq)
+        self._core.audit = AuditLog(audit, last_audit_id)
 
     def _log_event(self, event: Event, job: Job | None, detail: str) -> None:
         if job is not None:

@@ -26,8 +26,10 @@ from ..config import Settings
 from ..domain import jobs, schedules
 from ..domain.jobs import Job
 from ..domain.placement import Placement
+from ..state.audit_log import AuditLog
 from ..state.schedule_table import ScheduleTable
 from ..state.table import JobTable
+from ..state.token_book import TokenBook
 from ..storage import OutboxEvent, Writer
 from . import dependencies
 
@@ -80,6 +82,8 @@ class Core:
         self.table = table  # replaced at each term's start (PostgreSQL)
         self.placement = placement
         self.schedules = schedule_table
+        self.tokens = TokenBook()  # replaced at each term's start, like the tables
+        self.audit = AuditLog()
         self.listeners: list[Listener] = []
         self.final_event: Callable[[Job], str] | None = None  # see keep_final_events
         # Held while a failure's dependents are read and committed, and while a job with

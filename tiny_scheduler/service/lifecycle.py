@@ -162,17 +162,21 @@ class Lifecycle:
                 core.commit_new(made)
         return made
 
-    def retry_as_new(self, job_id: str, source: str = "http") -> Job:
+    def retry_as_new(self, job_id: str, source: str = "http", owner: str | None = None) -> Job:
         """Submit a finished job's request again, as a new job whose `retry_of` names it
-        (`POST /jobs/{id}/retry`). NotFound for an unknown id, Conflict `job is not finished`
-        for a job still waiting or running, and what a submission may raise."""
+        (`POST /jobs/{id}/retry`), the job of `owner` (None: the old job's owner). NotFound
+        for an unknown id, Conflict `job is not finished` for a job still waiting or running,
+        and what a submission may raise."""
         old = self._core.table.get(job_seq(job_id))
         if old is None:
             raise errors.NotFound(errors.JOB_NOT_FOUND)
         if not jobs.can_retry_as_new(old):
             raise errors.Conflict(errors.NOT_FINISHED)
         new, _ = self.submit(
-            self._request_of(old), source=source, owner=old.owner, retry_of=old.seq
+            self._request_of(old),
+            source=source,
+            owner=old.owner if owner is None else owner,
+            retry_of=old.seq,
         )
         log.info("job %s submitted again as %s", old.job_id, new.job_id)
         return new

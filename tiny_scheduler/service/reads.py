@@ -44,6 +44,14 @@ class Reads:
             raise errors.NotFound(errors.JOB_NOT_FOUND)
         return self._core.with_stored_output(job)
 
+    def find(self, job_id: str) -> Job:
+        """One job as the table holds it, without output (memory only: the access checks
+        read who owns a job and where it ran); NotFound for an unknown id."""
+        job = self._core.table.get(job_seq(job_id))
+        if job is None:
+            raise errors.NotFound(errors.JOB_NOT_FOUND)
+        return job
+
     def list_jobs(
         self,
         query: JobQuery,

@@ -42,10 +42,11 @@ class ScheduleOps:
             raise errors.NotFound(errors.SCHEDULE_NOT_FOUND)
         return schedule
 
-    def create(self, change: ScheduleChange, now: int | None = None) -> Schedule:
+    def create(self, change: ScheduleChange, now: int | None = None, owner: str = "") -> Schedule:
         """A new schedule from a checked POST body (name, cron and job given), durable before
         this returns; its first fire time is the first after `now` (default: the clock).
-        Conflict for a taken name."""
+        Conflict for a taken name. `owner`: the user whose token created it (its jobs'
+        owner; "" for the shared key)."""
         with self._core.schedules.changing():
             assert change.name is not None and change.cron is not None and change.job is not None
             self._check_name_free(change.name)
@@ -61,6 +62,7 @@ class ScheduleOps:
                 catch_up=bool(change.catch_up),
                 paused=bool(change.paused),
                 created_at=now,
+                owner=owner,
             )
             schedule = schedule.evolve(next_run_at=schedules.next_fire(schedule, now))
             self._core.store.save_schedule(schedule)
@@ -168,7 +170,7 @@ class ScheduleOps:
                 node_id = self._core.placement.place(schedule.job.instance_id, wants=schedule.job)
                 with self._core.table.creating() as seq:
                     job = self._lifecycle.new_job(
-                        schedule.job, key, seq, node_id, schedule.schedule_id
+                        schedule.job, key, seq, node_id, schedule.schedule_id, schedule.owner
                     )
                     ran = schedule.evolve(last_run_at=now, last_job_seq=seq)
                     self._core.store.save_schedule(ran, job)
@@ -192,7 +194,9 @@ class ScheduleOps:
                 return existing, False
             node_id = self._core.placement.place(schedule.job.instance_id, wants=schedule.job)
             with self._core.table.creating() as seq:
-                job = self._lifecycle.new_job(schedule.job, key, seq, node_id, schedule.schedule_id)
+                job = self._lifecycle.new_job(
+                    schedule.job, key, seq, node_id, schedule.schedule_id, schedule.owner
+                )
                 fired = schedule.evolve(next_run_at=cursor, last_run_at=fire_at, last_job_seq=seq)
                 self._core.store.save_schedule(fired, job)
                 self._core.table.put(job)

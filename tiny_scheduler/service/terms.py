@@ -12,8 +12,10 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
+from ..state.audit_log import AuditLog
 from ..state.schedule_table import ScheduleTable
 from ..state.table import JobTable
+from ..state.token_book import TokenBook
 from ..version import version
 from .core import Core
 from .node_ops import NodeOps
@@ -63,6 +65,12 @@ class Terms:
         """Whether this daemon answers the API itself: always with SQLite; with PostgreSQL
         only while it leads (a standby sends clients to the leader)."""
         return self._leadership is None or self._leadership.is_serving()
+
+    def is_peer(self, url: str) -> bool:
+        """Whether `url` is the advertised URL of a daemon sharing the database (from the
+        last lease round's read); never with SQLite."""
+        leadership = self._leadership
+        return leadership is not None and any(row.url == url for row in leadership.roster.daemons)
 
     def leader(self) -> LeaderView | None:
         """Who leads; None with SQLite, where this daemon is the only one."""
@@ -122,6 +130,8 @@ class Terms:
         )
         core.placement.count_loads_in(core.table)
         core.schedules = ScheduleTable(loaded.schedules, loaded.last_schedule_seq)
+        core.tokens = TokenBook(loaded.tokens, loaded.last_token_seq)
+        core.audit = AuditLog(loaded.audit, loaded.last_audit_id)
         self._node_ops.load(loaded.nodes)
         log.info(
             "loaded %d jobs (last id job-%d), %d schedules, %d SNS events waiting",
@@ -138,6 +148,8 @@ class Terms:
         core.table = JobTable()
         core.placement.count_loads_in(core.table)
         core.schedules = ScheduleTable()
+        core.tokens = TokenBook()  # a standby checks tokens against the database
+        core.audit = AuditLog()
         self._node_ops.forget()
 
     def health(self) -> dict[str, object]:

@@ -26,10 +26,12 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
+from ..domain.audit import AuditRecord
 from ..domain.jobs import Job, Output
 from ..domain.nodes import NodeRecord
 from ..domain.queues import QueueSettings
 from ..domain.schedules import Schedule
+from ..domain.tokens import Token
 from ..domain.users import UserSettings
 
 
@@ -65,6 +67,10 @@ class Loaded:
     nodes: list[NodeRecord] = dataclasses.field(default_factory=list)  # by node id
     queues: list[QueueSettings] = dataclasses.field(default_factory=list)  # by name
     users: list[UserSettings] = dataclasses.field(default_factory=list)  # by name
+    tokens: list[Token] = dataclasses.field(default_factory=list)  # in id order
+    last_token_seq: int = 0  # the highest token id ever handed out
+    audit: list[AuditRecord] = dataclasses.field(default_factory=list)  # in id order
+    last_audit_id: int = 0  # the highest audit record id ever written
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,6 +89,10 @@ class Batch:
     nodes: Sequence[NodeRecord] = ()  # insert or replace (by node id)
     queue_settings: Sequence[QueueSettings] = ()  # insert or replace (by queue name)
     user_settings: Sequence[UserSettings] = ()  # insert or replace (by user name)
+    tokens: Sequence[Token] = ()  # insert (a token is never changed, only revoked)
+    token_deletes: Sequence[int] = ()  # seqs of revoked tokens; the id high-water mark stays
+    audit: Sequence[AuditRecord] = ()  # records to add (by id)
+    audit_deletes: Sequence[int] = ()  # ids of records past the retention; the mark stays
 
 
 class JobStore(Protocol):
@@ -125,6 +135,11 @@ class JobStore(Protocol):
         of its latest attempt (attempt number `retry_count`), None when that printed nothing.
         One at a time, so that a listing holds one job's output in memory, not all; the caller
         may stop early. From any thread (see above)."""
+        ...
+
+    def read_token(self, digest: str) -> Token | None:
+        """The stored token with this digest, read afresh (a standby checks what it answers
+        itself this way: its memory holds no tokens). From any thread, like the outputs."""
         ...
 
     def is_fault(self, error: BaseException) -> bool:

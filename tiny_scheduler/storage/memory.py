@@ -13,10 +13,12 @@ import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 
+from ..domain.audit import AuditRecord
 from ..domain.jobs import Job, Output
 from ..domain.nodes import NodeRecord
 from ..domain.queues import QueueSettings
 from ..domain.schedules import Schedule
+from ..domain.tokens import Token
 from ..domain.users import UserSettings
 from .base import Batch, Loaded, OutboxEvent
 
@@ -43,6 +45,10 @@ class MemoryDatabase:
     nodes: dict[str, NodeRecord] = dataclasses.field(default_factory=dict)
     queues: dict[str, QueueSettings] = dataclasses.field(default_factory=dict)
     users: dict[str, UserSettings] = dataclasses.field(default_factory=dict)
+    tokens: dict[int, Token] = dataclasses.field(default_factory=dict)
+    last_token_seq: int = 0
+    audit: dict[int, AuditRecord] = dataclasses.field(default_factory=dict)
+    last_audit_id: int = 0
 
 
 class MemoryStore:
@@ -73,6 +79,10 @@ class MemoryStore:
                 nodes=[db.nodes[node] for node in sorted(db.nodes)],
                 queues=[db.queues[name] for name in sorted(db.queues)],
                 users=[db.users[name] for name in sorted(db.users)],
+                tokens=[db.tokens[seq] for seq in sorted(db.tokens)],
+                last_token_seq=db.last_token_seq,
+                audit=[db.audit[id_] for id_ in sorted(db.audit)],
+                last_audit_id=db.last_audit_id,
             )
 
     def outbox(self, limit: int) -> list[OutboxEvent]:
@@ -115,6 +125,16 @@ class MemoryStore:
                 db.queues[settings.name] = settings
             for user in batch.user_settings:
                 db.users[user.name] = user
+            for token in batch.tokens:
+                db.tokens[token.seq] = token
+                db.last_token_seq = max(db.last_token_seq, token.seq)
+            for seq in batch.token_deletes:
+                db.tokens.pop(seq, None)
+            for record in batch.audit:
+                db.audit[record.id] = record
+                db.last_audit_id = max(db.last_audit_id, record.id)
+            for id_ in batch.audit_deletes:
+                db.audit.pop(id_, None)
         if _changes(batch):
             self.batches.append(batch)
 
@@ -132,6 +152,10 @@ class MemoryStore:
                     continue
                 output = self.database.outputs.get(seq, {}).get(job.retry_count)
             yield seq, output
+
+    def read_token(self, digest: str) -> Token | None:
+        with self._lock:
+            return next((t for t in self.database.tokens.values() if t.digest == digest), None)
 
     def is_fault(self, error: BaseException) -> bool:
         # As the SQL backends judge their own errors: a write that failed marks the store
@@ -153,4 +177,8 @@ def _changes(batch: Batch) -> bool:
         or batch.nodes
         or batch.queue_settings
         or batch.user_settings
+        or batch.tokens
+        or batch.token_deletes
+        or batch.audit
+        or batch.audit_deletes
     )

@@ -243,10 +243,18 @@ class PostgresStore(sql.SqlStore):
                     sql.user_from_row(_unescaped(row))
                     for row in conn.execute(self.SQL.select_users)
                 ]
+                tokens = [
+                    sql.token_from_row(_unescaped(row))
+                    for row in conn.execute(self.SQL.select_tokens)
+                ]
+                audit = [
+                    sql.audit_from_row(_unescaped(row))
+                    for row in conn.execute(self.SQL.select_audit)
+                ]
         finally:
             if collecting:
                 gc.enable()
-        return sql.loaded(loaded, schedules, marks, events, nodes, queues, users)
+        return sql.loaded(loaded, schedules, marks, events, nodes, queues, users, tokens, audit)
 
     def _job(self, row: Sequence[Any]) -> Job:
         try:

@@ -446,6 +446,30 @@ _USERS = """CREATE TABLE IF NOT EXISTS users (
     max_running {integer}            -- NULL: no limit
 )"""
 
+# Version 12 (issue 35): tokens (`sql.TOKEN_COLUMNS`: only each secret's SHA-256) and the
+# audit trail (`sql.AUDIT_COLUMNS`). `user_name`: `user` is a keyword in PostgreSQL.
+_TOKENS_AND_AUDIT = (
+    """CREATE TABLE IF NOT EXISTS tokens (
+    seq        {integer} PRIMARY KEY,  -- N of tok-N
+    user_name  TEXT NOT NULL,
+    role       TEXT NOT NULL,
+    digest     TEXT NOT NULL UNIQUE,   -- SHA-256 of the secret, hex
+    created_at {integer} NOT NULL,
+    node_id    TEXT NOT NULL,          -- an agent token's node, '' for the other roles
+    expires_at {integer}               -- NULL: never
+)""",
+    """CREATE TABLE IF NOT EXISTS audit (
+    id        {integer} PRIMARY KEY,   -- the trail's order, never reused
+    at        {integer} NOT NULL,
+    user_name TEXT NOT NULL,
+    role      TEXT NOT NULL,
+    address   TEXT NOT NULL,
+    action    TEXT NOT NULL,
+    target    TEXT NOT NULL,
+    status    INTEGER NOT NULL
+)""",
+)
+
 STEPS: Sequence[Step] = (
     Step(1, sqlite=script(_SQLITE_V1), postgres=_POSTGRES_V1),
     Step(
@@ -492,10 +516,16 @@ STEPS: Sequence[Step] = (
         sqlite=(_USERS.format(integer="INTEGER"),),
         postgres=(_USERS.format(integer="BIGINT"),),
     ),
+    # 12 (issue 35): tokens and the audit trail.
+    Step(
+        12,
+        sqlite=tuple(statement.format(integer="INTEGER") for statement in _TOKENS_AND_AUDIT),
+        postgres=tuple(statement.format(integer="BIGINT") for statement in _TOKENS_AND_AUDIT),
+    ),
 )
 """Each step upgrades a database from the version before it; a database is taken through every
 step above its version, in order, then given the declared columns it lacks."""
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 """The newest version `STEPS` reach: a database of a higher one is refused (a newer
 scheduler's), one of a lower one upgraded."""

@@ -18,10 +18,13 @@ from typing import Any, ClassVar
 
 import orjson
 
+from ..domain.audit import AuditRecord
 from ..domain.jobs import Job, Output
 from ..domain.nodes import NodeRecord
 from ..domain.queues import QueueSettings
+from ..domain.roles import Role
 from ..domain.schedules import Schedule
+from ..domain.tokens import Token
 from ..domain.users import UserSettings
 from . import rows
 from .base import Batch, Loaded, OutboxEvent
@@ -87,6 +90,48 @@ def user_row(settings: UserSettings) -> tuple[object, ...]:
 def user_from_row(row: Sequence[Any]) -> UserSettings:
     name, max_running = row
     return UserSettings(name, max_running)
+
+
+TOKEN_COLUMNS = ("seq", "user_name", "role", "digest", "created_at", "node_id", "expires_at")
+"""The `tokens` table: a token as `tokens.Token` declares it (never its secret)."""
+
+
+def token_row(token: Token) -> tuple[object, ...]:
+    return (
+        token.seq,
+        token.user,
+        token.role.value,
+        token.digest,
+        token.created_at,
+        token.node_id,
+        token.expires_at,
+    )
+
+
+def token_from_row(row: Sequence[Any]) -> Token:
+    seq, user, role, digest, created_at, node_id, expires_at = row
+    return Token(seq, user, Role(role), digest, created_at, node_id, expires_at)
+
+
+AUDIT_COLUMNS = ("id", "at", "user_name", "role", "address", "action", "target", "status")
+"""The `audit` table: one `audit.AuditRecord` per row."""
+
+
+def audit_row(record: AuditRecord) -> tuple[object, ...]:
+    return (
+        record.id,
+        record.at,
+        record.user,
+        record.role,
+        record.address,
+        record.action,
+        record.target,
+        record.status,
+    )
+
+
+def audit_from_row(row: Sequence[Any]) -> AuditRecord:
+    return AuditRecord(*row)
 
 
 def _names(columns: Iterable[str]) -> str:
@@ -160,6 +205,11 @@ class Statements:
         self.select_queues = f"SELECT {_names(QUEUE_COLUMNS)} FROM queues ORDER BY name"
         self.upsert_user = upsert("users", USER_COLUMNS, ("name",))
         self.select_users = f"SELECT {_names(USER_COLUMNS)} FROM users ORDER BY name"
+        self.insert_token = upsert("tokens", TOKEN_COLUMNS, ("seq",))
+        self.select_tokens = f"SELECT {_names(TOKEN_COLUMNS)} FROM tokens ORDER BY seq"
+        self.token_by_digest = f"SELECT {_names(TOKEN_COLUMNS)} FROM tokens WHERE digest = {mark}"
+        self.insert_audit = upsert("audit", AUDIT_COLUMNS, ("id",))
+        self.select_audit = f"SELECT {_names(AUDIT_COLUMNS)} FROM audit ORDER BY id"
         self.add_event = f"INSERT INTO outbox (seq, message) VALUES ({mark}, {mark})"
         self.outbox = f"SELECT id, seq, message FROM outbox ORDER BY id LIMIT {mark}"
         # One job's every output; no row at all when the job is not stored (deleted meanwhile).
@@ -255,6 +305,19 @@ class SqlStore:
         if batch.user_settings:
             values = [self._storable(user_row(u)) for u in batch.user_settings]
             self._many(cursor, sql.upsert_user, values)
+        if batch.tokens:
+            values = [self._storable(token_row(token)) for token in batch.tokens]
+            self._many(cursor, sql.insert_token, values)
+            top = max(token.seq for token in batch.tokens)
+            cursor.execute(sql.high_water, ("last_token_seq", top))
+        if batch.token_deletes:
+            self._delete(cursor, "tokens", "seq", batch.token_deletes)
+        if batch.audit:
+            values = [self._storable(audit_row(record)) for record in batch.audit]
+            self._many(cursor, sql.insert_audit, values)
+        if batch.audit_deletes:
+            self._delete(cursor, "audit", "id", batch.audit_deletes)
+            cursor.execute(sql.high_water, ("last_audit_id", max(batch.audit_deletes)))
         if batch.probe:
             # A fresh value each time: SQLite skips writing a row that does not change.
             cursor.execute(sql.probe, (time.time_ns(),))
@@ -264,6 +327,14 @@ class SqlStore:
     def _outbox(self, conn: Any, limit: int) -> list[OutboxEvent]:
         found = conn.execute(self.SQL.outbox, (limit,))
         return [OutboxEvent(seq, self._readable(message), id_) for id_, seq, message in found]
+
+    def read_token(self, digest: str) -> Token | None:
+        with self._readers.connection() as conn:
+            row = conn.execute(self.SQL.token_by_digest, (digest,)).fetchone()
+        return None if row is None else token_from_row([self._readable_any(v) for v in row])
+
+    def _readable_any(self, value: Any) -> Any:
+        return self._readable(value) if isinstance(value, str) else value
 
     def read_outputs(self, seq: int) -> dict[int, Output] | None:
         with self._readers.connection() as conn:
@@ -285,6 +356,8 @@ def loaded(
     nodes: list[NodeRecord],
     queues: list[QueueSettings],
     users: Sequence[UserSettings] = (),
+    tokens: Sequence[Token] = (),
+    audit: Sequence[AuditRecord] = (),
 ) -> Loaded:
     """What a store holds, from its rows (in seq order), its high-water marks (`meta`) and the
     outbox's size: an id high-water mark is the larger of the stored mark (kept for deleted
@@ -293,4 +366,17 @@ def loaded(
     last_schedule_seq = max(
         marks.get("last_schedule_seq", 0), schedules[-1].seq if schedules else 0
     )
-    return Loaded(jobs, last_seq, events, schedules, last_schedule_seq, nodes, queues, list(users))
+    return Loaded(
+        jobs,
+        last_seq,
+        events,
+        schedules,
+        last_schedule_seq,
+        nodes,
+        queues,
+        list(users),
+        list(tokens),
+        max(marks.get("last_token_seq", 0), tokens[-1].seq if tokens else 0),
+        list(audit),
+        max(marks.get("last_audit_id", 0), audit[-1].id if audit else 0),
+    )

@@ -136,7 +136,9 @@ class SqliteStore(sql.SqlStore):
         nodes = [sql.node_from_row(row) for row in self._conn.execute(self.SQL.select_nodes)]
         queues = [sql.queue_from_row(row) for row in self._conn.execute(self.SQL.select_queues)]
         users = [sql.user_from_row(row) for row in self._conn.execute(self.SQL.select_users)]
-        found = sql.loaded(loaded, schedules, marks, events, nodes, queues, users)
+        tokens = [sql.token_from_row(row) for row in self._conn.execute(self.SQL.select_tokens)]
+        audit = [sql.audit_from_row(row) for row in self._conn.execute(self.SQL.select_audit)]
+        found = sql.loaded(loaded, schedules, marks, events, nodes, queues, users, tokens, audit)
         last_seq = found.last_seq
         if self._lock.last_seq > last_seq:
             log.warning(

@@ -45,10 +45,12 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
 from ..config import STORE_PROBE_INTERVAL_SECS, STORE_STALL_SECS
+from ..domain.audit import AuditRecord
 from ..domain.jobs import Job, Output
 from ..domain.nodes import NodeRecord
 from ..domain.queues import QueueSettings
 from ..domain.schedules import Schedule
+from ..domain.tokens import Token
 from ..domain.users import UserSettings
 from ..errors import STORE_OUTCOME_UNKNOWN, StoreError
 from .base import Batch, JobStore, Loaded, OutboxEvent, OutcomeUnknown
@@ -189,6 +191,31 @@ class Writer:
     def save_user(self, settings: UserSettings) -> None:
         """Insert or replace a user's settings; returns once committed."""
         self._submit(Batch(user_settings=(settings,)))
+
+    def save_token(self, token: Token) -> None:
+        """Insert a token; returns once committed."""
+        self._submit(Batch(tokens=(token,)))
+
+    def delete_token(self, seq: int) -> None:
+        """Remove a token (a revoke); its id is never handed out again."""
+        self._submit(Batch(token_deletes=(seq,)))
+
+    def save_audit(self, *records: AuditRecord) -> None:
+        """Add audit records; returns once committed."""
+        self._submit(Batch(audit=records))
+
+    def delete_audit(self, ids: Iterable[int]) -> None:
+        """Remove audit records past the retention; their ids are never used again."""
+        self._submit(Batch(audit_deletes=tuple(ids)))
+
+    def read_token(self, digest: str) -> Token | None:
+        """The stored token with this digest, read in the calling thread beside the writer
+        (committed data only); StoreError when the store cannot be read."""
+        try:
+            return self._backend.read_token(digest)
+        except Exception as exc:
+            log.error("job store read failed: %s", exc)
+            raise StoreError() from exc
 
     def delete_schedule(self, seq: int) -> None:
         """Remove a schedule; its id is never handed out again."""

@@ -16,8 +16,11 @@ The layout holds from a phone's 400 px up, without sideways scrolling.
 Views only pick the page's data from `pages` (`node_pages`, `schedule_pages`) and render it,
 or do one `actions` change (or a queue's pause) and redirect to the page that shows its
 outcome. The UI reads through the service like the API does and changes only what the API's
-matching calls change. Authentication is the API's (`api/auth.py`: HTTP Basic with the key as
-password when a key is set). Actions are form POSTs, refused when the browser says they come
+matching calls change. Authentication and roles are the API's (`api/auth.py`, `api/access.py`:
+HTTP Basic with the key or a token as password when a key is set; the role table decides what
+each page and button may do, and a user or viewer sees `***` for others' env values). The
+header says who is signed in, and a token's user gets a "My jobs" link (`?owner=`).
+Actions are form POSTs, refused when the browser says they come
 from another site, so a page elsewhere cannot use the operator's saved credentials to act on
 the cluster.
 """
@@ -36,6 +39,7 @@ from flask import (
 )
 
 from .. import errors
+from ..api import access
 from ..api.forward import MARKER
 from ..api.replies import scheduler
 from ..domain import jobs
@@ -84,6 +88,7 @@ bp.add_app_template_global(pages.REFRESH_SECS, "refresh_secs")
 bp.add_app_template_global(jobs.can_cancel, "can_cancel")
 bp.add_app_template_global(formatting.job_ending, "job_ending")
 bp.add_app_template_global(formatting.job_state, "job_state")
+bp.add_app_template_global(access.principal, "signed_in")
 live.init_blueprint(bp)
 
 
@@ -137,7 +142,9 @@ def job(job_id: str) -> Response:
     show_env = request.args.get("show_env") == "1"
     notice = request.args.get("notice", "")
     try:
-        view = pages.job_detail(scheduler(), job_id, show_env, notice, request.args.get("from", ""))
+        view = pages.job_detail(
+            scheduler(), job_id, show_env, notice, request.args.get("from", ""), access.shown
+        )
     except errors.NotFound:
         return _page("error.html", 404, message=f"There is no job {job_id}.")
     return _page("job.html", view=view)
@@ -211,7 +218,7 @@ def cancel(job_id: str) -> Response:
 def retry(job_id: str) -> Response:
     """Submit a finished job's request again as a new job, then show the new job."""
     try:
-        new_id = actions.retry(scheduler(), job_id)
+        new_id = actions.retry(scheduler(), job_id, access.owner())
     except errors.NotFound:
         return _page("error.html", 404, message=f"There is no job {job_id}.")
     except errors.Conflict:

@@ -43,11 +43,12 @@ def cancel(service: Scheduler, job_id: str) -> str:
     return "stopped" if job.running_at is not None else "cancelled"
 
 
-def retry(service: Scheduler, job_id: str) -> str:
-    """Submit a finished job's request again as a new job (`POST /jobs/{id}/retry`); the new
-    job's id (NotFound for an unknown id, Conflict for one not finished, PlacementError when
-    no node can take it)."""
-    return service.jobs.retry_as_new(job_id, source="dashboard").job_id
+def retry(service: Scheduler, job_id: str, owner: str = "") -> str:
+    """Submit a finished job's request again as a new job (`POST /jobs/{id}/retry`), the job
+    of `owner` (whoever pressed the button; the shared key's "" keeps the old job's owner);
+    the new job's id (NotFound for an unknown id, Conflict for one not finished,
+    PlacementError when no node can take it)."""
+    return service.jobs.retry_as_new(job_id, source="dashboard", owner=owner or None).job_id
 
 
 def hold(service: Scheduler, job_id: str, on: bool) -> str:

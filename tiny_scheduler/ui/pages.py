@@ -22,6 +22,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from .. import errors
 from ..clock import Clock
@@ -338,6 +339,7 @@ class JobList:
     reason: str = ""
     queue: str = ""  # a queue filter, from the queues page's links
     name: str = ""  # exactly this name (a job page's link)
+    owner: str = ""  # an owner filter ("My jobs")
     q: str = ""  # the search: a job id, or words of a name or command
     array: ArraySummary | None = None  # listing one array's jobs, by index
     before: str = ""  # newest first: the job id this page continues below, or ""
@@ -365,13 +367,14 @@ class JobList:
             "queue": self.queue,
             "name": self.name,
             "array_id": self.array.array_id if self.array else "",
+            "owner": self.owner,
         }
         if self.limit != PAGE_SIZE:
             args["limit"] = str(self.limit)
         return {name: value for name, value in args.items() if value}
 
 
-_FILTERS = ("node_id", "reason", "job_type", "queue", "name", "array_id")
+_FILTERS = ("node_id", "reason", "job_type", "queue", "name", "array_id", "owner")
 
 
 def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
@@ -430,6 +433,7 @@ def job_list(service: Scheduler, args: Mapping[str, str]) -> JobList:
         name=wanted["name"],
         q=q,
         array=array,
+        owner=wanted["owner"],
         limit=limit,
         before=jobs.job_id_of(before) if before else "",
         next_before=next_before,
@@ -541,16 +545,25 @@ class JobDetail:
 
 
 def job_detail(
-    service: Scheduler, job_id: str, show_env: bool, notice: str, notice_from: str = ""
+    service: Scheduler,
+    job_id: str,
+    show_env: bool,
+    notice: str,
+    notice_from: str = "",
+    shown: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> JobDetail:
-    """One job with every attempt; raises NotFound. Env values only when asked for."""
+    """One job with every attempt; raises NotFound. Env values only when asked for, and
+    then as `shown` lets the viewer see them (others' masked)."""
     job = service.reads.get(job_id)
+    visible = dict(job.env_vars or {})
+    if shown is not None and visible:
+        visible = shown({"env_vars": visible, "owner": job.owner})["env_vars"]
     attempts = [
         _attempt_row(number, attempt, jobs.FAILED, current=False)
         for number, attempt in enumerate(job.attempts, start=1)
     ]
     attempts.append(_attempt_row(len(attempts) + 1, job, job.status, current=True))
-    env = [(name, value if show_env else None) for name, value in (job.env_vars or {}).items()]
+    env = [(name, value if show_env else None) for name, value in visible.items()]
     return JobDetail(
         now=service.clock.now_us(),
         job=job,
