@@ -2,10 +2,17 @@
 
 When `TINYAWS_API_KEY` is set every request needs `Authorization: Bearer <key>`: the scheme
 name in any case (HTTP scheme names are case-insensitive), the key compared in constant time.
-Exempt: the health check, /leader, the metrics, the OpenAPI document, and (while
-`AUTH_AGENT_EXEMPT` is on, because the real agent sends no header) the agent's poll and its
-PATCH. A plain listing of jobs is not exempt: it shows every job's command, environment and
-output.
+Exempt: the health check, /leader, the metrics, the OpenAPI document, and (while the agent
+exemption is on, because the tiny-aws agent sends no header) the agent's poll and its PATCH.
+A plain listing of jobs is not exempt: it shows every job's command, environment and output.
+
+The agent exemption (`AUTH_AGENT_EXEMPT`, `Settings.agent_exempt`) is on only where it is
+needed: `auto`, the default, turns it on with a registry (whose nodes may run the tiny-aws
+agent) and off with `REGISTRY_URL=builtin` (this project's agents always send the key). While
+it is on, it is as narrow as that agent allows: the keyless poll answers only for a node the
+node source lists (`_agent_exempt`), and a keyless PATCH is refused (401) for an attempt that
+was claimed with a credential (the service decides that, under the job's busy marker, from
+`carries_credential`: `fencing.keyless_report_refused`).
 
 The dashboard under /ui/ is for people in a browser, which cannot be told to send a bearer
 header: there the key is also accepted as the password of HTTP Basic (any user name), and a
@@ -20,6 +27,7 @@ from flask import Flask, Response, request
 
 from .. import errors
 from ..domain import validation
+from ..server import inline
 from .replies import scheduler, text_reply
 
 # `/` only redirects to the dashboard, which asks for the key itself.
@@ -39,9 +47,11 @@ def check() -> Response | None:
     """The current request's refusal (a reply, or errors.Unauthorized raised), or None when
     its key is right or it needs none."""
     settings = scheduler().settings
-    if not settings.api_key or _exempt(settings.auth_agent_exempt):
+    if not settings.api_key or (request.endpoint or "") in _ALWAYS_OPEN:
         return None
     if key_matches(request.headers.get("Authorization", ""), settings.api_key):
+        return None
+    if settings.agent_exempt and _agent_exempt():
         return None
     path = request.path
     if path == _UI_PATH or path.startswith(_UI_PATH + "/"):
@@ -49,6 +59,13 @@ def check() -> Response | None:
             return None
         return text_reply(errors.UNAUTHORIZED, 401, _UI_CHALLENGE)
     raise errors.Unauthorized(errors.UNAUTHORIZED)
+
+
+def carries_credential() -> bool:
+    """Whether the current request carries an accepted credential (the key, as a bearer);
+    False with auth off, where there is none to carry."""
+    key = scheduler().settings.api_key
+    return bool(key) and key_matches(request.headers.get("Authorization", ""), key)  # type: ignore[arg-type]
 
 
 def key_matches(header: str, key: str) -> bool:
@@ -71,12 +88,20 @@ def _basic_password_matches(key: str) -> bool:
     return hmac.compare_digest(given, key.encode())
 
 
-def _exempt(agent_exempt: bool) -> bool:
+def _agent_exempt() -> bool:
+    """Whether a keyless request is one of the tiny-aws agent's calls: its PATCH (the service
+    still refuses it for an attempt claimed with a credential), or its poll for a node the
+    node source lists (anyone could ask for any name, and read the jobs' environment)."""
     endpoint = request.endpoint or ""
-    if endpoint in _ALWAYS_OPEN:
-        return True
-    if not agent_exempt:
-        return False
     if endpoint == "jobs.update_job":
         return True
-    return endpoint == "jobs.list_jobs" and validation.agent_poll_node(request.args) is not None
+    if endpoint != "jobs.list_jobs":
+        return False
+    node_id = validation.agent_poll_node(request.args)
+    if node_id is None:
+        return False
+    nodes = scheduler().nodes
+    # A poll is answered in the worker's loop: a node the last list misses needs a fresh one.
+    return inline.from_memory(
+        lambda: nodes.is_listed_in_memory(node_id), lambda: nodes.is_listed(node_id)
+    )

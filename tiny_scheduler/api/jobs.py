@@ -11,6 +11,7 @@ from .. import errors
 from ..domain import validation
 from ..domain.jobs import JOB_ID_PREFIX
 from ..server import inline
+from . import auth
 from .replies import json_array_reply, json_reply, scheduler
 
 bp = Blueprint("jobs", __name__)
@@ -87,7 +88,9 @@ def update_job(job_id: str) -> Response:
         # A body that cannot even be read (a malformed chunk size...) cannot be decoded
         # either; the WSGI server raises its own exception types for these.
         raise errors.BadRequest(errors.DECODE_UPDATE) from None
-    return json_reply(service.jobs.update(job_id, update).to_wire())
+    # Whether it carried the key: an attempt claimed with it takes no keyless report.
+    credential = auth.carries_credential()
+    return json_reply(service.jobs.update(job_id, update, credential).to_wire())
 
 
 @bp.post("/jobs/<job_id>/cancel")

@@ -99,8 +99,12 @@ def _database(path: str) -> str:
 def _auth(settings: Settings) -> str:
     if settings.api_key is None:
         return "off (TINYAWS_API_KEY is unset: no request needs a key)"
-    if settings.auth_agent_exempt:
-        return "on (bearer key; the agent's poll and PATCH exempt)"
+    if settings.agent_exempt:
+        how = "auto" if settings.auth_agent_exempt is None else "1"
+        return (
+            "on (bearer key; the tiny-aws agent's poll for a listed node and its PATCH exempt: "
+            f"AUTH_AGENT_EXEMPT={how})"
+        )
     return "on (bearer key on every call, the agent's too)"
 
 
