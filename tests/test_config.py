@@ -99,6 +99,12 @@ def test_an_empty_variable_counts_as_unset(empty: str) -> None:
     assert Settings.from_env(dict.fromkeys(EVERY_VARIABLE, empty)) == Settings()
 
 
+def test_the_connection_caps() -> None:
+    settings = Settings.from_env({"MAX_CONNECTIONS": "500", "MAX_CONNECTIONS_PER_CLIENT": "50"})
+    assert (settings.max_connections, settings.max_connections_per_client) == (500, 50)
+    assert (Settings().max_connections, Settings().max_connections_per_client) == (10000, 2000)
+
+
 @pytest.mark.parametrize(
     ("text", "value"),
     [("1", True), ("true", True), ("YES", True), ("on", True), ("0", False), ("off", False)],
@@ -147,6 +153,9 @@ def test_the_agent_exemption_is_on_only_where_it_is_needed(
         ("NODE_LOST_SECS", "-5"),
         ("SQS_POLL_INTERVAL_SECS", "0"),
         ("AUTH_AGENT_EXEMPT", "maybe"),
+        ("MAX_CONNECTIONS", "10"),
+        ("MAX_CONNECTIONS", "many"),
+        ("MAX_CONNECTIONS_PER_CLIENT", "0"),
         ("REGISTRY_URL", "registry:9000"),
         ("SQS_URL", "ftp://sqs"),
         ("SNS_URL", "sns"),

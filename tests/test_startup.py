@@ -232,6 +232,7 @@ def test_the_banner_says_how_the_daemon_is_set_up(
     block = (
         rf"\[INFO\] tiny-scheduler {re.escape(banner.version())} starting\n"
         rf"  listening on   http://127\.0\.0\.1:{proc.port} \(loopback only\)\n"
+        r"  connections    at most 10000, 2000 per client address \(open files: [^\n]+\)\n"
         rf"  dashboard      http://127\.0\.0\.1:{proc.port}/ui/\n"
         rf"  database       {re.escape(str(tmp_path / 'scheduler.db'))} \(SQLite\)\n"
         rf"  registry       {re.escape(registry.url)}\n"

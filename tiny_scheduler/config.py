@@ -102,6 +102,12 @@ DEFAULT_KILL_GRACE_SECS = 10.0
 DEFAULT_MAX_WAITERS = 64
 """Open output waits and event streams at most; more get 503."""
 
+DEFAULT_MAX_CONNECTIONS = 10_000
+"""Client connections the worker holds at most (server/admission.py says what is shed)."""
+
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 2_000
+"""Client connections one client address holds at most."""
+
 REGISTRY_DEADLINE_SECS = 3.0
 """Seconds one registry call may take in all (connect, send, the whole answer) before the
 request that needed it gets 503: a hung or trickling registry."""
@@ -162,6 +168,8 @@ class Settings:
     kill_grace_secs: float = DEFAULT_KILL_GRACE_SECS
     max_waiters: int = DEFAULT_MAX_WAITERS
     ha_forward: bool = True
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT
 
     @property
     def builtin_registry(self) -> bool:
@@ -225,6 +233,10 @@ class Settings:
             kill_grace_secs=env.number("KILL_GRACE_SECS", DEFAULT_KILL_GRACE_SECS, 0),
             max_waiters=env.integer("MAX_WAITERS", DEFAULT_MAX_WAITERS, 0),
             ha_forward=env.flag("HA_FORWARD", True),
+            max_connections=env.integer("MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS, 64),
+            max_connections_per_client=env.integer(
+                "MAX_CONNECTIONS_PER_CLIENT", DEFAULT_MAX_CONNECTIONS_PER_CLIENT, 1
+            ),
         )
 
 

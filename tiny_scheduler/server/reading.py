@@ -85,6 +85,8 @@ class RequestReading:
                 # Nothing, or a partial head: dropped, as gunicorn's parser does.
                 self._close(conn)
             return
+        if conn.shed:  # a request begins: no longer idle or head-less (admission.py)
+            self._sheddable(conn, False)
         if conn.idle:
             conn.idle = False
             self.keepalived_conns.discard(conn)
