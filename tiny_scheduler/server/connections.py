@@ -240,6 +240,7 @@ class Conn:
         "close_after",
         "deadline",
         "drained",
+        "dropping",
         "events",
         "host",
         "idle",
@@ -291,6 +292,9 @@ class Conn:
         self.body: bytes | bytearray = b""
         self.spool: IO[bytes] | None = None
         self.body_bytes = 0
+        # The body could not be kept (no room in TMPDIR): its answer is out, the rest of it
+        # is read and dropped, then the connection closes (reading.py, `_no_room`).
+        self.dropping = False
         self.drained = 0  # bytes discarded by a lingering close
         self.wake_cb: Callable[[], None] | None = None  # subscribed to a parked wait's signal
         self.armed = False  # a stream's wake-up is subscribed
@@ -301,6 +305,7 @@ class Conn:
         self.chunks = None
         self.body = b""
         self.spool = None
+        self.dropping = False
         self.body_bytes = self.length = self.need = 0
 
 
