@@ -352,6 +352,7 @@ def summary(name: str, values: list[float]) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(int(4 * FLOOD_SECS) + 300)
 def test_the_issues_flood_leaves_health_and_the_poll_answering(
     scheduler_factory: SchedulerFactory,
 ) -> None:

@@ -163,6 +163,7 @@ def one_round(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(120 * ROUNDS + 300)  # 21 daemon starts a round
 def test_the_issues_deletions_and_crashes(tmp_path: Path, registry: FakeRegistry) -> None:
     lines = []
     for kind in sorted(LOST):
