@@ -1,5 +1,11 @@
 """Authentication with TINYAWS_API_KEY set: which calls need the bearer, which are exempt for
-the agent (and how AUTH_AGENT_EXEMPT=0 closes them), and that the key reaches the registry."""
+the agent (and how AUTH_AGENT_EXEMPT=0 closes them), and that the key reaches the registry.
+
+The exemption is only where it is needed (issue 33: with auth on, anyone who reached the port
+read pending jobs' env_vars through the keyless poll, claimed jobs so that they failed as
+node_lost, and ended attempts with forged output): on by default only with a registry, and
+there only for the nodes it lists; a keyless PATCH is refused for an attempt claimed with the
+key, also after a restart; with REGISTRY_URL=builtin it is off unless asked for."""
 
 from __future__ import annotations
 
@@ -10,8 +16,18 @@ from typing import Any
 
 import pytest
 from conftest import SchedulerFactory
-from helpers import Agent, Api, expect_error, expect_json, without_waiting_for
+from helpers import (
+    Agent,
+    Api,
+    compact,
+    expect_error,
+    expect_json,
+    set_nodes,
+    unique_node,
+    without_waiting_for,
+)
 
+from tiny_scheduler.agent.protocol import RUNNING_UPDATE, report_update
 from tiny_scheduler.dev.daemon import SchedulerProcess
 from tiny_scheduler.dev.registry import FakeRegistry
 
@@ -104,6 +120,94 @@ def test_health_and_the_agents_calls_are_exempt(
         assert expect_json(agent.report(job["job_id"], 0), 200)["status"] == "done"
     finally:
         agent.close()
+
+
+def test_health_says_the_agent_exemption_is_on(api: Api) -> None:
+    assert expect_json(api.get("/health"), 200)["agent_exempt"] is True
+
+
+def test_the_keyless_poll_answers_only_for_a_node_the_registry_lists(
+    api: Api, authed: Api, registry: FakeRegistry, node: str
+) -> None:
+    authed.submit(command="echo secret", env_vars={"DB_PASSWORD": "hunter2"})
+    unlisted = {"node_id": "node-nobody-runs", "status": "pending"}
+    expect_error(api.get("/jobs", params=unlisted), 401, "unauthorized")
+    assert expect_json(authed.get("/jobs", params=unlisted), 200) == []
+    # A node the registry lists from now on is known at once, before any other fetch.
+    fresh = unique_node("fresh")
+    set_nodes(registry, [node, fresh])
+    assert expect_json(api.get("/jobs", params={"node_id": fresh, "status": "pending"}), 200) == []
+    assert len(expect_json(api.get("/jobs", params={"node_id": node, "status": "pending"}), 200))
+
+
+def test_a_keyless_patch_is_refused_for_an_attempt_claimed_with_the_key(
+    api: Api, authed: Api, node: str
+) -> None:
+    job_id = authed.submit(command="echo ours")["job_id"]
+    assert expect_json(authed.patch(f"/jobs/{job_id}", compact(RUNNING_UPDATE)), 200)
+    forged = report_update(0, "forged output", "")
+    expect_error(api.patch(f"/jobs/{job_id}", forged), 401, "unauthorized")
+    expect_error(api.patch(f"/jobs/{job_id}", report_update(1, "", "x")), 401, "unauthorized")
+    assert authed.job(job_id)["status"] == "running"
+    done = expect_json(authed.patch(f"/jobs/{job_id}", report_update(0, "real", "")), 200)
+    assert (done["status"], done["stdout"]) == ("done", "real")
+    # A job the tiny-aws agent claimed without the key takes its keyless report, as before.
+    other = authed.submit(command="echo theirs")["job_id"]
+    assert expect_json(api.patch(f"/jobs/{other}", compact(RUNNING_UPDATE)), 200)
+    theirs = expect_json(api.patch(f"/jobs/{other}", report_update(0, "ok", "")), 200)
+    assert theirs["stdout"] == "ok"
+
+
+def test_a_keyed_claim_takes_no_keyless_report_after_a_restart_either(
+    scheduler_factory: SchedulerFactory, node: str
+) -> None:
+    env = {"TINYAWS_API_KEY": KEY, "REGISTRY_CACHE_SECS": "0"}
+    first = scheduler_factory(env)
+    authed = Api(first.url, key=KEY)
+    job_id = authed.submit()["job_id"]
+    assert expect_json(authed.patch(f"/jobs/{job_id}", compact(RUNNING_UPDATE)), 200)
+    authed.close()
+    first.stop()
+    again = scheduler_factory(env)
+    anonymous, authed = Api(again.url), Api(again.url, key=KEY)
+    try:
+        expect_error(anonymous.patch(f"/jobs/{job_id}", report_update(0)), 401, "unauthorized")
+        assert expect_json(authed.patch(f"/jobs/{job_id}", report_update(0)), 200)
+    finally:
+        anonymous.close()
+        authed.close()
+
+
+def test_with_the_builtin_registry_the_exemption_is_off_unless_asked_for(
+    scheduler_factory: SchedulerFactory,
+) -> None:
+    """This project's agents always send the key: keyless polls, claims and reports are all
+    refused, so nobody can read env_vars, claim or end work without it."""
+    proc = scheduler_factory({"TINYAWS_API_KEY": KEY, "REGISTRY_URL": "builtin"})
+    anonymous, authed = Api(proc.url), Api(proc.url, key=KEY)
+    try:
+        beat = {"cpu_count": 1, "running": []}
+        expect_json(authed.request("PUT", "/nodes/n1", data=compact(beat)), 200)
+        job_id = authed.submit(env_vars={"DB_PASSWORD": "hunter2"})["job_id"]
+        poll = {"node_id": "n1", "status": "pending"}
+        expect_error(anonymous.get("/jobs", params=poll), 401, "unauthorized")
+        claim = compact(RUNNING_UPDATE)
+        expect_error(anonymous.patch(f"/jobs/{job_id}", claim), 401, "unauthorized")
+        assert "agent_exempt" not in expect_json(anonymous.get("/health"), 200)
+        assert expect_json(authed.patch(f"/jobs/{job_id}", claim), 200)["status"] == "running"
+        expect_error(anonymous.patch(f"/jobs/{job_id}", report_update(0)), 401, "unauthorized")
+    finally:
+        anonymous.close()
+        authed.close()
+    proc.stop()
+    opened = scheduler_factory(
+        {"TINYAWS_API_KEY": KEY, "REGISTRY_URL": "builtin", "AUTH_AGENT_EXEMPT": "1"}
+    )
+    anonymous = Api(opened.url)
+    try:
+        assert expect_json(anonymous.get("/health"), 200)["agent_exempt"] is True
+    finally:
+        anonymous.close()
 
 
 def test_the_registry_gets_the_schedulers_key(authed: Api, registry: FakeRegistry) -> None:

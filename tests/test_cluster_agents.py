@@ -13,8 +13,13 @@ deadline, generous for a shared machine, and no deadline is the assertion.
 
 from __future__ import annotations
 
+import collections
+import os
 import pathlib
 import shlex
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +27,7 @@ import pytest
 import requests
 from helpers import Api, expect_json, wait_for
 
-from tiny_scheduler.client import Client
+from tiny_scheduler.client import Client, wait_for_job
 from tiny_scheduler.dev.cluster import AGENT_KILL_GRACE_SECS, ClusterConfig, DevCluster
 from tiny_scheduler.dev.daemon import SchedulerProcess
 
@@ -306,6 +311,92 @@ def test_jobs_that_end_while_the_leader_dies_end_done_once(
         assert len(set(seen)) == 2 * HA_ROUNDS
         everything = client.json("GET", "/jobs")
         assert [job["status"] for job in everything] == ["done"] * 2 * HA_ROUNDS
+
+
+FROZEN_HEARTBEAT_SECS = 2.0
+"""NODE_HEARTBEAT_SECS of the frozen-leader test: a node stays healthy 3 periods (6 s), which
+an agent's heartbeat must cross from the frozen leader to the new one."""
+
+
+def test_agents_leave_a_frozen_leader_and_the_new_leader_refuses_no_submission(
+    work: pathlib.Path, postgres_url: str
+) -> None:
+    """The leader SIGSTOPped past its lease: the kernel still accepts connections for it, and
+    the agents' heartbeats once hung 15 s there, so the new leader saw no healthy node and
+    answered 361 submissions with 503. Now each agent call gives a frozen daemon seconds
+    (agent/wire.py) and asks the next URL: once the new leader serves, and one heartbeat
+    period has passed, it refuses nothing. The 503s before then are counted and printed."""
+    config = ClusterConfig(
+        agents=2,
+        standbys=1,
+        postgres_url=postgres_url,
+        work_dir=str(work),
+        heartbeat_secs=FROZEN_HEARTBEAT_SECS,
+        poll_secs=0.5,
+        node_lost_secs=60.0,
+        scheduler_env={**BASE_ENV, "LEADER_LEASE_SECS": "3"},
+    )
+    with DevCluster(config) as cluster:
+        leader = wait_for(lambda: leader_of(cluster.daemons), message="one leader")
+        (standby,) = [daemon for daemon in cluster.daemons if daemon is not leader]
+        wait_for(lambda: standby_of(standby, leader), message="the standby to know the leader")
+        answers: list[tuple[float, int, str]] = []  # (monotonic, status, text) of each submission
+        stop = threading.Event()
+
+        def submit() -> None:
+            session = requests.Session()
+            session.trust_env = False
+            number = 0
+            while not stop.is_set():
+                number += 1
+                body = {"command": f"echo {number}"}
+                try:
+                    reply = session.post(standby.url + "/jobs", json=body, timeout=2)
+                    text = reply.text.strip()
+                    if reply.status_code == 201:
+                        text = reply.json()["job_id"]
+                    answers.append((time.monotonic(), reply.status_code, text))
+                except requests.RequestException as exc:
+                    answers.append((time.monotonic(), 0, type(exc).__name__))
+                time.sleep(0.05)  # a steady trickle of submissions, not a synchronisation
+            session.close()
+
+        assert leader.proc is not None
+        frozen_at = time.monotonic()
+        os.killpg(leader.proc.pid, signal.SIGSTOP)
+        submitter = threading.Thread(target=submit, daemon=True)
+        submitter.start()
+        try:
+            wait_for(lambda: leader_of([standby]), timeout=30, message="the standby to lead")
+            serving_at = time.monotonic()
+            settled_at = serving_at + FROZEN_HEARTBEAT_SECS
+            # Long enough for a node whose heartbeats hang to go unhealthy (three periods)
+            # twice over, with the old deadline (15 s) to spare.
+            until = settled_at + 10 * FROZEN_HEARTBEAT_SECS
+            wait_for(
+                lambda: bool(answers) and answers[-1][0] > until,
+                timeout=60,
+                message="submissions for ten heartbeat periods after the takeover",
+            )
+        finally:
+            stop.set()
+            submitter.join(10)
+            os.killpg(leader.proc.pid, signal.SIGCONT)
+        after = [(status, text) for at, status, text in answers if at > settled_at]
+        refused = [answer for answer in after if answer[0] != 201]
+        before = collections.Counter(
+            (status, text) for at, status, text in answers if at <= settled_at and status != 201
+        )  # 201s carry the job id instead
+        print(
+            f"\nthe standby led {serving_at - frozen_at:.1f}s after the SIGSTOP; before it and "
+            f"one heartbeat period more: {dict(before)}; after: {len(after) - len(refused)} "
+            f"of {len(after)} submissions 201"
+        )
+        assert refused == [], refused[:5]
+        # And the work goes on: the new leader's nodes run what it took (the first of them).
+        first = next(text for at, status, text in answers if status == 201)
+        client = Client(standby.url)
+        assert wait_for_job(client, first, interval=0.2)["status"] == "done"
 
 
 # --- drain --------------------------------------------------------------------------------------

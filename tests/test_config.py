@@ -44,7 +44,7 @@ def test_defaults_match_the_spec() -> None:
         registry_url="http://127.0.0.1:9000",
         registry_cache_secs=2,
         api_key=None,
-        auth_agent_exempt=True,
+        auth_agent_exempt=None,
         max_jobs_per_node=1,
         placement="least-loaded",
         job_stealing=True,
@@ -99,12 +99,35 @@ def test_an_empty_variable_counts_as_unset(empty: str) -> None:
     assert Settings.from_env(dict.fromkeys(EVERY_VARIABLE, empty)) == Settings()
 
 
+def test_the_connection_caps() -> None:
+    settings = Settings.from_env({"MAX_CONNECTIONS": "500", "MAX_CONNECTIONS_PER_CLIENT": "50"})
+    assert (settings.max_connections, settings.max_connections_per_client) == (500, 50)
+    assert (Settings().max_connections, Settings().max_connections_per_client) == (10000, 2000)
+
+
 @pytest.mark.parametrize(
     ("text", "value"),
     [("1", True), ("true", True), ("YES", True), ("on", True), ("0", False), ("off", False)],
 )
 def test_flags(text: str, value: bool) -> None:
     assert Settings.from_env({"AUTH_AGENT_EXEMPT": text}).auth_agent_exempt is value
+
+
+@pytest.mark.parametrize(
+    ("env", "exempt"),
+    [
+        ({}, False),  # no key: nothing needs one, so nothing is exempt from it
+        ({"TINYAWS_API_KEY": "k"}, True),  # auto, with a registry: the tiny-aws agent sends none
+        ({"TINYAWS_API_KEY": "k", "AUTH_AGENT_EXEMPT": "auto"}, True),
+        ({"TINYAWS_API_KEY": "k", "REGISTRY_URL": "builtin"}, False),  # auto: our agents send it
+        ({"TINYAWS_API_KEY": "k", "REGISTRY_URL": "builtin", "AUTH_AGENT_EXEMPT": "1"}, True),
+        ({"TINYAWS_API_KEY": "k", "AUTH_AGENT_EXEMPT": "0"}, False),
+    ],
+)
+def test_the_agent_exemption_is_on_only_where_it_is_needed(
+    env: dict[str, str], exempt: bool
+) -> None:
+    assert Settings.from_env(env).agent_exempt is exempt
 
 
 @pytest.mark.parametrize(
@@ -130,6 +153,9 @@ def test_flags(text: str, value: bool) -> None:
         ("NODE_LOST_SECS", "-5"),
         ("SQS_POLL_INTERVAL_SECS", "0"),
         ("AUTH_AGENT_EXEMPT", "maybe"),
+        ("MAX_CONNECTIONS", "10"),
+        ("MAX_CONNECTIONS", "many"),
+        ("MAX_CONNECTIONS_PER_CLIENT", "0"),
         ("REGISTRY_URL", "registry:9000"),
         ("SQS_URL", "ftp://sqs"),
         ("SNS_URL", "sns"),

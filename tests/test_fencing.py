@@ -11,6 +11,7 @@ from harness import Harness
 from tiny_scheduler import errors
 from tiny_scheduler.domain import fencing, jobs
 from tiny_scheduler.domain.jobs import Job
+from tiny_scheduler.domain.validation import JobUpdate
 
 # --- the rules ----------------------------------------------------------------------------
 
@@ -133,6 +134,42 @@ def test_an_attempt_claimed_with_names_takes_no_unnamed_report() -> None:
     plain = h.submit_on("node-a").job_id
     h.claim(plain)
     assert h.report(plain, 0).status == jobs.DONE
+
+
+@pytest.mark.parametrize(
+    ("current", "auth_on", "credential", "claim", "refused"),
+    [
+        # With auth on, an attempt claimed with the key takes no keyless report...
+        (job(status=jobs.RUNNING, keyed_claim=True), True, False, False, True),
+        (job(status=jobs.FAILED, keyed_claim=True), True, False, False, True),  # late ones too
+        (job(status=jobs.RUNNING, keyed_claim=True), True, True, False, False),
+        # ...while the tiny-aws agent's keyless claim and reports work as before,
+        (job(status=jobs.PENDING), True, False, True, False),
+        (job(status=jobs.RUNNING), True, False, False, False),
+        # and with auth off (a restart without the key) nothing carries one: all taken.
+        (job(status=jobs.RUNNING, keyed_claim=True), False, False, False, False),
+    ],
+)
+def test_keyless_report_refused(
+    current: Job, auth_on: bool, credential: bool, claim: bool, refused: bool
+) -> None:
+    assert fencing.keyless_report_refused(current, auth_on, credential, claim) is refused
+
+
+def test_a_keyed_claim_takes_no_keyless_report_until_its_retry() -> None:
+    h = Harness(api_key="k", max_job_retries=1)
+    job_id = h.submit_on("node-a").job_id
+    claim = JobUpdate(status=jobs.RUNNING)
+    assert h.service.jobs.update(job_id, claim, credential=True).keyed_claim
+    with pytest.raises(errors.Unauthorized):
+        h.service.jobs.update(job_id, JobUpdate(status=jobs.DONE, exit_code=0, stdout="forged"))
+    assert h.job(job_id).status == jobs.RUNNING
+    failed = JobUpdate(status=jobs.FAILED, exit_code=1)
+    retried = h.service.jobs.update(job_id, failed, credential=True)
+    assert (retried.status, retried.keyed_claim) == (jobs.PENDING, False)
+    # The retry's attempt is claimed without the key: keyless reports are its own again.
+    h.claim(job_id)
+    assert h.report(job_id, 0).status == jobs.DONE
 
 
 # --- the service: output is never thrown away -------------------------------------------

@@ -107,11 +107,20 @@ def test_nodes_and_drains_survive_a_restart(scheduler_factory: SchedulerFactory)
 def test_bad_heartbeats_and_changes_are_refused_by_name(nodes_api: Api) -> None:
     put = lambda body: nodes_api.request("PUT", "/nodes/n1", data=body)  # noqa: E731
     expect_error(put(b"not json"), 400, "failed to decode heartbeat")
-    expect_error(put(_json({"running": []})), 400, "cpu_count must be an integer of at least 1")
+    cpu_message = "cpu_count must be an integer between 1 and 1024"
+    expect_error(put(_json({"running": []})), 400, cpu_message)
+    expect_error(put(_json({"cpu_count": "2", "running": []})), 400, cpu_message)
+    # The figures: that many slots, a node id nobody could type, a 1 MB label.
+    expect_error(put(_json({"cpu_count": 100_000, "running": []})), 400, cpu_message)
+    long_id = nodes_api.request("PUT", "/nodes/" + "n" * 4000, data=_json({"cpu_count": 1}))
+    expect_error(long_id, 400, "node id must be 1 to 253 characters of A-Za-z0-9._-")
+    big_label = _json({"cpu_count": 2, "running": [], "labels": {"zone": "x" * 1_000_000}})
+    response = put(big_label)
+    assert response.status_code == 400 and "at most 63 characters" in response.text
     expect_error(
-        put(_json({"cpu_count": "2", "running": []})),
+        put(_json({"cpu_count": 2, "running": [], "gpus": 65})),
         400,
-        "cpu_count must be an integer of at least 1",
+        "gpus must be an integer between 0 and 64",
     )
     response = put(_json({"cpu_count": 2, "running": "job-1"}))
     assert response.status_code == 400 and response.text.startswith("running must be")

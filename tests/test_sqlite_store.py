@@ -389,6 +389,7 @@ OFF_DEFAULT: dict[str, object] = {
     "holds_slot": True,
     "moved_from": "node-z",
     "named_claim": True,
+    "keyed_claim": True,
     "name": "nightly-report",
     "owner": "alice",
     "cpus": 4,

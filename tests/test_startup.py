@@ -232,10 +232,12 @@ def test_the_banner_says_how_the_daemon_is_set_up(
     block = (
         rf"\[INFO\] tiny-scheduler {re.escape(banner.version())} starting\n"
         rf"  listening on   http://127\.0\.0\.1:{proc.port} \(loopback only\)\n"
+        r"  connections    at most 10000, 2000 per client address \(open files: [^\n]+\)\n"
         rf"  dashboard      http://127\.0\.0\.1:{proc.port}/ui/\n"
         rf"  database       {re.escape(str(tmp_path / 'scheduler.db'))} \(SQLite\)\n"
         rf"  registry       {re.escape(registry.url)}\n"
-        r"  auth           on \(bearer key; the agent's poll and PATCH exempt\)\n"
+        r"  auth           on \(bearer key; the tiny-aws agent's poll for a listed node and its "
+        r"PATCH exempt: AUTH_AGENT_EXEMPT=auto\)\n"
         r"  timeout scan   every 3600 s\n"
         r"  SQS ingestion  off\n"
         r"  SNS events     on \(http://127\.0\.0\.1:9, topic events\)\n"

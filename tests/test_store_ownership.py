@@ -6,8 +6,11 @@
 - gunicorn starting the worker again (after it died, or on a reload) never locks the daemon
   out of its own file, and loses nothing.
 - A database file deleted or replaced while the daemon runs, busy or idle, makes it unhealthy
-  within seconds; it acknowledges nothing more, reads go on from memory, and after a restart
-  ids go on above every id handed out (they started from job-1 again).
+  at once; it acknowledges nothing more, reads go on from memory. A deleted file is written
+  back to its empty path with everything acknowledged; a replaced one is left as it is and
+  the daemon's copy saved beside it; after a restart ids go on above every id handed out
+  (they started from job-1 again). The log and its index (`-wal`, `-shm`) and SIGKILLs right
+  after a deletion are in tests/test_deleted_files.py.
 """
 
 from __future__ import annotations
@@ -216,19 +219,21 @@ def test_a_database_file_deleted_while_in_use_stops_acknowledging_and_ids_go_on(
     proc = start_scheduler(db_path, tmp_path / "scheduler.log", registry.url, ENV)
     served = Served(proc)
     try:
-        db_path.unlink()  # nothing is written meanwhile: the probe must find it
+        db_path.unlink()  # nothing is written meanwhile: the watch must find it
         served.check_refusing(f"the database file {db_path} was deleted while in use")
+        served.check_refusing(f"everything acknowledged was written back to {db_path}")
+        assert db_path.exists()
     finally:
         served.close()
         stop_scheduler(proc)
 
-    # What was in the file is gone with it; what an operator can expect is that no id the
-    # clients and agents saw is handed out again for another job.
+    # The file the daemon still had open was written back to the empty path: nothing
+    # acknowledged is lost, and no id the clients and agents saw is handed out again.
     again = start_scheduler(db_path, tmp_path / "again.log", registry.url, ENV)
     api = Api(again.url)
     try:
-        assert api.listed() == []
-        assert api.submit(command="on the new file")["job_id"] == "job-5"
+        assert {job["job_id"]: job for job in api.listed()} == served.seen
+        assert api.submit(command="on the written-back file")["job_id"] == "job-5"
     finally:
         api.close()
         stop_scheduler(again)
@@ -254,6 +259,19 @@ def test_a_database_file_replaced_while_in_use_stops_acknowledging_and_ids_go_on
         served.seen[extra["job_id"]] = extra
         shutil.move(backup, db_path)
         served.check_refusing(f"the database file {db_path} was replaced by another file")
+        # Never written over the restored file: the daemon's own copy is saved beside it.
+        body = served.api.get("/health").json()
+        assert (
+            f"another file is at {db_path} now: what this scheduler held is saved in "
+            in (body["error"])
+        ), body
+        (kept,) = tmp_path.glob("scheduler.db.saved-*")
+        saved = sqlite3.connect(kept)
+        try:
+            ids = {row[0] for row in saved.execute("SELECT seq FROM jobs")}
+        finally:
+            saved.close()
+        assert ids == {int(job_id.removeprefix("job-")) for job_id in served.seen}
     finally:
         served.close()
         stop_scheduler(proc)

@@ -195,3 +195,41 @@ def test_the_live_feeds_work_with_the_dashboards_key(
         browser.get("about:blank")  # before its scheduler stops
         errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         assert not errors, errors
+
+
+def test_a_503_with_retry_after_holds_the_reloads_until_then(
+    browser: Any, scheduler_factory: SchedulerFactory, node: str
+) -> None:
+    """The scheduler answers a reload `503 too many connections` with `Retry-After`: the page
+    says so and asks nothing more until then (a crowd of open dashboards must not come back
+    every 5 s). The 503 is the page's own fetch, answered in the browser (as a full daemon
+    would answer it), so that nothing else is refused meanwhile."""
+    other = scheduler_factory(env={"MAX_WAITERS": "0"})  # no stream: reloads on the timer
+    view = Page(browser, other.url)
+    try:
+        view.open(f"/ui/jobs?node_id={node}")
+        wait_for(lambda: view.js("return window.tinyScheduler.mode") == "timer", message="timer")
+        view.js(
+            "window.refusals = 0;"
+            "window.fetch = function () {"
+            "  window.refusals += 1;"
+            "  return Promise.resolve(new Response('too many connections\\n',"
+            "    {status: 503, headers: {'Retry-After': '3600'}}));"
+            "};"
+        )
+        wait_for(lambda: view.js("return window.refusals") == 1, timeout=20, message="a reload")
+        wait_for(
+            lambda: view.text("#refresh-state").startswith("the scheduler is busy; next look in"),
+            message="the page to say it waits",
+        )
+        held = view.js("return window.tinyScheduler.heldUntil - Date.now()")
+        assert 3_595_000 <= held <= 5_400_000  # an hour, up to half as much again
+        ticks = view.js("return window.tinyScheduler.ticks")
+        wait_for(
+            lambda: view.js("return window.tinyScheduler.ticks") >= ticks + 2,
+            timeout=20,
+            message="two more ticks of the timer",
+        )
+        assert view.js("return window.refusals") == 1  # held: no reload meanwhile
+    finally:
+        browser.get("about:blank")  # before its scheduler stops

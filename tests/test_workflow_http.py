@@ -25,6 +25,9 @@ def api(scheduler: SchedulerProcess) -> Iterator[Api]:
     client.close()
 
 
+QUEUE_MESSAGE = "queue must be 1 to 64 characters of A-Za-z0-9._-, not . or .."
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
@@ -34,8 +37,11 @@ def api(scheduler: SchedulerProcess) -> Iterator[Api]:
         ({"dependency": "afterok"}, "dependency must be ok or any"),
         ({"priority": 101}, "priority must be an integer between 0 and 100"),
         ({"priority": "high"}, "priority must be an integer between 0 and 100"),
-        ({"queue": "no spaces"}, "queue must be 1 to 64 characters of A-Za-z0-9._-"),
-        ({"queue": ""}, "queue must be 1 to 64 characters of A-Za-z0-9._-"),
+        ({"queue": "no spaces"}, QUEUE_MESSAGE),
+        ({"queue": ""}, QUEUE_MESSAGE),
+        # Dot segments: a URL-normalising client could never address PUT /queues/.. again.
+        ({"queue": "."}, QUEUE_MESSAGE),
+        ({"queue": ".."}, QUEUE_MESSAGE),
     ],
 )
 def test_bad_workflow_fields_are_400_naming_the_field(

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiny_scheduler import errors
-from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain import jobs, queues
 from tiny_scheduler.domain.jobs import Job
 from tiny_scheduler.domain.queues import QueueSettings
 from tiny_scheduler.domain.validation import JobQuery
@@ -218,3 +218,26 @@ def test_a_claim_under_way_counts_against_the_limit_until_it_commits_or_fails() 
         table.put(second)
     with pytest.raises(errors.Conflict), table.starting(first):
         pass
+
+
+@pytest.mark.parametrize("name", ["a", "...", ".a", "a.", "..b", "x" * 64, "default", "-_."])
+def test_a_queue_name_is_any_64_allowed_characters(name: str) -> None:
+    assert queues.is_valid_name(name)
+
+
+@pytest.mark.parametrize("name", [".", "..", "", "x" * 65, "a b", "a/b", 7, None])
+def test_dot_segments_and_other_names_are_not_queue_names(name: object) -> None:
+    """`.` and `..` fit the characters, but a client normalising its URL turns
+    PUT /queues/.. into PUT /: a queue of that name could never be addressed."""
+    assert not queues.is_valid_name(name)
+
+
+def test_the_documented_pattern_of_a_queue_name_is_the_rule() -> None:
+    import json
+    import re
+    from importlib import resources
+
+    document = json.loads(resources.files("tiny_scheduler").joinpath("openapi.json").read_text())
+    pattern = document["components"]["schemas"]["JobRequest"]["properties"]["queue"]["pattern"]
+    for name in [".", "..", "...", ".a", "..b", "a.", "x" * 64, "x" * 65, "", "a b"]:
+        assert bool(re.search(pattern, name)) == queues.is_valid_name(name), name

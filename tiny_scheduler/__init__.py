@@ -102,6 +102,7 @@ def create_app(
     # No app-wide /static route: there is no such folder; the dashboard serves its own files.
     app = _app_class()(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
+    app.connections_per_client = settings.max_connections_per_client  # type: ignore[attr-defined]
     api.replies.attach(app, service)
     api.init_app(app)
     app_metrics = metrics.init_app(app, service)
@@ -147,6 +148,8 @@ def _app_class() -> type[Flask]:
         # The worker may run plain requests in its event loop: the app sends the ones that
         # would wait to a thread (inline.py).
         inline_requests = True
+        # What the worker allows one client address (MAX_CONNECTIONS_PER_CLIENT): set per app.
+        connections_per_client: int | None = None
         session_interface = _NoSessions()
 
         def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:

@@ -12,7 +12,9 @@ CLI do), and it repeats no rule of the scheduler.
 
 from __future__ import annotations
 
+import random
 import time
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urljoin, urlsplit
@@ -30,8 +32,18 @@ if TYPE_CHECKING:
 DEFAULT_URL = "http://127.0.0.1:9001"
 """Where the scheduler listens unless SCHEDULER_URL says otherwise."""
 
-HTTP_TIMEOUT = (3.0, 15.0)
-"""(connect, read) seconds per request: a submission may wait on the registry and a commit."""
+HTTP_TIMEOUT = (2.0, 15.0)
+"""(connect, read) seconds per request to one daemon: a submission may wait on the registry
+and a commit, and with nothing else to ask, waiting for it is better than giving up."""
+
+FAILOVER_TIMEOUT = (2.0, 4.0)
+"""(connect, read) seconds per request to each of several daemons: a frozen one (SIGSTOPped,
+or hung past its lease) accepts the connection in the kernel and answers nothing; past this
+a call that is safe to repeat asks the next daemon at once."""
+
+RETRY_AFTER_SECS = 10.0
+"""Seconds a call keeps following the `Retry-After` of 503s that did nothing (`too many
+connections`, `too many waiting requests`, `no leader`) before it reports the last one."""
 
 WAIT_INTERVAL_SECS = 1.0
 """Seconds between two looks at a job while waiting for it."""
@@ -48,9 +60,10 @@ EVENT_SAFETY_SECS = 5.0
 """Seconds a wait that follows the event stream goes at most without looking at the job: an
 event lost on the way (a proxy, a restart) costs at most this much."""
 
-FAILOVER_WAIT_SECS = 10.0
+FAILOVER_WAIT_SECS = 15.0
 """Seconds a client of several daemons (a comma-separated SCHEDULER_URL) keeps going round
-them while none answers as the leader: a takeover takes a few."""
+them while none answers as the leader: a takeover after a hang takes the lease (5 s) and 2 s
+more."""
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -103,15 +116,18 @@ class ApiError(ClientError):
     """The scheduler answered with an error status. `text` is its own message (verbatim, or
     with the id it is about added); `context`, when given, says what the text leaves out."""
 
-    def __init__(self, status: int, text: str, context: str = "") -> None:
+    def __init__(
+        self, status: int, text: str, context: str = "", retry_after: float | None = None
+    ) -> None:
         super().__init__(f"{text} ({context})" if context else text)
         self.status = status
         self.text = text
         self.context = context
+        self.retry_after = retry_after  # a 503's Retry-After: nothing was done, ask then
 
     def about(self, text: str) -> ApiError:
         """The same error with a text that names what it is about."""
-        return ApiError(self.status, text, self.context)
+        return ApiError(self.status, text, self.context, self.retry_after)
 
 
 class Unreachable(ClientError):
@@ -124,7 +140,14 @@ class Client:
     `url` may list several daemons, comma-separated (PostgreSQL: a leader and its standbys):
     a call goes to each in turn until one is reached, a standby's 307 is followed to the
     leader with the key (requests would drop it on the way to another port), and while none
-    leads (a takeover) the list is tried again for up to FAILOVER_WAIT_SECS.
+    leads (a takeover) the list is tried again for up to FAILOVER_WAIT_SECS. Each daemon then
+    gets FAILOVER_TIMEOUT: one that accepted the connection but does not answer (frozen) is
+    left for the next at once, if the call is safe to repeat (a read, or a submission, which
+    always carries an Idempotency-Key, the same on every daemon: `submit`).
+
+    A 503 that says nothing was done and when to come back (`Retry-After`: too many
+    connections, too many waiting requests, no leader) is followed for up to RETRY_AFTER_SECS,
+    each wait a little longer than asked so that many clients do not come back at once.
     """
 
     def __init__(self, url: str, key: str | None = None) -> None:
@@ -135,10 +158,24 @@ class Client:
 
     def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         """One call; a reply that is not 2xx is an ApiError, no reply at all Unreachable."""
-        kwargs.setdefault("timeout", HTTP_TIMEOUT)
-        deadline = time.monotonic() + (FAILOVER_WAIT_SECS if len(self.base_urls) > 1 else 0)
-        while (response := self._first_answer(method, path, kwargs, deadline)) is None:
-            time.sleep(0.2)  # a takeover is under way: go round the daemons again
+        several = len(self.base_urls) > 1
+        kwargs.setdefault("timeout", FAILOVER_TIMEOUT if several else HTTP_TIMEOUT)
+        # False: a 503's Retry-After is the caller's to follow (job_events, which polls
+        # meanwhile); it comes with the ApiError.
+        follow = kwargs.pop("follow_retry_after", True)
+        repeatable = method in ("GET", "HEAD") or "Idempotency-Key" in (kwargs.get("headers") or {})
+        now = time.monotonic()
+        deadline = now + (FAILOVER_WAIT_SECS if several else 0)
+        follow_until = now + RETRY_AFTER_SECS
+        while True:
+            response = self._first_answer(method, path, kwargs, deadline, repeatable)
+            if response is None:
+                time.sleep(0.2)  # a takeover is under way: go round the daemons again
+                continue
+            wait = retry_after(response)
+            if wait is None or not follow or time.monotonic() + wait > follow_until:
+                break
+            time.sleep(wait * random.uniform(1.0, 1.5))  # spread the clients that come back
         if response.ok:
             return response
         text = _error_text(response)
@@ -162,10 +199,15 @@ class Client:
             context = f"HTTP {response.status_code} from the scheduler at {self.base_url}"
             if text in _REGISTRY_TEXTS:
                 context += "; check the registry at its REGISTRY_URL"
-        raise ApiError(response.status_code, text, context)
+        raise ApiError(response.status_code, text, context, retry_after(response))
 
     def _first_answer(
-        self, method: str, path: str, kwargs: dict[str, Any], deadline: float
+        self,
+        method: str,
+        path: str,
+        kwargs: dict[str, Any],
+        deadline: float,
+        repeatable: bool = False,
     ) -> requests.Response | None:
         """Ask each daemon in turn; the first real answer, or None to go round again."""
         import requests
@@ -176,13 +218,17 @@ class Client:
             try:
                 response = self._follow(method, base + path, kwargs)
             except requests.Timeout as exc:
-                if not isinstance(exc, requests.ConnectionError) or last:
+                arrived = not isinstance(exc, requests.ConnectionError)  # connected: it may have
+                if last or (arrived and not repeatable):
+                    read_secs = kwargs["timeout"][1]
                     raise Unreachable(
-                        f"the scheduler at {base} did not answer within {HTTP_TIMEOUT[1]:.0f}s"
+                        f"the scheduler at {base} did not answer within {read_secs:.0f}s"
                     ) from None
-                continue  # never connected: the request did not arrive, the next may take it
+                self._skip(base)  # frozen or gone: the next round starts elsewhere
+                continue
             except requests.RequestException:
                 if not last:
+                    self._skip(base)
                     continue
                 raise Unreachable(
                     f"cannot reach the scheduler at {base} (is it running? is SCHEDULER_URL right?)"
@@ -192,6 +238,12 @@ class Client:
             self.base_url = base  # the one that answered: ask it first next time
             return response
         return None
+
+    def _skip(self, base: str) -> None:
+        """`base` did not answer: ask the daemon after it first from now on."""
+        if base == self.base_url and len(self.base_urls) > 1:
+            after = (self.base_urls.index(base) + 1) % len(self.base_urls)
+            self.base_url = self.base_urls[after]
 
     def _follow(self, method: str, url: str, kwargs: dict[str, Any]) -> requests.Response:
         """One request, following a standby's 307 to the leader (a few hops at most)."""
@@ -215,7 +267,10 @@ class Client:
             ) from None
 
     def submit(self, body: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        """POST /jobs, always with an Idempotency-Key (a new one unless given): the same on
+        every daemon and every retry, so a submission repeated after a deadline, on another
+        daemon or after a takeover, makes one job."""
+        headers = {"Idempotency-Key": idempotency_key or f"cli-{uuid.uuid4().hex}"}
         try:
             return self.json("POST", "/jobs", json=body, headers=headers)
         except ApiError as exc:
@@ -333,6 +388,18 @@ def _number(job_id: str) -> int:
 def _job_id(number: int) -> str | None:
     """The `after` that starts a listing past job `number`; None starts at the beginning."""
     return f"{JOB_ID_PREFIX}{number}" if number > 0 else None
+
+
+def retry_after(response: requests.Response) -> float | None:
+    """The seconds a 503 asks to wait before the same call (`Retry-After`, in seconds), or
+    None: the scheduler sends it only with answers that did nothing."""
+    if response.status_code != 503:
+        return None
+    try:
+        seconds = float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds <= RETRY_AFTER_SECS else None
 
 
 def _is_text(response: requests.Response) -> bool:

@@ -106,6 +106,12 @@ DEFAULT_FAIRSHARE_HALF_LIFE_SECS = 3600.0
 DEFAULT_MAX_WAITERS = 64
 """Open output waits and event streams at most; more get 503."""
 
+DEFAULT_MAX_CONNECTIONS = 10_000
+"""Client connections the worker holds at most (server/admission.py says what is shed)."""
+
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 2_000
+"""Client connections one client address holds at most."""
+
 REGISTRY_DEADLINE_SECS = 3.0
 """Seconds one registry call may take in all (connect, send, the whole answer) before the
 request that needed it gets 503: a hung or trickling registry."""
@@ -142,7 +148,7 @@ class Settings:
     registry_url: str = DEFAULT_REGISTRY_URL
     registry_cache_secs: float = DEFAULT_REGISTRY_CACHE_SECS
     api_key: str | None = None
-    auth_agent_exempt: bool = True
+    auth_agent_exempt: bool | None = None  # None: auto (on with a registry, off with builtin)
     max_jobs_per_node: int | Literal["auto"] = DEFAULT_MAX_JOBS_PER_NODE
     placement: str = LEAST_LOADED
     job_stealing: bool = True
@@ -167,11 +173,25 @@ class Settings:
     max_waiters: int = DEFAULT_MAX_WAITERS
     fairshare_half_life_secs: float = DEFAULT_FAIRSHARE_HALF_LIFE_SECS
     ha_forward: bool = True
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT
 
     @property
     def builtin_registry(self) -> bool:
         """Whether the scheduler is its own node registry (REGISTRY_URL=builtin)."""
         return self.registry_url == BUILTIN_REGISTRY
+
+    @property
+    def agent_exempt(self) -> bool:
+        """Whether the tiny-aws agent's poll and PATCH go without the key: only with a key set
+        (else nothing needs one), and with AUTH_AGENT_EXEMPT=auto only where that agent may
+        run, with a registry (a cluster of this project's agents, REGISTRY_URL=builtin,
+        always sends the key)."""
+        if self.api_key is None:
+            return False
+        if self.auth_agent_exempt is None:
+            return not self.builtin_registry
+        return self.auth_agent_exempt
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -194,7 +214,7 @@ class Settings:
             registry_url=registry_url,
             registry_cache_secs=env.number("REGISTRY_CACHE_SECS", DEFAULT_REGISTRY_CACHE_SECS, 0),
             api_key=env.optional("TINYAWS_API_KEY"),
-            auth_agent_exempt=env.flag("AUTH_AGENT_EXEMPT", True),
+            auth_agent_exempt=env.flag_or_auto("AUTH_AGENT_EXEMPT"),
             max_jobs_per_node=env.slots("MAX_JOBS_PER_NODE", slots_default),
             placement=env.choice("PLACEMENT", PLACEMENTS, LEAST_LOADED),
             job_stealing=env.flag("JOB_STEALING", True),
@@ -227,6 +247,10 @@ class Settings:
                 "FAIRSHARE_HALF_LIFE_SECS", DEFAULT_FAIRSHARE_HALF_LIFE_SECS, 1
             ),
             ha_forward=env.flag("HA_FORWARD", True),
+            max_connections=env.integer("MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS, 64),
+            max_connections_per_client=env.integer(
+                "MAX_CONNECTIONS_PER_CLIENT", DEFAULT_MAX_CONNECTIONS_PER_CLIENT, 1
+            ),
         )
 
 
@@ -306,6 +330,16 @@ class _Env:
         if raw.lower() not in choices:
             raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
         return raw.lower()
+
+    def flag_or_auto(self, name: str) -> bool | None:
+        """A flag, or `auto` (None, as when unset): decided by the other settings."""
+        raw = self.optional(name)
+        if raw is None or raw.lower() == AUTO_SLOTS:
+            return None
+        try:
+            return self.flag(name, True)
+        except ConfigError:
+            raise ConfigError(f"{name} must be 0, 1 or {AUTO_SLOTS}, got {raw!r}") from None
 
     def flag(self, name: str, default: bool) -> bool:
         raw = self.optional(name)

@@ -20,7 +20,7 @@ from urllib.parse import quote
 from .config import AgentConfig
 from .runner import Runner, remove_folder
 from .spool import Report, Spool
-from .wire import Unreachable, Wire
+from .wire import REPORT_TIMEOUT, Unreachable, Wire
 
 log = logging.getLogger("tiny_scheduler.agent")
 
@@ -95,7 +95,7 @@ class Reporting:
             if job_id in self._in_flight or self._held.get(job_id) is not report:
                 return False
             self._in_flight.add(job_id)
-        kwargs: dict[str, Any] = {"timeout": timeout} if timeout else {}
+        kwargs: dict[str, Any] = {"timeout": timeout or REPORT_TIMEOUT}
         try:
             # A scheduler that fences tells a stale report from a current one itself (409,
             # keeping its output on its own attempt); an older one is asked first.

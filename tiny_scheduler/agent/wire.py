@@ -4,7 +4,8 @@
 daemon): the URL that answered last is tried first, a connection error or timeout moves on to
 the next URL, and so does a standby's `503 no leader` (a takeover under way). A standby's
 307/308 to the leader is followed by hand, so that the bearer key goes along (`requests`
-drops it when a redirect changes host or port). Every call has bounded timeouts. When no URL
+drops it when a redirect changes host or port). Every call has short deadlines (`TIMEOUT`,
+`REPORT_TIMEOUT`), so a frozen daemon is left for the next URL within seconds. When no URL
 gives an answer, the call raises `Unreachable`; any answer (a 4xx or 5xx included) is the
 caller's to judge.
 
@@ -24,9 +25,16 @@ import requests
 
 from ..client import session
 
-TIMEOUT = (3.0, 15.0)
-"""(connect, read) seconds for one request to one URL; a final report carries up to two
-output tails of MAX_OUTPUT_BYTES."""
+TIMEOUT = (1.0, 3.0)
+"""(connect, read) seconds for one request to one URL: a heartbeat, a poll, a claim, live
+output, which a scheduler answers from memory or after one commit. Short, because a frozen
+daemon (SIGSTOPped, or hung past its lease) still accepts connections in the kernel and then
+answers nothing: the next URL (the new leader) must be asked well within the three heartbeat
+periods a node stays healthy (15 s hangs once left a new leader with no healthy node)."""
+
+REPORT_TIMEOUT = (1.0, 10.0)
+"""The same for a final report, which carries up to two output tails of MAX_OUTPUT_BYTES to
+read and store; one not answered in time stays in the spool and is sent again."""
 
 MAX_REDIRECTS = 3
 """Redirects followed in one call: a standby points to the leader, which answers itself."""

@@ -90,7 +90,8 @@ def answered_before_body(app: Flask, environ: dict[str, Any]) -> bool:
     checks as the request's own (its before-request hooks, werkzeug's limit) decide, so the
     answer it then gets is the one this predicts.
     """
-    with app.request_context(environ):
+    # Asked in the worker's loop: a check that would wait (a fresh node list) gives no verdict.
+    with app.request_context(environ), inline.answering():
         try:
             reply, leader_url = leader.standby_reply()
             if reply is not None:
@@ -101,6 +102,8 @@ def answered_before_body(app: Flask, environ: dict[str, Any]) -> bool:
                 return True
         except errors.ServiceError:
             return True
+        except inline.NeedsThread:
+            return False
         limit = app.config["MAX_CONTENT_LENGTH"]
         length = request.content_length
         return (

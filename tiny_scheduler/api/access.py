@@ -93,6 +93,11 @@ def operation() -> tuple[str, str] | None:
     return request.method, route
 
 
+def identified() -> bool:
+    """Whether a credential was found for the current request (or auth is off)."""
+    return g.get(_G_KEY) is not None
+
+
 def assume(who: Principal) -> None:
     """`who` makes the current request, unchecked (auth is off: everyone is the admin)."""
     setattr(g, _G_KEY, who)

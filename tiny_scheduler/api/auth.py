@@ -2,10 +2,17 @@
 
 When `TINYAWS_API_KEY` is set every request needs `Authorization: Bearer <key>`: the scheme
 name in any case (HTTP scheme names are case-insensitive), the key compared in constant time.
-Exempt: the health check, /leader, the metrics, the OpenAPI document, and (while
-`AUTH_AGENT_EXEMPT` is on, because the real agent sends no header) the agent's poll and its
-PATCH. A plain listing of jobs is not exempt: it shows every job's command, environment and
-output.
+Exempt: the health check, /leader, the metrics, the OpenAPI document, and (while the agent
+exemption is on, because the tiny-aws agent sends no header) the agent's poll and its PATCH.
+A plain listing of jobs is not exempt: it shows every job's command, environment and output.
+
+The agent exemption (`AUTH_AGENT_EXEMPT`, `Settings.agent_exempt`) is on only where it is
+needed: `auto`, the default, turns it on with a registry (whose nodes may run the tiny-aws
+agent) and off with `REGISTRY_URL=builtin` (this project's agents always send the key). While
+it is on, it is as narrow as that agent allows: the keyless poll answers only for a node the
+node source lists (`_agent_exempt`), and a keyless PATCH is refused (401) for an attempt that
+was claimed with a credential (the service decides that, under the job's busy marker, from
+`carries_credential`: `fencing.keyless_report_refused`).
 
 Beside the key, a token (`POST /tokens`) is a credential: who presents which, and what each
 may do, is `access.py`'s (the role table): this module finds out whether a request needs a
@@ -23,6 +30,7 @@ from flask import Flask, Response, request
 
 from .. import errors
 from ..domain import roles, validation
+from ..server import inline
 from . import access
 from .replies import scheduler, text_reply
 
@@ -52,7 +60,7 @@ def check() -> Response | None:
     on_ui = path == _UI_PATH or path.startswith(_UI_PATH + "/")
     who = access.identify(settings.api_key, basic_too=on_ui)
     if who is None:
-        if _exempt(settings.auth_agent_exempt):
+        if settings.agent_exempt and _agent_exempt():
             return None
         if on_ui:
             return text_reply(errors.UNAUTHORIZED, 401, _UI_CHALLENGE)
@@ -61,12 +69,26 @@ def check() -> Response | None:
     return None
 
 
-def _exempt(agent_exempt: bool) -> bool:
+def carries_credential() -> bool:
+    """Whether the current request carries an accepted credential (the key or a token); False
+    with auth off, where there is none to carry, and for the exempt keyless calls."""
+    return bool(scheduler().settings.api_key) and access.identified()
+
+
+def _agent_exempt() -> bool:
+    """Whether a keyless request is one of the tiny-aws agent's calls: its PATCH (the service
+    still refuses it for an attempt claimed with a credential), or its poll for a node the
+    node source lists (anyone could ask for any name, and read the jobs' environment)."""
     endpoint = request.endpoint or ""
-    if endpoint in _ALWAYS_OPEN:
-        return True
-    if not agent_exempt:
-        return False
     if endpoint == "jobs.update_job":
         return True
-    return endpoint == "jobs.list_jobs" and validation.agent_poll_node(request.args) is not None
+    if endpoint != "jobs.list_jobs":
+        return False
+    node_id = validation.agent_poll_node(request.args)
+    if node_id is None:
+        return False
+    nodes = scheduler().nodes
+    # A poll is answered in the worker's loop: a node the last list misses needs a fresh one.
+    return inline.from_memory(
+        lambda: nodes.is_listed_in_memory(node_id), lambda: nodes.is_listed(node_id)
+    )

@@ -1,5 +1,6 @@
 """GET /health (and /health/scheduler, the path the API gateway forwards): whether the scheduler
-can take work (its store can be written), its version; with PostgreSQL also its role."""
+can take work (its store can be written), its version; with PostgreSQL also its role; and
+`"agent_exempt":true` while the tiny-aws agent's calls go without the key."""
 
 from __future__ import annotations
 
@@ -20,5 +21,10 @@ def health() -> Response:
     the database cannot be reached)."""
     # The version lets `tiny-scheduler version` (and an operator's curl) tell which build a
     # daemon runs, e.g. halfway through a rolling upgrade.
-    body = {**scheduler().terms.health(), "version": version()}
+    service = scheduler()
+    body = service.terms.health()
+    if service.settings.agent_exempt:
+        # Whoever watches the daemon sees that keyless agent calls are let in.
+        body["agent_exempt"] = True
+    body["version"] = version()
     return json_reply(body, 200 if body["status"] == "healthy" else 503)

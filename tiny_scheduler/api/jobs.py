@@ -12,7 +12,7 @@ from .. import errors
 from ..domain import validation
 from ..domain.jobs import JOB_ID_PREFIX
 from ..server import inline
-from . import access
+from . import access, auth
 from .replies import json_array_reply, json_reply, scheduler
 
 bp = Blueprint("jobs", __name__)
@@ -104,7 +104,9 @@ def update_job(job_id: str) -> Response:
         # either; the WSGI server raises its own exception types for these.
         raise errors.BadRequest(errors.DECODE_UPDATE) from None
     access.check_target(update.node_id)
-    return json_reply(service.jobs.update(job_id, update).to_wire())
+    # Whether it carried a credential: an attempt claimed with one takes no keyless report.
+    credential = auth.carries_credential()
+    return json_reply(service.jobs.update(job_id, update, credential).to_wire())
 
 
 @bp.post("/jobs/<job_id>/cancel")

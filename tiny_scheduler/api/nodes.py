@@ -7,6 +7,7 @@ from flask import Blueprint, Response
 from ..cluster.node_requests import (
     DECODE_HEARTBEAT,
     DECODE_NODE_CHANGE,
+    check_node_id,
     parse_drain,
     parse_heartbeat,
 )
@@ -21,6 +22,7 @@ bp = Blueprint("nodes", __name__)
 @answers_inline  # memory only, unless the node's facts changed (a commit: a thread)
 def heartbeat(node_id: str) -> Response:
     """An agent's heartbeat; the answer carries the node's orders (drain, stop)."""
+    check_node_id(node_id)
     beat = parse_heartbeat(read_body(DECODE_HEARTBEAT))
     service = scheduler()
     orders = from_memory(

@@ -40,6 +40,7 @@ import psycopg
 import psycopg.errors
 
 from ..clock import SYSTEM, Clock
+from ..errors import StoreError
 from ..storage.base import StoreOpenError
 from ..storage.postgres import PostgresStore, application_name, connect, interrupt
 from ..version import version
@@ -178,6 +179,21 @@ class Roster:
 
 Callback = Callable[[int], None]
 """Told the epoch of the term that begins or ends."""
+
+
+def expected_failure(exc: BaseException) -> str | None:
+    """The one line to log for a term that failed because the database failed under it (a
+    terminated backend, a server restarting, the job store refusing): that is the election's
+    business, not a bug; None for anything else (logged with its traceback)."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and len(chain) < 5:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if not any(isinstance(link, (psycopg.Error, StoreError, OSError)) for link in chain):
+        return None
+    words = [str(link).strip().splitlines()[0] for link in chain if str(link).strip()]
+    return ": ".join(dict.fromkeys(words)) or type(exc).__name__
 
 
 def _nothing(epoch: int) -> None:
@@ -509,8 +525,14 @@ class Leadership:
                     self._begin(epoch)
                 else:
                     self.on_deposed(epoch)
-            except Exception:
-                log.exception("leadership: %s term %d failed", kind, epoch)
+            except Exception as exc:
+                expected = expected_failure(exc)
+                if expected is None:
+                    log.exception("leadership: %s term %d failed", kind, epoch)
+                else:
+                    # The database went away under the term (a backend terminated, a
+                    # restart): the next election deals with it, no traceback needed.
+                    log.warning("leadership: %s term %d failed: %s", kind, epoch, expected)
                 self.step_down(epoch, "its term could not start")
 
     def _begin(self, epoch: int) -> None:

@@ -1,7 +1,7 @@
 """The checks of what agents and operators send about nodes: a heartbeat (`PUT /nodes/{id}`)
 and a drain (`PATCH /nodes/{id}`). Each refusal is a 400 whose text starts with the field.
 
-Tests: `tests/test_nodes_api.py`.
+Tests: `tests/test_node_requests.py` (each bound at its edge), `tests/test_nodes_api.py`.
 """
 
 from __future__ import annotations
@@ -11,20 +11,32 @@ from typing import Any
 
 from .. import errors
 from ..domain import jobs
-from ..domain.validation import decode_object
+from ..domain.validation import MAX_NODE_ID, decode_object, is_node_id
 
 DECODE_HEARTBEAT = "failed to decode heartbeat"
 DECODE_NODE_CHANGE = "failed to decode node change"
 NODE_NOT_FOUND = "node not found"
-CPU_COUNT_MESSAGE = "cpu_count must be an integer of at least 1"
+MAX_CPU_COUNT = 1024
+MAX_MEMORY_MB = 16_777_216
+MAX_GPUS = 64
+CPU_COUNT_MESSAGE = f"cpu_count must be an integer between 1 and {MAX_CPU_COUNT}"
+MEMORY_MB_MESSAGE = f"memory_mb must be an integer between 0 and {MAX_MEMORY_MB}"
+GPUS_MESSAGE = f"gpus must be an integer between 0 and {MAX_GPUS}"
+NODE_ID_MESSAGE = f"node id must be 1 to {MAX_NODE_ID} characters of A-Za-z0-9._-"
+ENFORCEMENTS = ("cgroup-v2", "cgroup-v1", "none")
+ENFORCEMENT_MESSAGE = f"enforcement must be one of {', '.join(ENFORCEMENTS)}"
 DRAIN_MESSAGE = "drain must be true or false"
 
 MAX_RUNNING_LISTED = 10_000
 MAX_LABELS = 64
+MAX_LABEL_TEXT = 63
 MAX_TEXT = 256
 RUNNING_MESSAGE = f"running must be a list of at most {MAX_RUNNING_LISTED} job ids"
 VERSION_MESSAGE = f"version must be a string of at most {MAX_TEXT} characters"
-LABELS_MESSAGE = f"labels must be an object of at most {MAX_LABELS} strings"
+LABELS_MESSAGE = (
+    f"labels must be an object of at most {MAX_LABELS} names of 1 to {MAX_LABEL_TEXT} "
+    f"characters, each with a string value of at most {MAX_LABEL_TEXT} characters"
+)
 FENCE_MESSAGE = "fence_secs must be a number of seconds above 0"
 AGENT_ID_MESSAGE = f"agent_id must be a string of at most {MAX_TEXT} characters"
 REFUSING_MESSAGE = f"refusing_work must be a string of at most {4 * MAX_TEXT} characters"
@@ -45,17 +57,23 @@ class Heartbeat:
     agent_id: str = ""
     refusing_work: str = ""
     attempts: tuple[tuple[str, int], ...] = ()
-    # Round four (issue 34), each optional: the node's memory and GPUs, and how its agent
-    # enforces each job's limits.
+    # Round four (resources and fit), each optional: the node's memory (MiB) and GPUs, and
+    # how the agent enforces each job's limits there. Parsed here; what uses them is placement's.
     memory_mb: int | None = None
     gpus: int | None = None
     enforcement: str = ""
 
 
+def check_node_id(node_id: str) -> None:
+    """A node id as a heartbeat names it: 1-253 characters of A-Za-z0-9._- (400 otherwise)."""
+    if not is_node_id(node_id):
+        raise errors.BadRequest(NODE_ID_MESSAGE)
+
+
 def parse_heartbeat(body: bytes) -> Heartbeat:
     data = decode_object(body, DECODE_HEARTBEAT)
     cpu_count = data.get("cpu_count")
-    if not _is_int(cpu_count) or not 1 <= cpu_count <= 100_000:
+    if not _in_range(cpu_count, 1, MAX_CPU_COUNT):
         raise errors.BadRequest(CPU_COUNT_MESSAGE)
     running = data.get("running")
     if not isinstance(running, list) or len(running) > MAX_RUNNING_LISTED:
@@ -72,8 +90,21 @@ def parse_heartbeat(body: bytes) -> Heartbeat:
     if not isinstance(labels, dict) or len(labels) > MAX_LABELS:
         raise errors.BadRequest(LABELS_MESSAGE)
     for key, value in labels.items():
-        if not isinstance(value, str) or len(key) > MAX_TEXT or len(value) > MAX_TEXT:
+        if not 1 <= len(key) <= MAX_LABEL_TEXT:
+            raise errors.BadRequest(LABELS_MESSAGE)
+        if not isinstance(value, str):
             raise errors.BadRequest(f"labels must map names to strings ({key!r:.60} does not)")
+        if len(value) > MAX_LABEL_TEXT:
+            raise errors.BadRequest(LABELS_MESSAGE)
+    memory_mb = data.get("memory_mb")
+    if memory_mb is not None and not _in_range(memory_mb, 0, MAX_MEMORY_MB):
+        raise errors.BadRequest(MEMORY_MB_MESSAGE)
+    gpus = data.get("gpus")
+    if gpus is not None and not _in_range(gpus, 0, MAX_GPUS):
+        raise errors.BadRequest(GPUS_MESSAGE)
+    enforcement = data.get("enforcement") or ""
+    if enforcement and enforcement not in ENFORCEMENTS:
+        raise errors.BadRequest(ENFORCEMENT_MESSAGE)
     fence_secs = data.get("fence_secs")
     if fence_secs is not None and (
         isinstance(fence_secs, bool) or not isinstance(fence_secs, int | float) or fence_secs <= 0
@@ -91,15 +122,6 @@ def parse_heartbeat(body: bytes) -> Heartbeat:
     for job_id, attempt in attempts.items():
         if jobs.parse_job_id(job_id) is None or not _is_int(attempt) or attempt < 0:
             raise errors.BadRequest(ATTEMPTS_MESSAGE)
-    memory_mb = data.get("memory_mb")
-    if memory_mb is not None and (not _is_int(memory_mb) or not 0 <= memory_mb <= 16_777_216):
-        raise errors.BadRequest("memory_mb must be an integer between 0 and 16777216")
-    gpus = data.get("gpus")
-    if gpus is not None and (not _is_int(gpus) or not 0 <= gpus <= 64):
-        raise errors.BadRequest("gpus must be an integer between 0 and 64")
-    enforcement = data.get("enforcement") or ""
-    if enforcement not in ("", "cgroup-v2", "cgroup-v1", "none"):
-        raise errors.BadRequest("enforcement must be cgroup-v2, cgroup-v1 or none")
     return Heartbeat(
         cpu_count,
         frozenset(running),
@@ -125,3 +147,7 @@ def parse_drain(body: bytes) -> bool:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _in_range(value: Any, low: int, high: int) -> bool:
+    return _is_int(value) and low <= value <= high

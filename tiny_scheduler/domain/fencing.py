@@ -2,13 +2,16 @@
 
 Two rules, both pure, with their tests in `tests/test_fencing.py`:
 
-- **Which report a job takes** (`stale_report`). An attempt is named by its node and its
-  number (`retry_count`, counted from 0 on the wire): the attempt number is the fencing token.
+- **Which report a job takes** (`stale_report`, `keyless_report_refused`). An attempt is
+  named by its node and its number (`retry_count`, counted from 0 on the wire): the attempt
+  number is the fencing token.
   A report (a claim, a final report, live output) that names an attempt other than the job's
   current one is stale: it gets 409 and is never taken as the current attempt's result. An
   attempt claimed by a report that named it (this project's agent) takes only reports that
   name it too; one claimed without (the tiny-aws agent, whose reports carry no names) takes
-  reports without names, as before.
+  reports without names, as before. With auth on, an attempt claimed with a credential
+  takes no keyless report either: the agent exemption lets keyless reports through for the
+  tiny-aws agent, and without this anyone who reached the port could end such an attempt.
 - **When a node's work may be given up** (`fence_secs_auto`, `fence_refusal`, `lost_at`). An
   agent stops its own jobs once no heartbeat answer from the leader has come for its fence
   (`--fence-secs`); the scheduler fails a lost node's running jobs (and runs them elsewhere)
@@ -47,6 +50,14 @@ def stale_report(job: Job, node_id: str | None, attempt: int | None, claim: bool
     ):
         return _stale(job)
     return None
+
+
+def keyless_report_refused(job: Job, auth_on: bool, credential: bool, claim: bool) -> bool:
+    """Whether a report must be refused (401) for carrying no credential: with auth on, an
+    attempt claimed with one (this project's agent, which always sends the key) takes no
+    keyless report, the agent exemption's included. A keyless claim of a pending job is the
+    tiny-aws agent's and stays allowed; so is every report of an attempt claimed without one."""
+    return auth_on and not credential and not claim and job.keyed_claim
 
 
 def _stale(job: Job) -> str:

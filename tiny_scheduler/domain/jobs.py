@@ -279,6 +279,9 @@ class Job:
     # The current attempt was claimed by a report that named it (`node_id` and `attempt`, this
     # project's agent): it takes only reports that name it too (`fencing.stale_report`).
     named_claim: bool = _field(HIDDEN, False)
+    # The current attempt was claimed by a request that carried a credential (with auth on):
+    # a keyless report, which the agent exemption lets through, is then refused for it.
+    keyed_claim: bool = _field(HIDDEN, False)
 
     @property
     def job_id(self) -> str:
@@ -376,14 +379,15 @@ def check_update(job: Job, status: str) -> None:
         raise TransitionError(job, status)
 
 
-def start(job: Job, now: int, named: bool = False) -> Job:
+def start(job: Job, now: int, named: bool = False, keyed: bool = False) -> Job:
     """The claim. `named`: the claim named its attempt (node and attempt number), so the
-    attempt takes only reports that name it too. A held job is never handed out; an agent
-    that was handed it before the hold and claims it now is refused."""
+    attempt takes only reports that name it too; `keyed`: it carried a credential, so the
+    attempt takes no keyless report (`fencing.keyless_report_refused`). A held job is never
+    handed out; an agent that was handed it before the hold and claims it now is refused."""
     check_update(job, RUNNING)
     if job.held:
         raise TransitionError(job, RUNNING)
-    return job.evolve(status=RUNNING, running_at=now, named_claim=named)
+    return job.evolve(status=RUNNING, running_at=now, named_claim=named, keyed_claim=keyed)
 
 
 def finish(
@@ -471,6 +475,7 @@ def retry(job: Job, node_id: str) -> Job:
         node_id=node_id,
         moved_from="",
         named_claim=False,
+        keyed_claim=False,
         retry_count=job.retry_count + 1,
         exit_code=None,
         stdout="",

@@ -36,9 +36,15 @@ class QueueSettings:
         return self.paused or self.max_running is not None
 
 
+DOT_SEGMENTS = (".", "..")
+"""Names that fit the characters but not a path: clients normalise `/queues/..` away (RFC
+3986's dot segments), so a queue of that name could never be addressed."""
+
+
 def is_valid_name(name: object) -> bool:
-    """1 to 64 characters of `A-Za-z0-9._-` (safe in a URL path, a metric label and a shell)."""
-    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+    """1 to 64 characters of `A-Za-z0-9._-`, and not `.` or `..` (safe in a URL path, a metric
+    label and a shell)."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None and name not in DOT_SEGMENTS
 
 
 def room(settings: QueueSettings | None, running: int) -> int | None:

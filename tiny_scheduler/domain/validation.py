@@ -32,7 +32,7 @@ DEPENDENCY_MESSAGE = "dependency must be ok or any"
 PRIORITY_MESSAGE = (
     f"priority must be an integer between {jobs.MIN_PRIORITY} and {jobs.MAX_PRIORITY}"
 )
-QUEUE_MESSAGE = f"queue must be 1 to {queues.MAX_NAME} characters of A-Za-z0-9._-"
+QUEUE_MESSAGE = f"queue must be 1 to {queues.MAX_NAME} characters of A-Za-z0-9._-, not . or .."
 
 # Round four: what a job needs (Resources and fit) and the batch comforts.
 MAX_CPUS = 1024

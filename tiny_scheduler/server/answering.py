@@ -59,7 +59,12 @@ class Answering:
         req = conn.req
         assert req is not None
         if conn.spool is not None:
-            conn.spool.seek(0)
+            try:
+                conn.spool.seek(0)  # writes out what its buffer holds
+            except OSError as exc:
+                self._no_room(conn, exc)
+                self._body_done(conn)
+                return
         plain = req.__class__ is fasthttp.Head
         if not plain and (conn.chunks is not None or conn.length):
             gunicorn_private.give_body(

@@ -1,5 +1,6 @@
 """What the daemon says once when it starts: which version listens where (and where its
-dashboard is), on which database,
+dashboard is), how many connections it holds (and the open-files limit it raised for them),
+on which database,
 asking which registry, with auth on or off and which loops running; and a warning when it
 listens beyond loopback with auth off (anyone who reaches the port can run shell commands on
 every node).
@@ -18,6 +19,7 @@ from ..config import Settings
 from ..logs import printable
 from ..redaction import redacted
 from ..version import version
+from .connections import OpenFiles
 from .preflight import ListenAddress
 
 log = logging.getLogger(__name__)
@@ -26,10 +28,11 @@ EVERY_INTERFACE = ("", "0.0.0.0", "::")
 """Hosts that listen on every interface of the machine."""
 
 
-def lines(settings: Settings, address: ListenAddress) -> list[str]:
+def lines(settings: Settings, address: ListenAddress, files: OpenFiles | None = None) -> list[str]:
     """The banner: a title line, then one aligned `name  value` line per fact."""
     facts = [
         ("listening on", _listening(address)),
+        ("connections", _connections(settings, files)),
         ("dashboard", dashboard_url(address)),
         ("database", _database(settings.db_path)),
         ("registry", redacted(settings.registry_url)),
@@ -55,12 +58,12 @@ def exposure_warning(settings: Settings, address: ListenAddress) -> str | None:
     )
 
 
-def log_banner(settings: Settings, address: ListenAddress) -> None:
+def log_banner(settings: Settings, address: ListenAddress, files: OpenFiles | None = None) -> None:
     """Log the banner as one INFO record, then the warning if there is one.
 
     The block is the record's message, not an argument, because the log's filter escapes
     newlines in arguments; each line's values are escaped here instead."""
-    block = "\n".join(printable(line) for line in lines(settings, address))
+    block = "\n".join(printable(line) for line in lines(settings, address, files))
     log.info(block)  # no arguments: logging leaves the message as it is
     warning = exposure_warning(settings, address)
     if warning is not None:
@@ -90,6 +93,17 @@ def dashboard_url(address: ListenAddress) -> str:
     return f"http://{host}:{address.port}/ui/"
 
 
+def _connections(settings: Settings, files: OpenFiles | None) -> str:
+    per_client = min(settings.max_connections_per_client, settings.max_connections)
+    if files is None:
+        return f"at most {settings.max_connections}, {per_client} per client address"
+    held = files.connections
+    text = f"at most {held}, {min(per_client, held)} per client address ({files.describe()}"
+    if held < files.wanted:
+        text += f"; too few for MAX_CONNECTIONS={files.wanted}"
+    return text + ")"
+
+
 def _database(path: str) -> str:
     if "://" not in path:
         return f"{os.path.abspath(path)} (SQLite)"
@@ -99,8 +113,12 @@ def _database(path: str) -> str:
 def _auth(settings: Settings) -> str:
     if settings.api_key is None:
         return "off (TINYAWS_API_KEY is unset: no request needs a key)"
-    if settings.auth_agent_exempt:
-        return "on (bearer key; the agent's poll and PATCH exempt)"
+    if settings.agent_exempt:
+        how = "auto" if settings.auth_agent_exempt is None else "1"
+        return (
+            "on (bearer key; the tiny-aws agent's poll for a listed node and its PATCH exempt: "
+            f"AUTH_AGENT_EXEMPT={how})"
+        )
     return "on (bearer key on every call, the agent's too)"
 
 

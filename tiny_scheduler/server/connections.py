@@ -9,14 +9,19 @@ a client that does not read gets no more of its pipelined requests answered, so 
 stays bounded. Every write goes through the connection's `WriteBuffer` (write_buffer.py),
 which this loop flushes when the socket is writable.
 
-Also here: the request threads (`Pool`) and the size of the connection table
-(`connection_limit`). Nothing here parses HTTP or knows the app.
+Every new connection is accepted and given room (admission.py: near a cap the oldest idle or
+head-less connection is closed; when nothing can be shed, `503 too many connections`), so a
+flood of connections never leaves the loop waiting for the kernel's backlog.
+
+Also here: the request threads (`Pool`) and the open-files limit the connection table needs
+(`open_files`). Nothing here parses HTTP or knows the app.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import errno
 import functools
 import queue
@@ -28,6 +33,8 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
+from ..config import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+from .admission import Admission
 from .write_buffer import WriteBuffer
 
 if TYPE_CHECKING:
@@ -62,9 +69,6 @@ still in flight do not make the kernel reset it and destroy the last answer."""
 LINGER_BYTES = 64 * 1024
 """Bytes a lingering close reads and discards at most."""
 
-MAX_CONNECTIONS = 10_000
-"""Connections the worker holds at most (idle, being read, or being answered)."""
-
 RESERVED_FILES = 256
 """File descriptors kept out of the connection table: the database, logs, the pipes of the
 worker, temporary files of bodies being received."""
@@ -84,6 +88,21 @@ ACCEPT_BATCH = 64
 ACCEPT_PAUSE_SECS = 0.5
 """Seconds accepting stops after the process ran out of file descriptors."""
 
+TOO_MANY_CONNECTIONS = (
+    b"HTTP/1.1 503 Service Unavailable\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: 21\r\n"
+    b"Retry-After: 1\r\n"
+    b"Connection: close\r\n"
+    b"\r\n"
+    b"too many connections\n"
+)
+"""The answer of a connection for which nothing could be shed (admission.py): the API's own
+error shape, written by the loop before a request is read."""
+
+CROWDING_LOG_SECS = 60.0
+"""At most one log line per this many seconds about connections shed or turned away."""
+
 # Every read and write passes MSG_DONTWAIT (writes in write_buffer.py), so the sockets' own
 # mode never matters and is never switched back and forth.
 NOWAIT = socket.MSG_DONTWAIT
@@ -97,26 +116,53 @@ READING, BUSY, WRITING, LINGERING, CLOSED = "reading", "busy", "writing", "linge
 PARKED, STREAMING = "parked", "streaming"
 
 
-def connection_limit() -> int:
+@dataclasses.dataclass(frozen=True, slots=True)
+class OpenFiles:
+    """The open-files limit as the daemon found and left it, and the connections it allows."""
+
+    before: int  # the soft limit at start (-1: unlimited)
+    soft: int  # the soft limit now (-1: unlimited)
+    hard: int  # the hard limit (-1: unlimited)
+    connections: int  # connections the worker holds at most: MAX_CONNECTIONS, if they fit
+    wanted: int  # MAX_CONNECTIONS
+
+    def describe(self) -> str:
+        """For the banner: the open-files limit, and whether the daemon raised it."""
+        if self.soft == -1:
+            return "open files: unlimited"
+        if self.soft != self.before:
+            return f"open files: raised from {self.before} to the hard limit, {self.soft}"
+        if self.soft == self.hard or self.hard == -1:
+            return f"open files: {self.soft}, the hard limit"
+        return f"open files: {self.soft}; raising it to the hard limit {self.hard} failed"
+
+
+def open_files(max_connections: int = DEFAULT_MAX_CONNECTIONS) -> OpenFiles:
     """Raise this process's soft open-files limit to its hard limit (a forked worker inherits
-    it) and return how many connections the worker may then hold.
+    it), and say how many connections the worker may then hold: `max_connections`, or fewer
+    when the limit leaves no room for them beside RESERVED_FILES.
 
     Every connection held is a file descriptor, and the usual default soft limit (1024) is far
     below the idle and slow clients the daemon must hold.
     """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = MAX_CONNECTIONS + RESERVED_FILES
-    if hard != resource.RLIM_INFINITY:
-        wanted = min(wanted, hard)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
+    before, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft = before
+    infinite = resource.RLIM_INFINITY
+    # An unlimited hard limit cannot be the soft one (the kernel caps open files anyway):
+    # then as many as the connections need.
+    target = hard if hard != infinite else max(max_connections + RESERVED_FILES, soft)
+    if soft != infinite and soft < target:
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-            soft = wanted
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
         except (ValueError, OSError):
             pass  # stay within the soft limit we have
-    if soft == resource.RLIM_INFINITY:
-        return MAX_CONNECTIONS
-    return max(64, min(MAX_CONNECTIONS, soft - RESERVED_FILES))
+    if soft == infinite:
+        allowed = max_connections
+    else:
+        allowed = max(64, min(max_connections, soft - RESERVED_FILES))
+    number = lambda value: -1 if value == infinite else int(value)  # noqa: E731
+    return OpenFiles(number(before), number(soft), number(hard), allowed, max_connections)
 
 
 class Pool:
@@ -194,7 +240,9 @@ class Conn:
         "close_after",
         "deadline",
         "drained",
+        "dropping",
         "events",
+        "host",
         "idle",
         "keep",
         "length",
@@ -204,6 +252,7 @@ class Conn:
         "req_count",
         "scanned",
         "server",
+        "shed",
         "sock",
         "spool",
         "state",
@@ -221,7 +270,10 @@ class Conn:
     ) -> None:
         self.sock = sock
         self.client = client
+        # The client's address, whose connections count together (None: a UNIX socket).
+        self.host: str | None = client[0] if client.__class__ is tuple else None
         self.server = server
+        self.shed = True  # sheddable (admission.py): head-less now, idle later
         self.out = WriteBuffer(sock, functools.partial(wake, self), loop_thread)
         self.answering = GunicornConn(self.out, client, server)
         self.state = READING
@@ -240,6 +292,9 @@ class Conn:
         self.body: bytes | bytearray = b""
         self.spool: IO[bytes] | None = None
         self.body_bytes = 0
+        # The body could not be kept (no room in TMPDIR): its answer is out, the rest of it
+        # is read and dropped, then the connection closes (reading.py, `_no_room`).
+        self.dropping = False
         self.drained = 0  # bytes discarded by a lingering close
         self.wake_cb: Callable[[], None] | None = None  # subscribed to a parked wait's signal
         self.armed = False  # a stream's wake-up is subscribed
@@ -250,6 +305,7 @@ class Conn:
         self.chunks = None
         self.body = b""
         self.spool = None
+        self.dropping = False
         self.body_bytes = self.length = self.need = 0
 
 
@@ -276,6 +332,12 @@ class ConnectionLoop:
         self.listener_names: dict[Any, Any] = {}
         self.accepting = False  # whether the listeners are in the selector
         self.accept_paused_until = 0.0
+        # The caps (the per-client one is the app's to say: `_wire_app`).
+        self.admission: Admission[Conn] = Admission(
+            self.worker_connections, DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+        )
+        self.crowding = [0, 0]  # connections shed, turned away since the last log line
+        self.crowding_logged = 0.0
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -392,9 +454,12 @@ class ConnectionLoop:
         self.accepting = enabled
 
     def _update_accepting(self, now: float) -> None:
-        can = self.nr_conns < self.worker_connections and now >= self.accept_paused_until
+        # Always, but for a pause after the process ran out of descriptors: a connection over
+        # a cap is given room or an answer (`_admit`), never left in the kernel's backlog.
+        can = now >= self.accept_paused_until
         if can != self.accepting:
             self._accept_from_listeners(can)
+        self._log_crowding(now)
 
     def accept(self, listener: socket.socket) -> None:
         server = self.listener_names.get(listener)
@@ -402,8 +467,6 @@ class ConnectionLoop:
             server = self.listener_names[listener] = listener.getsockname()
         deadline = time.monotonic() + REQUEST_READ_SECS
         for _ in range(ACCEPT_BATCH):
-            if self.nr_conns >= self.worker_connections:
-                return
             try:
                 sock, client = listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -422,9 +485,58 @@ class ConnectionLoop:
                 raise
             if sock.gettimeout() is not None:
                 sock.settimeout(None)  # a default timeout would make reads wait in the loop
+            host = client[0] if client.__class__ is tuple else None
+            if not self._admit(host):
+                _turn_away(sock)
+                continue
             self.nr_conns += 1
             conn = Conn(sock, client, server, deadline, self._wake, self.loop_thread)
+            self.admission.opened(conn, host)
             self._watch(conn)
+
+    # --- room for a connection (admission.py) -----------------------------------------------
+
+    def _admit(self, host: str | None) -> bool:
+        """Make room for one more connection from `host`, closing the oldest idle or
+        head-less ones near a cap; whether it fits now."""
+        admission = self.admission
+        for conn in admission.to_shed(host):
+            self.log.debug("Closing %s: idle, to make room for a new connection", conn.client)
+            self.crowding[0] += 1
+            self._close(conn)
+        if admission.has_room(host):
+            return True
+        self.crowding[1] += 1
+        return False
+
+    def _sheddable(self, conn: Conn, sheddable: bool) -> None:
+        """The connection waits for a request that has not begun (idle, or head-less), or no
+        longer does."""
+        if sheddable:
+            self.admission.idle(conn, conn.host)
+        elif conn.shed:
+            self.admission.busy(conn)
+        conn.shed = sheddable
+
+    def _log_crowding(self, now: float) -> None:
+        shed, refused = self.crowding
+        if not (shed or refused) or now < self.crowding_logged + CROWDING_LOG_SECS:
+            return
+        self.crowding = [0, 0]
+        self.crowding_logged = now
+        address, held = self.admission.busiest()
+        self.log.warning(
+            "Connections at their limit (%d at most, %d per client address): %d idle or "
+            "silent ones closed to make room, %d new ones refused with 503; %d open, the most "
+            "from %s (%d)",
+            self.admission.total,
+            self.admission.per_client,
+            shed,
+            refused,
+            self.admission.count,
+            address,
+            held,
+        )
 
     # --- what the selector watches ----------------------------------------------------------
 
@@ -514,6 +626,7 @@ class ConnectionLoop:
         if not self.alive:
             conn.deadline = min(conn.deadline, now + STOP_LINGER_SECS)
         self.keepalived_conns.add(conn)
+        self._sheddable(conn, True)
         self._watch(conn)
 
     def _next_pipelined(self, conn: Conn) -> None:
@@ -577,3 +690,16 @@ class ConnectionLoop:
         with contextlib.suppress(OSError):
             conn.sock.close()
         self.nr_conns -= 1
+        self.admission.closed(conn, conn.host)
+
+
+def _turn_away(sock: socket.socket) -> None:
+    """Answer a connection there is no room for with 503 `too many connections` and close it,
+    without waiting for anything: what the client sent already is read first, so that the
+    close does not reset the connection under the answer."""
+    with contextlib.suppress(OSError):
+        sock.recv(RECV_BYTES, NOWAIT)
+    with contextlib.suppress(OSError):
+        sock.send(TOO_MANY_CONNECTIONS, NOWAIT)
+        sock.shutdown(socket.SHUT_WR)
+    sock.close()

@@ -51,9 +51,11 @@ threads = _settings.threads
 # Idle kept-alive connections cost the worker only a socket: keep them past the agents' and
 # the Go CLI's 90 s of reuse, so we never close one just as its next request is sent.
 keepalive = connections.KEEPALIVE_SECS
-# As many connections as the open-files limit allows (its soft limit is raised here up to the
-# hard limit, and the worker inherits it), up to connections.MAX_CONNECTIONS.
-worker_connections = connections.connection_limit()
+# MAX_CONNECTIONS, as far as the open-files limit allows (its soft limit is raised here to the
+# hard limit, the banner says so, and the worker inherits it); near it the worker sheds idle
+# connections (server/admission.py).
+_files = connections.open_files(_settings.max_connections)
+worker_connections = _files.connections
 # A request waits for at most one registry call (a few seconds) and one commit.
 timeout = 60
 graceful_timeout = 15
@@ -99,7 +101,7 @@ def on_starting(server) -> None:
 
 def when_ready(server) -> None:
     """Listening now: say what this daemon is and how it is set up, once."""
-    banner.log_banner(_settings, _address)
+    banner.log_banner(_settings, _address, _files)
 
 
 class _HandOff(logging.handlers.QueueHandler):

@@ -36,6 +36,18 @@ unlinked temporary file as it arrives, so memory does not follow body sizes."""
 SPOOL_RECV_BYTES = 256 * 1024
 """Largest single read of a body going to its temporary file."""
 
+NO_ROOM = (
+    b"HTTP/1.1 503 Service Unavailable\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: 53\r\n"
+    b"Retry-After: 5\r\n"
+    b"Connection: close\r\n"
+    b"\r\n"
+    b"no room to receive the request body (TMPDIR is full)\n"
+)
+"""The answer to a request whose body could not be kept (its temporary file could not be
+written): nothing was done, so it may be sent again (the agent's spool does)."""
+
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
@@ -85,6 +97,8 @@ class RequestReading:
                 # Nothing, or a partial head: dropped, as gunicorn's parser does.
                 self._close(conn)
             return
+        if conn.shed:  # a request begins: no longer idle or head-less (admission.py)
+            self._sheddable(conn, False)
         if conn.idle:
             conn.idle = False
             self.keepalived_conns.discard(conn)
@@ -227,14 +241,16 @@ class RequestReading:
             return
         if done:
             conn.buf = rest
-            self._hand_over(conn)
+            self._body_done(conn)
         elif conn not in self.waiting:
             self._watch(conn)
 
     def _keep(self, conn: Conn, data: bytes | bytearray) -> bool:
-        """Keep received body bytes for the thread; False when they cannot be kept (the
-        connection is then closed)."""
+        """Keep received body bytes for the thread (or drop them, `_no_room`); False when the
+        connection was closed instead."""
         conn.body_bytes += len(data)
+        if conn.dropping:
+            return True
         try:
             if conn.spool is not None:
                 conn.spool.write(data)
@@ -251,9 +267,8 @@ class RequestReading:
                 conn.body = b""
             return True
         except OSError as exc:
-            self.log.warning("Cannot keep a request body of %s: %s", conn.client, exc)
-            self._close(conn)
-            return False
+            self._no_room(conn, exc)
+            return True
 
     def _spooled(self, conn: Conn, n: int) -> None:
         """`n` bytes of a large body were read into recv_buf: to its file."""
@@ -262,8 +277,31 @@ class RequestReading:
         try:
             conn.spool.write(memoryview(self.recv_buf)[:n])  # type: ignore[union-attr]
         except OSError as exc:
-            self.log.warning("Cannot keep a request body of %s: %s", conn.client, exc)
-            self._close(conn)
-            return
+            self._no_room(conn, exc)
         if conn.need == 0:
+            self._body_done(conn)
+
+    def _body_done(self, conn: Conn) -> None:
+        """The whole body has arrived: to be answered; or, when it could not be kept, the
+        connection closes after the answer it already has."""
+        if not conn.dropping:
             self._hand_over(conn)
+            return
+        conn.reset()
+        conn.buf = b""
+        self._finish(conn, False)
+
+    def _no_room(self, conn: Conn, exc: OSError) -> None:
+        """The body cannot be kept (TMPDIR is full, or failing): answer 503 at once, read the
+        rest of the body and drop it (a client that sends its whole body before it reads the
+        answer would otherwise meet a reset and never see it), then close."""
+        self.log.warning("Cannot keep a request body of %s: %s; answered 503", conn.client, exc)
+        if conn.spool is not None:
+            with contextlib.suppress(OSError):
+                conn.spool.close()
+            conn.spool = None
+        conn.body = b""
+        conn.dropping = True
+        conn.close_after = True
+        with contextlib.suppress(OSError):  # the write buffer takes it without waiting
+            conn.out.sendall(NO_ROOM)

@@ -6,7 +6,7 @@ gunicorn_conf.py). It is one class made of four parts, one concern each:
 
 - connections.py: the loop and the life of a connection (accepting, deadlines, keep-alive,
   sending what the write buffer holds, lingering close), the request threads, the size of
-  the connection table;
+  the connection table, with admission.py deciding what to close when it is full;
 - reading.py: reading a request in the loop until it has arrived whole, head and body;
 - answering.py: answering a whole request, inline in the loop or on a thread, plain ones
   (fasthttp.py) without gunicorn's request and response objects: the fast path;
@@ -25,6 +25,7 @@ from typing import Any
 
 from gunicorn.workers import gthread
 
+from .admission import Admission
 from .answering import Answering
 from .connections import ConnectionLoop, Pool
 from .parking import Parking, ParkingApp
@@ -64,5 +65,8 @@ class BufferingWorker(ConnectionLoop, RequestReading, Answering, Parking, gthrea
         """Once the app is loaded (at the start of `run`): what it offers the loop, and the
         app wrapped so that its waiting bodies reach the loop (parking.py)."""
         self.answered_before_body = getattr(self.wsgi, "answered_before_body", None)
+        per_client = getattr(self.wsgi, "connections_per_client", None)
+        if per_client is not None:
+            self.admission = Admission(self.worker_connections, per_client)
         self.inline = self.fast and bool(getattr(self.wsgi, "inline_requests", False))
         self.wsgi = ParkingApp(self.wsgi, self.serving)

@@ -245,14 +245,24 @@ class Lifecycle:
             **fields,
         )
 
-    def update(self, job_id: str, update: JobUpdate) -> Job:
+    def update(self, job_id: str, update: JobUpdate, credential: bool = False) -> Job:
         """Apply an agent's report: the claim (running), or the end of an attempt. The late
         end of an attempt the scheduler ended leaves the job as it is, keeps the attempt's
         output and frees its slot; a report about another attempt than the current one is
-        refused (Conflict), its output kept on its own attempt."""
+        refused (Conflict), its output kept on its own attempt. `credential`: the report
+        carried one (with auth on); a keyless report for an attempt claimed with one is
+        refused (Unauthorized), whatever it says."""
         core = self._core
+        auth_on = core.settings.api_key is not None
         with core.table.changing(job_seq(job_id)) as job:
             claim = update.status == jobs.RUNNING
+            if fencing.keyless_report_refused(job, auth_on, credential, claim):
+                log.warning(
+                    "job %s: a %s report without a key refused (its attempt was claimed with one)",
+                    job.job_id,
+                    update.status,
+                )
+                raise errors.Unauthorized(errors.UNAUTHORIZED)
             stale = fencing.stale_report(job, update.node_id, update.attempt, claim)
             if stale is not None:
                 if not claim:
@@ -267,7 +277,7 @@ class Lifecycle:
                 try:
                     if claim:
                         named = update.node_id is not None or update.attempt is not None
-                        new = jobs.start(job, now, named)
+                        new = jobs.start(job, now, named, keyed=auth_on and credential)
                     else:
                         new = self._end_attempt(job, update, now)
                 except jobs.TransitionError as exc:

@@ -299,6 +299,24 @@ class NodeOps:
             raise errors.NotFound(NODE_NOT_FOUND)
         return self._view(node_id, cached)
 
+    def is_listed_in_memory(self, node_id: str) -> bool | None:
+        """Whether the node source's last list names the node; None when it does not (or
+        there is none yet): then ask `is_listed`, which may fetch a fresh one."""
+        cached = self._core.placement.source.cached_nodes()
+        return True if cached is not None and node_id in cached.status else None
+
+    def is_listed(self, node_id: str) -> bool:
+        """Whether the node source names the node (healthy or not), asking it afresh when
+        the last list does not: a node just added to the registry is listed at once. May
+        wait on the registry, within its deadline; a registry that cannot answer lists
+        nothing new."""
+        if self.is_listed_in_memory(node_id):
+            return True
+        try:
+            return node_id in self._core.placement.source.nodes().status
+        except errors.PlacementError:
+            return False
+
     def _known(self, cached: Nodes | None = None) -> set[str]:
         if cached is None:
             cached = self._core.placement.source.cached_nodes()

@@ -97,6 +97,7 @@ def from_row(row: Sequence[Any]) -> Job:
         job.reason = _REASONS[job.reason]
     job.holds_slot = bool(job.holds_slot)
     job.named_claim = bool(job.named_claim)
+    job.keyed_claim = bool(job.keyed_claim)
     job.moved_from = intern(job.moved_from)
     job.dependency = _DEPENDENCIES[job.dependency]
     job.queue = intern(job.queue)

@@ -11,25 +11,29 @@ each other). A COMMIT whose flush of the log failed may be on disk all the same
 
 Each transaction first makes sure that the files it writes are still the ones at their paths,
 so nothing is acknowledged into a file that is gone: the database (not deleted or replaced
-under the daemon), its lock file, and its write-ahead log `<db>-wal`. The log matters as much
-as the database: a commit is durable once it is in the log, and stays there until a
-checkpoint copies it into the database; a log deleted under the daemon takes every commit
-since the last checkpoint with it when the process ends (the connection still writes into the
-unlinked file, which looks like success). Once any of the three is lost, the store refuses
-every write and read (503, unhealthy) until a restart, and first folds the log it still has
-open into the database file it still has open (`_let_go`): for a deleted log that saves every
-commit acknowledged before the deletion.
+under the daemon), its lock file, its write-ahead log `<db>-wal` and the log's index
+`<db>-shm`. The log matters as much as the database: a commit is durable once it is in the
+log, and stays there until a checkpoint copies it into the database; a log deleted under the
+daemon takes every commit since the last checkpoint with it when the process ends (the
+connection still writes into the unlinked file, which looks like success). Once any of them
+is lost, the store refuses every write and read (503, unhealthy) until a restart, and first
+saves what the files it still has open hold (`_let_go`), from the one connection that has
+them, before any other opens: it folds the log into the database file it has open (for a
+deleted log or index, that file is the one at the path, which then holds every commit
+acknowledged), and a database file deleted from its path is written back there, as long as
+the path stays empty (`_write_back`); a file put in its place is never overwritten: the
+daemon's copy is then saved beside it, and `/health` and the log name where.
 
-What is left: a log deleted while nothing is written, and the process killed before the idle
-probe (`writer.py`, every 2 s) notices, loses the commits since the last checkpoint. Closing
-that window with a checkpoint after every commit (the database file then holds everything
-acknowledged) was measured at about three times the cost of a commit (2000 single-job writes
-in process, medians of six runs on a disk shared with other work: 0.2-8 ms plain, 2-22 ms
-with `wal_checkpoint(PASSIVE)` after each), on the hottest path, against an operator's
-mistake: not taken. Holding a hard link to the log would close it at no cost per commit, but
-a start-up must then tell a log deleted under the daemon from one SQLite removed at a clean
-close, and never put one back beside a replaced database: not done yet. Checking the log's
-identity is one `stat`, lost in the noise of the same measurement.
+The loss is noticed at once, not at the next write: the store watches its files
+(`file_watch.FileWatch`: inotify on their directories, else a `stat` every 0.25 s) and has
+the writer commit a probe when one of them changes (`watch_files`), which finds the loss and
+saves. What is left is the moment between the deletion and the save (a few milliseconds): a
+SIGKILL inside it still loses the commits since the last checkpoint. Closing it with a
+checkpoint after every commit was measured at about three times the cost of a commit (2000
+single-job writes in process, medians of six runs on a disk shared with other work: 0.2-8 ms
+plain, 2-22 ms with `wal_checkpoint(PASSIVE)` after each), on the hottest path, against an
+operator's mistake: not taken. Checking the files' identity is three `stat`s, lost in the
+noise of the same measurement.
 """
 
 from __future__ import annotations
@@ -41,12 +45,14 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..domain.jobs import Output, job_id_of
 from . import rows, schema, sql
 from .base import Batch, Loaded, OutboxEvent, OutcomeUnknown, StoreOpenError, judge_version
+from .file_watch import FileWatch
 from .lockfile import LockFile
 from .readers import ReaderPool
 
@@ -100,7 +106,12 @@ class SqliteStore(sql.SqlStore):
             # the file, which opened (or created) the log.
             self._wal = os.path.realpath(self._path) + "-wal"
             self._wal_identity = _identity(os.stat(self._wal))
+            self._shm = os.path.realpath(self._path) + "-shm"
+            self._shm_identity = _identity(os.stat(self._shm))
             self._let_go_done = False
+            self._saved = ""  # what `_let_go` did with what the lost files held
+            self._first_loss: str | None = None  # the loss as `_let_go` found it
+            self._watch: FileWatch | None = None
             self._readers = _Readers(path, self._lost)
         except BaseException:
             self._lock.release()
@@ -183,6 +194,7 @@ class SqliteStore(sql.SqlStore):
                     log.exception("rollback failed")
             if isinstance(exc, FileLost):
                 self._let_go()
+                raise FileLost(self._lost() or str(exc)) from None  # with what was saved
             raise
 
     def _guard(self, cursor: sqlite3.Connection) -> None:
@@ -215,7 +227,18 @@ class SqliteStore(sql.SqlStore):
         # and says nothing about the disk.
         return isinstance(error, (sqlite3.Error, FileLost, OSError, OutcomeUnknown))
 
+    def watch_files(self, changed: Callable[[], None]) -> None:
+        """From now on call `changed()` (on a thread of its own) as soon as one of the store's
+        files may have left its path: the writer then commits a probe, whose check finds the
+        loss and saves what can be saved (`_let_go`) before anything else happens."""
+        paths = {self._path, os.path.realpath(self._path), self._wal, self._shm, self._lock.path}
+        if self._watch is not None:
+            self._watch.close()
+        self._watch = FileWatch(sorted(paths), changed)
+
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()  # first: SQLite removes the log at its close
         try:
             self._readers.close()
             self._conn.close()
@@ -224,37 +247,96 @@ class SqliteStore(sql.SqlStore):
             self._lock.release()
 
     def _lost(self) -> str | None:
-        """Why the file at the path (or its log) is no longer ours to write, or None."""
+        """Why the file at the path (or its log, or the log's index) is no longer ours to
+        write, or None; with what was saved of it once that is done."""
+        # The loss as it was first found: the file written back is another file at the path.
+        why = self._first_loss or self._why_lost()
+        return None if why is None else why + self._saved
+
+    def _why_lost(self) -> str | None:
         how = _gone(self._path, self._identity)
         if how:
             return (
                 f"the database file {self.location} was {how} while in use; restart the scheduler"
             )
-        how = _gone(self._wal, self._wal_identity)
-        if how:
-            return (
-                f"database {self.location}: the write-ahead log {self._wal} was {how} while in "
-                "use; restart the scheduler"
-            )
+        for what, path, identity in (
+            ("write-ahead log", self._wal, self._wal_identity),
+            ("write-ahead log's index", self._shm, self._shm_identity),
+        ):
+            how = _gone(path, identity)
+            if how:
+                return (
+                    f"database {self.location}: the {what} {path} was {how} while in use; "
+                    "restart the scheduler"
+                )
         lost = self._lock.lost()
         if lost:
             return f"database {self.location}: {lost} while in use; restart the scheduler"
         return None
 
     def _let_go(self) -> None:
-        """Once a file is lost: fold the write-ahead log this connection has open (even when
-        its name is gone) into the database file it has open (wherever that went), and empty
-        the log. A deleted log's commits are thereby kept in the database. A moved database's
-        log is found by the path's name, and SQLite leaves it behind at close; the next
-        program to open the path would otherwise apply this file's changes to whatever file
-        is there now."""
+        """Once a file is lost, save what this connection still holds, before anything else
+        opens the path: fold the write-ahead log it has open (even when its name is gone) into
+        the database file it has open (wherever that went), and empty the log; then, when
+        that database file is no longer at the path, write it back there if the path is empty
+        (`_write_back`). A deleted log's commits are thereby kept in the database. A moved
+        database's log is found by the path's name, and SQLite leaves it behind at close; the
+        next program to open the path would otherwise apply this file's changes to whatever
+        file is there now."""
         if self._let_go_done:
             return
         self._let_go_done = True
+        self._first_loss = self._why_lost()
         try:
-            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            busy, frames, copied = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         except sqlite3.Error as exc:
             log.error("job database %s: cannot empty its write-ahead log: %s", self.location, exc)
+            self._saved = "; its write-ahead log could not be saved into it"
+            return
+        if busy or frames != copied:
+            log.error(
+                "job database %s: only %d of %d frames of its write-ahead log were saved",
+                self.location,
+                copied,
+                frames,
+            )
+        if _gone(self._path, self._identity):
+            self._saved = self._write_back()
+        else:
+            self._saved = f"; everything acknowledged is saved in {self.location}"
+        log.error("%s%s", self._first_loss, self._saved)
+
+    def _write_back(self) -> str:
+        """Copy the database file this connection has open (deleted or moved away from its
+        path) to the path, but only while the path is empty: never over a file put there
+        (a restored backup); then the copy stays beside it. What the refusal says of it."""
+        folder = os.path.dirname(self._path)
+        copy = f"{self._path}.saving-{os.getpid()}"
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(copy)
+            target = sqlite3.connect(copy)
+            try:
+                self._conn.backup(target)  # reads the file this connection has open
+            finally:
+                target.close()
+            _fsync(copy)
+            try:
+                os.link(copy, self._path)  # fails if anything is at the path by now
+            except FileExistsError:
+                kept = f"{self._path}.saved-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+                os.link(copy, kept)
+                os.unlink(copy)
+                _fsync(folder)
+                return (
+                    f"; another file is at {self.location} now: what this scheduler held is "
+                    f"saved in {kept}"
+                )
+            os.unlink(copy)
+            _fsync(folder)
+        except (OSError, sqlite3.Error) as exc:
+            return f"; what this scheduler held could not be written back: {exc}"
+        return f"; everything acknowledged was written back to {self.location}"
 
     def _unreadable(self, error: Exception) -> StoreOpenError:
         """The first job that cannot be read, named with the reason (a second, slow pass that
@@ -433,3 +515,12 @@ def _gone(path: str, identity: tuple[int, int]) -> str | None:
 
 def _identity(stat: os.stat_result) -> tuple[int, int]:
     return stat.st_dev, stat.st_ino
+
+
+def _fsync(path: str) -> None:
+    """Flush a file, or a directory's entries, to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -154,9 +154,14 @@ class Writer:
             raise StoreError() from exc
 
     def start(self) -> None:
-        """Start probing the store while nothing is written."""
+        """Start probing the store while nothing is written, and at once whenever the backend
+        sees its files change (SQLite: one deleted under the daemon must be found, and what it
+        held saved, before the process can end)."""
         self._prober = threading.Thread(target=self._probe_loop, name="store-prober", daemon=True)
         self._prober.start()
+        watch = getattr(self._backend, "watch_files", None)
+        if watch is not None:
+            watch(self.probe)
 
     def save(self, *changed: Job, events: Sequence[OutboxEvent] = ()) -> None:
         """Insert or replace these jobs, and add `events` to the outbox, in one transaction;

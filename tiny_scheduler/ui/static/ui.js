@@ -18,6 +18,11 @@
   // While events drive the page, it is still reloaded this rarely: a node's health and
   // heartbeat change without a job event.
   var EVENTS_FALLBACK_FACTOR = 12;
+  // After the event stream failed, it is asked for again after this long, twice as long
+  // each time it fails again (up to the last), each wait up to half as much again: pages
+  // refused together (a full scheduler) must not come back together.
+  var STREAM_RETRY_FIRST_MS = 30000;
+  var STREAM_RETRY_MAX_MS = 300000;
   var body = document.body;
   var every = (Number(body.dataset.refreshSecs) || 5) * 1000;
   var state = document.getElementById("refresh-state");
@@ -31,9 +36,21 @@
   var source = null;
   var ticks = 0;
   var skewMs = 0; // server clock minus browser clock, so relative times match the server's
+  var heldUntil = 0; // a 503 said when to come back (Retry-After): no reload before then
+  var missed = false; // a reload was wanted while held: do it once the hold is over
+  var streamRetryMs = STREAM_RETRY_FIRST_MS;
 
   // What the browser tests read: how the page is kept current, and how often it was.
-  var status = (window.tinyScheduler = { mode: mode, refreshes: 0, events: 0, ignored: 0 });
+  var status = (window.tinyScheduler = {
+    mode: mode,
+    refreshes: 0,
+    events: 0,
+    ignored: 0,
+    heldUntil: 0,
+    streamRetries: 0,
+    ticks: 0,
+  });
+  var left = false; // the page was left: no feed is opened again
 
   function readPaused() {
     try {
@@ -156,10 +173,21 @@
       again = true;
       return;
     }
+    if (Date.now() < heldUntil) {
+      missed = true; // the scheduler asked for a pause: after it, one reload for all of these
+      return;
+    }
     busy = true;
     again = false;
+    missed = false;
     fetch(here(window.location.pathname + window.location.search), { cache: "no-store", credentials: "same-origin", signal: reads.signal })
       .then(function (response) {
+        var wait = Number(response.headers.get("Retry-After"));
+        if (response.status === 503 && wait > 0) {
+          // Nothing was done (too many connections, no leader): come back when it says.
+          heldUntil = status.heldUntil = Date.now() + wait * 1000 * (1 + Math.random() / 2);
+          throw new Error("busy");
+        }
         if (!response.ok) {
           throw new Error("HTTP " + response.status);
         }
@@ -177,8 +205,12 @@
         status.refreshes += 1;
         showMode();
       })
-      .catch(function () {
-        show("refresh failed, retrying", true);
+      .catch(function (error) {
+        if (error && error.message === "busy") {
+          show("the scheduler is busy; next look in " + Math.ceil((heldUntil - Date.now()) / 1000) + " s", true);
+        } else {
+          show("refresh failed, retrying", true);
+        }
       })
       .then(function () {
         busy = false;
@@ -190,10 +222,11 @@
 
   function tick() {
     ticks += 1;
+    status.ticks = ticks;
     if (mode === "hidden") {
       return;
     }
-    if (mode !== "events" || ticks % EVENTS_FALLBACK_FACTOR === 0) {
+    if (mode !== "events" || (missed && Date.now() >= heldUntil) || ticks % EVENTS_FALLBACK_FACTOR === 0) {
       refresh(); // connecting counts as the timer until the stream opens
     }
   }
@@ -207,11 +240,17 @@
 
   function fallBack() {
     if (source) {
-      source.close(); // no reconnecting: the timer keeps the page current from now on
+      source.close(); // not the browser's own reconnecting at once: the timer, then later again
       source = null;
     }
     setMode("timer");
     refresh(); // whatever happened while the stream was down
+    var wait = streamRetryMs * (1 + Math.random() / 2);
+    streamRetryMs = Math.min(streamRetryMs * 2, STREAM_RETRY_MAX_MS);
+    window.setTimeout(function () {
+      status.streamRetries += 1;
+      listen();
+    }, wait);
   }
 
   function jobOf(event) {
@@ -224,11 +263,12 @@
 
   function listen() {
     var url = body.dataset.eventsUrl;
-    if (!url || !window.EventSource || source) {
-      return;
+    if (!url || !window.EventSource || left || document.hidden || source) {
+      return; // (a hidden tab opens its stream again when it is shown)
     }
     source = new EventSource(url);
     source.addEventListener("open", function () {
+      streamRetryMs = STREAM_RETRY_FIRST_MS;
       setMode("events");
     });
     source.addEventListener("job", function (event) {
@@ -366,7 +406,10 @@
     });
   }
 
-  window.addEventListener("pagehide", letGo);
+  window.addEventListener("pagehide", function () {
+    left = true;
+    letGo();
+  });
   document.addEventListener("visibilitychange", function () {
     if (document.hidden) {
       letGo();
