@@ -64,6 +64,7 @@ class Harness:
         registry_url = BUILTIN_REGISTRY if builtin else "http://registry.invalid"
         self.settings = Settings(registry_url=registry_url, **settings)
         writer = Writer(self.store)
+        self.writer = writer
         loaded = writer.load()
         table = JobTable(
             loaded.jobs,
@@ -99,6 +100,11 @@ class Harness:
         )
 
     # --- the world -----------------------------------------------------------------------
+
+    def settle(self) -> None:
+        """Commit what rides with the next commit (`Writer.save_soon`: audit records), as the
+        daemon's prober does within `writer.RIDE_SECS`; the harness runs no prober."""
+        self.writer.probe()
 
     def advance(self, secs: float) -> None:
         self.clock.advance(secs)

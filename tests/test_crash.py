@@ -42,7 +42,7 @@ from typing import Any
 import pytest
 import requests
 from conftest import start_scheduler, stop_scheduler
-from helpers import DEFAULT_NODES, Api, compact, wait_for
+from helpers import DEFAULT_NODES, Api, compact, wait_for, without_waiting_for
 
 from tiny_scheduler.agent.protocol import RUNNING_UPDATE, parse_poll_reply
 from tiny_scheduler.dev.daemon import SchedulerProcess
@@ -404,7 +404,7 @@ def check_against_server(api: Api, ledger: Ledger) -> dict[str, dict[str, Any]]:
     reply = api.get("/jobs", params={"limit": 10000})
     assert reply.status_code == 200, reply.text
     assert "Link" not in reply.headers, "test built more jobs than one page holds"
-    served = {job["job_id"]: job for job in reply.json()}
+    served = {job["job_id"]: without_waiting_for(job) for job in reply.json()}
     for job_id, created in ledger.created.items():
         assert job_id in served, f"acknowledged {job_id} is gone"
         now = served[job_id]

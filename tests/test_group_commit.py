@@ -4,6 +4,8 @@ durable, groups form under concurrency, reads take turns too, and closing never 
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -227,3 +229,31 @@ def test_a_change_whose_commit_may_have_happened_is_never_answered_nothing_was_c
         assert [found.seq for found in reopened.load().jobs] == [1]  # it was stored after all
     finally:
         reopened.close()
+
+
+def test_a_change_saved_soon_rides_with_the_next_commit_or_the_prober_s(tmp_path: Path) -> None:
+    """`save_soon` (an audit record) costs no commit of its own: it goes with the next one,
+    is never counted as a caller, and without one the prober commits it within RIDE_SECS;
+    closing commits what still rides."""
+    path = str(tmp_path / "scheduler.db")
+    db = storage.Writer(sqlite.SqliteStore(path))
+    groups: list[int] = []
+    db.commit_observers.append(lambda seconds, callers: groups.append(callers))
+    db.save_soon(Batch(upserts=(job(1),)))
+    db.save(job(2))  # carries the rider along
+    assert groups == [1]
+    db.start()
+    db.save_soon(Batch(upserts=(job(3),)))
+
+    def committed() -> list[int]:
+        # A plain second connection (the daemon's lock is the store's): committed rows only.
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            return [int(row[0]) for row in conn.execute("SELECT seq FROM jobs ORDER BY seq")]
+
+    try:
+        assert committed()[:2] == [1, 2]
+        wait_for(lambda: committed() == [1, 2, 3], timeout=10, message="the prober to commit it")
+        db.save_soon(Batch(upserts=(job(4),)))
+    finally:
+        db.close()
+    assert committed() == [1, 2, 3, 4]

@@ -14,6 +14,7 @@ import logging
 
 from ..domain.audit import AuditQuery, AuditRecord
 from ..domain.roles import Principal
+from ..storage import Batch
 from .core import Core
 
 log = logging.getLogger("tiny_scheduler.service")
@@ -28,7 +29,9 @@ class AuditOps:
     def record(
         self, who: Principal, address: str, action: str, target: str, status: int
     ) -> AuditRecord:
-        """Store one record, durable when this returns (StoreError when it is not)."""
+        """Keep one record: shown at once, committed with the next commit (at most
+        `writer.RIDE_SECS` later), not waited for: the change it records is durable already,
+        and a second commit per request would cost every change a second fsync."""
         core = self._core
         record = AuditRecord(
             id=core.audit.new_id(),
@@ -40,7 +43,7 @@ class AuditOps:
             target=target,
             status=status,
         )
-        core.store.save_audit(record)
+        core.store.save_soon(Batch(audit=(record,)))
         core.audit.add(record)
         return record
 

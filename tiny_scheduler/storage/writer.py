@@ -28,6 +28,10 @@ read-only or a database file that was deleted while the daemon was idle is found
 few seconds, and reading the verdict (`health`) costs no I/O. A write that has hung for
 `STORE_STALL_SECS` (a disk that stopped answering) also counts as unhealthy.
 
+A change that need not be durable before its caller goes on (an audit record: `save_soon`)
+*rides* with the next commit instead of costing one of its own; the prober commits it within
+`RIDE_SECS` when nothing else is written. A crash in between loses it, and nothing else.
+
 Reads other than the start-up load (the outbox) take their turn like commits, so the backend
 is only ever used by one thread at a time; except the reads of output, which pass straight
 through to the backend in the reader's own thread (the contract has the backend take them
@@ -62,6 +66,10 @@ GATHER_SECS = 0.001
 
 _GATHER_STEP_SECS = 0.0002
 
+RIDE_SECS = 0.2
+"""A change saved with `save_soon` is committed within this long, with the next commit or by
+the prober."""
+
 CommitObserver = Callable[[float, int], None]
 """Called after each group commit with (seconds it took, number of callers it carried)."""
 
@@ -76,7 +84,8 @@ class _Ticket:
     ) -> None:
         self.batch = batch
         self.read = read
-        self.probe = probe  # the prober's own: the commit metrics leave it out
+        # The prober's own, or a rider nobody waits for: the commit metrics leave it out.
+        self.probe = probe
         self.result: Any = None
         self.done = threading.Event()  # answered, or given the turn
         self.turn = False
@@ -104,6 +113,9 @@ class Writer:
         """Commits that waited for more changes to join them (see `_gather`)."""
         self._last_attempt = 0.0  # monotonic time the last commit ended (0: probe at once)
         self._busy_since: float | None = None  # when the commit under way began
+        self._riders: list[_Ticket] = []  # `save_soon`'s: committed with the next group
+        self._riding_since: float | None = None  # when the oldest rider came
+        self._wake = threading.Event()  # the prober: stop, or a rider came
 
     @property
     def location(self) -> str:
@@ -209,6 +221,20 @@ class Writer:
         """Add audit records; returns once committed."""
         self._submit(Batch(audit=records))
 
+    def save_soon(self, batch: Batch) -> None:
+        """Commit `batch` with the next group, or within `RIDE_SECS` (the prober's), without
+        waiting for it: for a change that need not be durable before the caller goes on (an
+        audit record). A failure is logged (the store's health says it too)."""
+        with self._idle:
+            if self._closing:
+                raise StoreError("scheduler is shutting down; nothing was changed")
+            self._riders.append(_Ticket(batch, probe=True))
+            first = self._riding_since is None
+            if first:
+                self._riding_since = time.monotonic()
+        if first:
+            self._wake.set()
+
     def delete_audit(self, ids: Iterable[int]) -> None:
         """Remove audit records past the retention; their ids are never used again."""
         self._submit(Batch(audit_deletes=tuple(ids)))
@@ -239,8 +265,11 @@ class Writer:
         return True
 
     def close(self) -> None:
-        """Commit what is queued, stop probing and close the backend."""
+        """Commit what is queued (riders too), stop probing and close the backend."""
+        if self._riders:
+            self.probe()  # takes the riders along (a failure is logged, and counted there)
         self._stopping.set()
+        self._wake.set()
         with self._idle:
             self._closing = True
             self._idle.wait_for(lambda: not self._committing, timeout=10)
@@ -277,8 +306,9 @@ class Writer:
         turn on. Only the turn's holder uses the backend, so it is one thread's at a time."""
         self._gather()
         with self._idle:
-            tickets = list(self._queue)
+            tickets = list(self._queue) + self._riders
             self._queue.clear()
+            self._riders, self._riding_since = [], None
         try:
             reads = [ticket for ticket in tickets if ticket.read is not None]
             writes = [ticket for ticket in tickets if ticket.read is None]
@@ -317,13 +347,20 @@ class Writer:
 
     def _probe_loop(self) -> None:
         """While nothing is written, commit a tiny probe every `STORE_PROBE_INTERVAL_SECS`, so
-        that `health` is never older than that."""
+        that `health` is never older than that; and riders no commit took within
+        `RIDE_SECS`."""
         while True:
-            due = self._last_attempt + STORE_PROBE_INTERVAL_SECS - time.monotonic()
+            now = time.monotonic()
+            due = self._last_attempt + STORE_PROBE_INTERVAL_SECS - now
+            riding = self._riding_since
+            if riding is not None:
+                due = min(due, riding + RIDE_SECS - now)
             if due > 0:
-                if self._stopping.wait(due):
+                self._wake.wait(due)
+                self._wake.clear()
+                if self._stopping.is_set():
                     return
-                continue  # a commit may have come meanwhile: look again
+                continue  # a commit (or a rider) may have come meanwhile: look again
             try:
                 self._queued(_Ticket(Batch(probe=True), probe=True))
             except StoreError:
@@ -344,6 +381,9 @@ class Writer:
         try:
             self._write(tickets)
             self._judge_health(tickets)
+            for ticket in tickets:
+                if ticket.error is not None and ticket.probe and not ticket.batch.probe:
+                    log.error("job store: a change saved soon was lost: %s", ticket.error)
             for ticket in tickets:
                 if ticket.error is None:
                     batch = ticket.batch
