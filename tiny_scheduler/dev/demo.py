@@ -4,11 +4,12 @@ Starts a dev cluster (3 agents and the scheduler under gunicorn, its own node re
 `REGISTRY_URL=builtin`; short intervals), submits a handful of jobs that show what the
 scheduler does — a success, environment variables, a failure retried on another node, a
 failure that stays failed, a long-running service, a drained node that gets no new job, a
-running job cancelled and stopped by its agent, a run timeout, a delayed job — follows them
-live, creates an every-minute schedule and shows when it fires next (a real fire would take
-up to a minute of waiting: `tiny-scheduler schedule list` in a dev cluster shows it), prints a
-summary table, and stops everything. Exits 0 only when every job ended as it should, so it
-doubles as a smoke test.
+running job cancelled and stopped by its agent, a run timeout, a delayed job, an agent killed
+and restarted under its running job, a job no node could ever run refused at once, one pinned
+to a node, an array and a held job — follows them live, creates an every-minute schedule and
+shows when it fires next (a real fire would take up to a minute of waiting: `tiny-scheduler
+schedule list` in a dev cluster shows it), prints a summary table, and stops everything.
+Exits 0 only when every job ended as it should, so it doubles as a smoke test.
 
 It is a client of the public API only (plus a look at /proc, to show that a stopped job's
 process is gone): it shows behaviour, it does not define any.
@@ -92,6 +93,7 @@ class Demo:
         self.phase_two()
         self.phase_three()
         self.phase_four()
+        self.phase_five()
         self.summary()
         return all(shown.ok for shown in self.shown)
 
@@ -253,6 +255,53 @@ class Demo:
         self.cluster.start_agent(node)
         self.say(f"  started {node}'s agent again: it takes the job back")
         self.follow(lambda: settled(survivor.job))
+
+    def phase_five(self) -> None:
+        self.say("\n5) what a job needs, a sweep, and a hold")
+        try:
+            self.client.submit({"command": "make -j2", "cpus": 2})
+            refusal = "accepted (it should not have been)"
+        except ClientError as exc:
+            refusal = exc.message
+        self.say(f"  a job asking for 2 CPUs on nodes of 1: {refusal}")
+        pinned = self.submit(
+            Shown(
+                "pinned to node-2",
+                "done, on node-2 (its node_ids)",
+                lambda j: j["status"] == "done" and j["node_id"] == "node-2",
+            ),
+            command='echo "ran on $TINY_NODE_ID"',
+            node_ids=["node-2"],
+        )
+        pinned.note_ok = refusal.startswith("no node can run this job")
+        pinned.note = "on node-2; a 2-CPU job " + ("refused" if pinned.note_ok else "ACCEPTED")
+        first = self.client.submit({"command": 'echo "copy $TINY_ARRAY_INDEX"', "array": 3})
+        copies = self.client.json("GET", "/jobs", params={"array_id": first["job_id"]})
+        for copy in copies:
+            index = copy["array_index"]
+            shown = Shown(
+                f"array copy {index}",
+                f"done, printing copy {index}",
+                lambda j, index=index: _done_with(j, f"copy {index}"),
+                job=copy,
+            )
+            self.shown.append(shown)
+            self._last_seen[shown.job_id] = job_state(copy)
+        self.say(
+            f"  submitted an array of 3 as {first['job_id']}: one request, one transaction,"
+            f" copies {', '.join(copy['job_id'] for copy in copies)}"
+        )
+        held = self.submit(
+            Shown("held, then released", "done after its release", lambda j: _done_with(j, "go")),
+            command="echo go",
+        )
+        held.job = self.client.json("POST", f"/jobs/{held.job_id}/hold")
+        self._last_seen[held.job_id] = job_state(held.job)
+        self.say(f"  held {held.job_id}: it waits for `{held.job.get('waiting_for', '')}`")
+        self.follow(lambda: all(settled(s.job) for s in self.shown if s is not held))
+        held.job = self.client.json("POST", f"/jobs/{held.job_id}/release")
+        self.say(f"  released {held.job_id}")
+        self.follow(lambda: all(settled(s.job) for s in self.shown))
 
     def follow(self, until: Callable[[], bool]) -> None:
         """Print every change of the demo's jobs until `until()` holds (or the phase times out)."""
