@@ -15,6 +15,7 @@ import click
 from ..client import Client
 from ..display import format_table
 from .job_commands import client_from
+from .limits import limit_options
 from .output import echo_json
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
@@ -76,19 +77,12 @@ def _put(ctx: click.Context, name: str, as_json: bool, **change: Any) -> None:
 
 @queue.command(name="set")
 @click.argument("name")
-@click.option(
-    "--max-running", type=click.IntRange(min=1), help="Run at most this many of its jobs at once."
-)
-@click.option("--no-limit", is_flag=True, help="Remove the limit.")
+@limit_options
 @_json_option
 @click.pass_context
-def set_queue(
-    ctx: click.Context, name: str, max_running: int | None, no_limit: bool, as_json: bool
-) -> None:
+def set_queue(ctx: click.Context, name: str, max_running: int | None, as_json: bool) -> None:
     """Set queue NAME's limit of running `run` jobs, across the cluster."""
-    if (max_running is None) == (not no_limit):
-        raise click.UsageError("give --max-running N or --no-limit")
-    _put(ctx, name, as_json, max_running=None if no_limit else max_running)
+    _put(ctx, name, as_json, max_running=max_running)
 
 
 @queue.command()

@@ -14,6 +14,7 @@ import click
 
 from ..display import format_table
 from .job_commands import client_from
+from .limits import limit_options
 from .output import echo_json
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
@@ -58,22 +59,13 @@ def user() -> None:
 
 @user.command(name="limit")
 @click.argument("name")
-@click.option(
-    "--max-running", type=click.IntRange(min=1), help="Run at most this many of its jobs at once."
-)
-@click.option("--no-limit", is_flag=True, help="Remove the limit.")
+@limit_options
 @_json_option
 @click.pass_context
-def limit(
-    ctx: click.Context, name: str, max_running: int | None, no_limit: bool, as_json: bool
-) -> None:
+def limit(ctx: click.Context, name: str, max_running: int | None, as_json: bool) -> None:
     """Set user NAME's limit of running `run` jobs, across the cluster."""
-    if (max_running is None) == (not no_limit):
-        raise click.UsageError("give --max-running N or --no-limit")
     changed = client_from(ctx).json(
-        "PUT",
-        f"/users/{quote(name, safe='')}",
-        json={"max_running": None if no_limit else max_running},
+        "PUT", f"/users/{quote(name, safe='')}", json={"max_running": max_running}
     )
     if as_json:
         echo_json(changed)
