@@ -6,15 +6,18 @@ The rule itself is tests/test_fair_share.py's, on the harness."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from conftest import SchedulerFactory
 from helpers import Api, expect_json, wait_for
 from test_agent_process import AgentProcess, start_agent
 
+from tiny_scheduler.cli import main
 from tiny_scheduler.domain.jobs import parse_time
 
 KEY = "fair-share-admin-key"
@@ -113,3 +116,20 @@ def test_a_user_s_limit_holds_across_the_cluster(cluster: Api) -> None:
     assert max(sum(1 for s, e in spans if s <= start < e) for start, _ in spans) <= 2
     listed = {user["user"]: user for user in expect_json(admin.get("/users"), 200)}
     assert listed["alice"]["max_running"] == 2 and listed["alice"]["usage_cpu_secs"] > 0
+
+
+def test_the_cli_sets_and_lists_users_limits(cluster: Api) -> None:
+    """`tiny-scheduler user limit` and `users`, against the same daemon."""
+    admin = cluster
+    env = {"SCHEDULER_URL": admin.base_url, "TINYAWS_API_KEY": KEY}
+    runner = CliRunner()
+    set_it = runner.invoke(main, ["user", "limit", "carol", "--max-running", "3"], env=env)
+    assert set_it.exit_code == 0, set_it.output
+    assert set_it.stdout.startswith("carol: limit 3")
+    both = runner.invoke(main, ["user", "limit", "carol"], env=env)
+    assert both.exit_code == 2 and "give --max-running N or --no-limit" in both.output
+    table = runner.invoke(main, ["users"], env=env).stdout.splitlines()
+    assert table[0].split() == ["USER", "RUNNING", "PENDING", "USAGE", "(CPU", "s)", "LIMIT"]
+    assert any(line.split()[0] == "carol" and line.split()[-1] == "3" for line in table[1:])
+    cleared = runner.invoke(main, ["user", "limit", "carol", "--no-limit", "--json"], env=env)
+    assert json.loads(cleared.stdout)["max_running"] is None
