@@ -29,6 +29,10 @@ STREAM_BACKLOG_BYTES = OUTPUT_BUFFER_BYTES
 too slowly for the stream and is dropped (it reconnects and resumes, or gets a reset)."""
 
 
+TO_THREAD = "to a thread"
+"""What answering's `_serve` returns when an inline request needs a thread after all."""
+
+
 class Park(Exception):
     """The app asked to run the request again later (raised out of gunicorn's handling)."""
 
@@ -82,7 +86,8 @@ class ParkingApp:
 class Parking:
     """Parked requests and streams in the loop (a mixin of BufferingWorker, worker.py).
 
-    Calls `_serve_and_return` (answering.py) to run a parked request again, and the loop's
+    Calls `_serve_and_return`, or `_serve` and `_served` when it runs inline (answering.py),
+    to run a parked request again, and the loop's
     `_finish` and `_close` (connections.py); the loop calls `_sweep_waits`, `_waits` and
     `_let_go_of_wait`."""
 
@@ -91,8 +96,9 @@ class Parking:
         # whose bodies the loop writes.
         self.parked: dict[Conn, tuple[Any, AskAgain]] = {}
         self.streams: dict[Conn, tuple[Any, Stream]] = {}
-        # Per request thread: the deadline of the parked wait the request runs again after
-        # (`_serve_and_return` sets it, ParkingApp reads it into WAITED_KEY).
+        # Per thread that answers (a request thread, or the loop's for an inline one): the
+        # deadline of the parked wait the request runs again after (`_serve_and_return` and
+        # `_unpark` set it, ParkingApp reads it into WAITED_KEY).
         self.serving = threading.local()
 
     def _waits(self) -> list[Conn]:
@@ -133,6 +139,9 @@ class Parking:
         self._end_stream(conn, close=False)
 
     def _park(self, conn: Conn, req: Any, ask: AskAgain) -> None:
+        # An inline request (a waiting heartbeat) is still watched for its next request:
+        # nothing is read from a parked connection, and its read deadline no longer holds.
+        self._unwatch(conn)
         conn.state = PARKED
         self.parked[conn] = (req, ask)
         conn.wake_cb = functools.partial(self.method_queue.defer, self._unpark, conn)
@@ -143,13 +152,25 @@ class Parking:
             self._unpark(conn)  # it fired between the app's look and the subscription
 
     def _unpark(self, conn: Conn) -> None:
-        """Run a parked request again on a thread (its signal fired, or its time is up)."""
+        """Run a parked request again (its signal fired, or its time is up): in the loop when
+        the app answers it inline (a waiting heartbeat: thousands of them renewed every few
+        seconds must not each cost a hand-off to a thread), else on a thread."""
         entry = self.parked.get(conn)
         if entry is None:
             return
         req, ask = entry
         self._let_go_of_wait(conn)
         conn.state = BUSY
+        if self._runs_inline(conn, req):
+            self.serving.waited = ask.deadline
+            try:
+                with inline.answering():
+                    outcome = self._serve(conn, req)
+            finally:
+                self.serving.waited = None
+            if outcome is not TO_THREAD:
+                self._served(conn, outcome, req)
+                return
         try:
             self.tpool.submit(self._serve_and_return, conn, req, ask.deadline)
         except RuntimeError:  # the pool is shut down: the worker is exiting
