@@ -27,6 +27,7 @@ from . import (
     agents,
     fit,
     ha,
+    idle_agents,
     owners,
     placement,
     priorities,
@@ -55,6 +56,7 @@ SCENARIOS = (
     "priorities",
     "agents1000",
     "owners",
+    "idle_agents",
 )
 
 
@@ -190,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             "priorities": priorities.priorities,
             "agents1000": agents.agents,
             "owners": owners.owners,
+            # Issue 37: 5,000 agents waiting for work in their heartbeats, beside 50.
+            "idle_agents": idle_agents.idle_agents,
         }
         for name in SCENARIOS:
             if name in args.only:
