@@ -152,3 +152,20 @@ def test_bad_want_is_refused_by_name(api: Api, want: object) -> None:
         400,
         "want must be an integer between 0 and 1024",
     )
+
+
+def test_a_wait_that_nothing_ends_answers_its_orders_and_no_jobs(api: Api) -> None:
+    expect_json(beat(api, "n1"), 200)
+    first = expect_json(beat(api, "n1", wait_secs=0.3, want=2), 200)
+    again = expect_json(beat(api, "n1", wait_secs=0.3, want=2), 200)
+    assert first == again == {
+        "node_id": "n1",
+        "heartbeat_secs": WAIT,
+        "drain": False,
+        "stop": [],
+        "node_lost_secs": 60,
+        "job_timeout_secs": 3600,
+        "jobs": [],
+    }
+    # The connection serves the next request as usual (the answer was framed whole).
+    assert expect_json(api.get("/nodes/n1"), 200)["node_id"] == "n1"

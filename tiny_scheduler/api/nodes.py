@@ -21,7 +21,7 @@ from ..cluster.node_requests import (
     parse_heartbeat,
 )
 from ..server.inline import answers_inline, from_memory
-from ..server.waiting import PARK_KEY, WAITED_KEY, AskAgain, wait_in_thread
+from ..server.waiting import PARK_KEY, WAITED_KEY, AskAgain, Prepared, wait_in_thread
 from .jobs import read_body
 from .replies import json_reply, scheduler
 
@@ -60,7 +60,12 @@ def heartbeat(node_id: str) -> Response:
     if now < deadline and not nodes.has_news(orders, handed, woken=waited is not None):
         release = nodes.waits.parked(node_id, want or 0)
         if request.environ.get(PARK_KEY):
-            body = AskAgain(signal, seen, deadline, release)
+            # What it answers at the deadline if nothing happens for the node meanwhile:
+            # the same orders, no jobs (sent then without running this again).
+            nodes.waits.told(node_id, orders.drain)
+            quiet = json_reply(orders.to_wire([]))
+            prepared = Prepared(quiet.status, list(quiet.headers.items()), quiet.get_data())
+            body = AskAgain(signal, seen, deadline, release, prepared)
             return Response(body, status=200, direct_passthrough=True)
         try:  # a server that cannot park: the wait holds this thread
             wait_in_thread(signal, deadline - now)

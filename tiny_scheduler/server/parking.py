@@ -24,7 +24,8 @@ from typing import Any
 
 from . import gunicorn_private, inline
 from .connections import BUSY, PARKED, STREAMING, WRITING, Conn
-from .waiting import END, PARK_KEY, WAITED_KEY, AskAgain, Stream
+from .fasthttp import Head, Reply
+from .waiting import END, PARK_KEY, WAITED_KEY, AskAgain, Prepared, Stream
 from .write_buffer import OUTPUT_BUFFER_BYTES
 
 WAKE_BATCH = 32
@@ -194,6 +195,9 @@ class Parking:
         req, ask = entry
         self._let_go_of_wait(conn)
         conn.state = BUSY
+        if ask.at_deadline is not None and ask.signal.count == ask.seen and req.__class__ is Head:
+            self._served(conn, self._send_prepared(conn, req, ask.at_deadline), req)
+            return
         if self._runs_inline(conn, req):
             self.serving.waited = ask.deadline
             try:
@@ -209,6 +213,18 @@ class Parking:
         except RuntimeError:  # the pool is shut down: the worker is exiting
             conn.state = WRITING
             self._close(conn)
+
+    def _send_prepared(self, conn: Conn, head: Head, answer: Prepared) -> bool:
+        """Write an answer the view made in advance (nothing happened during its wait);
+        whether the connection may serve another request."""
+        reply = Reply(head, conn.out.sendall)
+        try:
+            reply.start_response(answer.status, answer.headers)
+            reply.write(answer.body)
+            reply.close()
+        except OSError:
+            return False
+        return not reply.should_close()
 
     def _start_stream(self, conn: Conn, resp: Any, stream: Stream) -> None:
         conn.state = STREAMING
