@@ -158,14 +158,18 @@ def test_a_wait_that_nothing_ends_answers_its_orders_and_no_jobs(api: Api) -> No
     expect_json(beat(api, "n1"), 200)
     first = expect_json(beat(api, "n1", wait_secs=0.3, want=2), 200)
     again = expect_json(beat(api, "n1", wait_secs=0.3, want=2), 200)
-    assert first == again == {
-        "node_id": "n1",
-        "heartbeat_secs": WAIT,
-        "drain": False,
-        "stop": [],
-        "node_lost_secs": 60,
-        "job_timeout_secs": 3600,
-        "jobs": [],
-    }
+    assert (
+        first
+        == again
+        == {
+            "node_id": "n1",
+            "heartbeat_secs": WAIT,
+            "drain": False,
+            "stop": [],
+            "node_lost_secs": 60,
+            "job_timeout_secs": 3600,
+            "jobs": [],
+        }
+    )
     # The connection serves the next request as usual (the answer was framed whole).
     assert expect_json(api.get("/nodes/n1"), 200)["node_id"] == "n1"
