@@ -323,14 +323,21 @@ class NodeOps:
 
     def listing(self) -> list[NodeView]:
         """Every known node, sorted by id."""
-        cached = self._core.placement.source.cached_nodes()
+        cached = self._shown_nodes()
         return [self._view(node_id, cached) for node_id in sorted(self._known(cached))]
 
     def get(self, node_id: str) -> NodeView:
-        cached = self._core.placement.source.cached_nodes()
+        cached = self._shown_nodes()
         if node_id not in self._known(cached):
             raise errors.NotFound(NODE_NOT_FOUND)
         return self._view(node_id, cached)
+
+    def _shown_nodes(self) -> Nodes | None:
+        """The node list the listing shows: a registry's last answer (never a peer call
+        here); the heartbeats' own list as it is now, which memory makes at once (its cached
+        copy, the poll's, may lag a node that just registered: `BuiltinNodes`)."""
+        source = self._core.placement.source
+        return source.nodes() if self._builtin else source.cached_nodes()
 
     def is_listed_in_memory(self, node_id: str) -> bool | None:
         """Whether the node source's last list names the node; None when it does not (or
