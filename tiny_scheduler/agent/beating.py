@@ -90,7 +90,12 @@ class Heartbeating:
             # them) without waiting, so that it never waits a whole period to exit.
             asked = waits and self._period_known and not self._draining.is_set()
             result, taken = self._beat(wait=asked)
-            if result.status // 100 != 2:
+            if waits and result.answered and not result.supported:
+                # No heartbeat endpoint at all (a scheduler from before round three).
+                waits = False
+                self._fall_back_to_polling()
+                self._done.wait(self._heartbeat_secs)
+            elif result.status // 100 != 2:
                 self._done.wait(self._heartbeat_secs)  # unanswered or refused: no hurry
             elif not waits or self._draining.is_set():
                 self._done.wait(self._heartbeat_secs)
