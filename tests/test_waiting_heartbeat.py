@@ -173,3 +173,34 @@ def test_a_wait_that_nothing_ends_answers_its_orders_and_no_jobs(api: Api) -> No
     )
     # The connection serves the next request as usual (the answer was framed whole).
     assert expect_json(api.get("/nodes/n1"), 200)["node_id"] == "n1"
+
+
+STANDBY_WAIT = 8
+"""The period through a standby: below its forward's 10 s to the leader's first byte
+(`forward.HEAD_SECS`), so a wait that runs out is relayed too."""
+
+
+def test_a_waiting_heartbeat_through_a_standby_is_woken_by_the_leaders_job(
+    ha: Any, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    env = {"REGISTRY_URL": "builtin", "NODE_HEARTBEAT_SECS": str(STANDBY_WAIT)}
+    first, second = ha.start(env=env), ha.start(env=env)
+    leader = ha.wait_leader()
+    standby = Api((second if leader is first else first).url)
+    try:
+        wait_for(lambda: beat(standby, "n1").status_code == 200, message="a forwarded heartbeat")
+        seen = expect_json(standby.get("/nodes/n1"), 200)["last_heartbeat_at"]
+        answer = pool.submit(
+            lambda: expect_json(beat(standby, "n1", wait_secs=STANDBY_WAIT, want=1), 200)
+        )
+        wait_for(lambda: expect_json(standby.get("/nodes/n1"), 200)["last_heartbeat_at"] != seen)
+        direct = Api(leader.url)
+        job = direct.submit(command="echo via the standby")
+        direct.close()
+        orders = answer.result(STANDBY_WAIT - 1)  # woken, not run out
+        assert [handed["job_id"] for handed in orders["jobs"]] == [job["job_id"]]
+        # A wait that nothing ends comes back through the standby as well.
+        quiet = expect_json(beat(standby, "n1", wait_secs=1, want=0), 200)
+        assert quiet["jobs"] == []
+    finally:
+        standby.close()
