@@ -32,7 +32,7 @@ from ..client import (
 )
 from ..display import describe, waiting_text
 from ..domain.jobs import DONE, FAILED, JOB_ID_PREFIX, RUN, RUNNING, SERVICE, STATUSES
-from ..domain.validation import MAX_ARRAY, MAX_JOB_RETRIES_ASKED, MAX_PAGE
+from ..domain.limits import MAX_ARRAY, MAX_JOB_RETRIES_ASKED, MAX_PAGE
 from .delays import delay_fields, delay_options
 from .follow import follow_output, live_output
 from .output import CliError, echo_json, jobs_table, print_attempts, print_status, print_streams
@@ -45,15 +45,16 @@ WATCH_SECS = 2.0
 """Seconds between two redraws of `list --watch` when no period is given."""
 
 
-def client_from(ctx: click.Context) -> Client:
-    """The client of the scheduler the command line was pointed at (--url / SCHEDULER_URL)."""
+def client_from(ctx: click.Context, plain: bool = False) -> Client:
+    """The client of the scheduler the command line was pointed at (--url / SCHEDULER_URL);
+    `plain` for a command that makes a call or two and is done (see `Client`)."""
     given = ctx.find_root().obj or DEFAULT_URL
     try:
         # Several daemons, comma-separated: a leader and its standbys (PostgreSQL).
         url = ",".join(base_url(part) for part in given.split(",") if part.strip())
     except ValueError as exc:
         raise CliError(f"SCHEDULER_URL / --url: {exc}") from None
-    return Client(url, os.environ.get("TINYAWS_API_KEY") or None)
+    return Client(url, os.environ.get("TINYAWS_API_KEY") or None, plain)
 
 
 def as_job_id(text: str) -> str:
@@ -245,7 +246,8 @@ def submit(
     body.update({name: value for name, value in optional.items() if value is not None})
     body.update(delay_fields(at, delay))
     body.update(resources)
-    client = client_from(ctx)
+    # A plain submit is often one of many in a shell loop: its start-up is most of its time.
+    client = client_from(ctx, plain=not wait)
     job = client.submit(body, idempotency_key)
     if wait:
         _wait_and_exit(client, job["job_id"], as_json, interval, not no_logs, show_env)

@@ -19,12 +19,11 @@ import orjson
 
 from .. import errors, jsonstream
 from . import jobs, queues, users
+from .limits import DEFAULT_PAGE, MAX_ARRAY, MAX_JOB_RETRIES_ASKED, MAX_PAGE
 
 MAX_TIMEOUT_SECS = 10 * 365 * 24 * 3600
 MAX_DELAY_SECS = MAX_TIMEOUT_SECS
 """The longest `delay_secs` a job may ask for (ten years, like the longest timeout)."""
-DEFAULT_PAGE = 1000
-MAX_PAGE = 10000
 _INT64 = 2**63
 MAX_DEPENDENCIES = 100
 DEPENDS_ON_MESSAGE = "depends_on must be a list of job ids such as job-7"
@@ -41,8 +40,6 @@ MAX_GPUS = 64
 MAX_SELECTOR_LABELS = 20
 MAX_NODE_IDS = 100
 MAX_JOB_NAME = 200
-MAX_JOB_RETRIES_ASKED = 10
-MAX_ARRAY = 10_000
 CPUS_MESSAGE = f"cpus must be an integer between 1 and {MAX_CPUS}"
 MEMORY_MESSAGE = f"memory_mb must be an integer between 0 and {MAX_MEMORY_MB}"
 GPUS_MESSAGE = f"gpus must be an integer between 0 and {MAX_GPUS}"
