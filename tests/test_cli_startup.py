@@ -87,3 +87,32 @@ def _run_secs(args: tuple[str, ...]) -> float:
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "tiny_scheduler.cli", *args], capture_output=True)
     return time.perf_counter() - started
+
+
+def test_the_quick_exit_keeps_the_output_and_the_exit_status() -> None:
+    """`run` ends the process without tearing the interpreter down: what was printed still
+    arrives whole (through a pipe, flushed), and the status is the command's."""
+    env = {"SCHEDULER_URL": "http://127.0.0.1:9", "PATH": "/usr/bin:/bin"}
+    shown = subprocess.run(
+        [sys.executable, "-m", "tiny_scheduler.cli", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert shown.returncode == 0
+    assert "submit" in shown.stdout and shown.stdout.endswith("\n")
+    failed = subprocess.run(
+        [sys.executable, "-m", "tiny_scheduler.cli", "status", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert failed.returncode == 1
+    assert failed.stderr.startswith("error: cannot reach the scheduler at http://127.0.0.1:9")
+    misused = subprocess.run(
+        [sys.executable, "-m", "tiny_scheduler.cli", "submit", "--port", "x"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert misused.returncode == 2 and "Invalid value for '--port'" in misused.stderr

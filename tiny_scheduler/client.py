@@ -311,6 +311,15 @@ class Client:
                 raise exc.about(f"instance {body['instance_id']} not found") from None
             raise
 
+    def submit_batch(
+        self, bodies: list[dict[str, Any]], idempotency_key: str
+    ) -> list[dict[str, Any]]:
+        """POST /jobs/batch: the first job of each body, all made in one transaction or none.
+        The key is the batch's, as `submit`'s is the job's: a repeat makes nothing new."""
+        return self.json(
+            "POST", "/jobs/batch", json=bodies, headers={"Idempotency-Key": idempotency_key}
+        )
+
     def job(self, job_id: str) -> dict[str, Any]:
         return self._job_call("GET", job_id, "")
 

@@ -18,7 +18,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 import click
 
@@ -175,6 +175,14 @@ class _CommandAfterDashes(click.Command):
 @_no_logs_option
 @_show_env_option
 @click.option("-q", "--quiet", is_flag=True, help="Print only the job id.")
+@click.option(
+    "--from-file",
+    type=click.File("r"),
+    metavar="FILE",
+    help="Submit a job per line of FILE (- for stdin): a shell command, or a JSON object of"
+    " job fields; blank and # lines skipped; the other options are each line's defaults."
+    " Prints one id per line.",
+)
 @_interval_option
 @_json_option
 @click.pass_context
@@ -202,6 +210,7 @@ def submit(
     no_logs: bool,
     show_env: bool,
     quiet: bool,
+    from_file: IO[str] | None,
     interval: float,
     as_json: bool,
 ) -> None:
@@ -209,10 +218,15 @@ def submit(
 
     One argument is taken as a shell command as is (`submit 'echo $HOME'`); several are quoted
     and joined. Put `--` before a command that has options of its own:
-    `submit --wait -- python3 -c 'print(1)'`.
+    `submit --wait -- python3 -c 'print(1)'`. With --from-file, one job per line, sent in
+    batches (`POST /jobs/batch`).
     """
-    if not command and not deploy_url:
-        raise click.UsageError("give a COMMAND or --deploy-url")
+    if from_file is not None and (command or wait):
+        raise click.UsageError(
+            "--from-file takes its commands from the file: no COMMAND, no --wait"
+        )
+    if not command and not deploy_url and from_file is None:
+        raise click.UsageError("give a COMMAND, --deploy-url or --from-file")
     if after_any and not after:
         raise click.UsageError("--after-any goes with --after")
     if port is not None and not service:
@@ -230,6 +244,8 @@ def submit(
         "job_type": SERVICE if service else RUN,
         "env_vars": _parse_env(env),
     }
+    if from_file is not None:
+        del body["command"]
     optional = {
         "instance_id": instance_id,
         "port": port,
@@ -248,6 +264,11 @@ def submit(
     body.update(resources)
     # A plain submit is often one of many in a shell loop: its start-up is most of its time.
     client = client_from(ctx, plain=not wait)
+    if from_file is not None:
+        from .batch_submit import submit_from
+
+        submit_from(client, from_file, body, idempotency_key, as_json)
+        return
     job = client.submit(body, idempotency_key)
     if wait:
         _wait_and_exit(client, job["job_id"], as_json, interval, not no_logs, show_env)

@@ -20,3 +20,7 @@ MAX_JOB_RETRIES_ASKED = 10
 
 MAX_ARRAY = 10_000
 """The most copies one submission may make (`array`)."""
+
+MAX_BATCH = 10_000
+"""The most jobs one batch submission (`POST /jobs/batch`) may make, its arrays' copies
+counted: as many as one array."""
