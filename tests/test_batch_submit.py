@@ -8,6 +8,10 @@ bounds a batch.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +21,7 @@ from helpers import Api, expect_error, expect_json
 from tiny_scheduler.cli import batch_submit, main
 from tiny_scheduler.dev.daemon import SchedulerProcess
 
+ROOT = Path(__file__).resolve().parent.parent
 KEY = "batch-submit-key"
 SCHEDULER_ENV = {"TINYAWS_API_KEY": KEY, "REGISTRY_CACHE_SECS": "0", "MAX_REQUEST_BYTES": "200000"}
 
@@ -129,3 +134,27 @@ def test_a_batch_over_max_request_bytes_is_413_and_makes_nothing(
     big = [{"command": "echo " + "x" * 1000}] * 250  # ~250 kB, over the module's 200000
     expect_error(admin.post("/jobs/batch", big), 413, "request body too large")
     assert admin.listed(node_id=node) == []
+
+
+DOCUMENTED_PIPE = (
+    'printf \'echo one\\n# a comment\\n{"command": "echo two", "priority": 70}\\n\''
+    " | tiny-scheduler submit --from-file - --queue nightly"
+)
+"""The pipe docs/cli.md shows (tests/test_docs_commands.py names this test as its runner)."""
+
+
+def test_the_documented_pipe(scheduler: SchedulerProcess, admin: Api, node: str) -> None:
+    assert f"$ {DOCUMENTED_PIPE}\n" in (ROOT / "docs" / "cli.md").read_text()
+    env = {**os.environ, "SCHEDULER_URL": scheduler.url, "TINYAWS_API_KEY": KEY}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    done = subprocess.run(
+        ["bash", "-c", DOCUMENTED_PIPE], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    ids = done.stdout.split()
+    made = [admin.job(job_id) for job_id in ids]
+    assert [(job["command"], job["queue"]) for job in made] == [
+        ("echo one", "nightly"),
+        ("echo two", "nightly"),
+    ]
+    assert made[1]["priority"] == 70
