@@ -28,6 +28,7 @@ split of ours (daemon / agent / owners) is in the JSON and the table.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -50,6 +51,7 @@ MAX_SECS = 90.0
 """A run's cap: with the default poll period a run of 500 jobs would take many minutes."""
 
 POLL_SECS = 0.05
+STOP_SECS = 10.0
 JOB_COST_RUNS = 200
 REDIS_URL = "redis://127.0.0.1:6379/15"
 RQ_QUEUE = "e2e"
@@ -116,8 +118,7 @@ def _ours(workdir: Path, name: str, options: tuple[str, ...], job_cost: float) -
         seconds = (last_end if ended >= JOBS else time.monotonic()) - began
         after = {key: _tree_cpu(pid) for key, pid in pids.items()}
     finally:
-        os.killpg(agent.pid, signal.SIGTERM)
-        agent.wait(30)
+        _stop(agent)
         server.stop()
     used = {key: after[key][0] - before[key][0] for key in pids}
     children = after["agent"][1] - before["agent"][1]  # the owners and, under them, the jobs
@@ -224,11 +225,10 @@ def _rq(job_cost: float) -> dict[str, Any]:
         driver.wait(30)
     finally:
         for worker in workers:
-            os.killpg(worker.pid, signal.SIGTERM)
-        for worker in workers:
-            worker.wait(30)
+            _stop(worker)
         if driver.poll() is None:
             driver.kill()
+            driver.wait()
     ended = result["finished"] + result["failed"]
     total = sum(after[key][0] - before[key][0] + after[key][1] - before[key][1] for key in pids)
     redis = after.get("redis", (0, 0))[0] - before.get("redis", (0, 0))[0]
@@ -256,6 +256,19 @@ def _redis_pid() -> int | None:
 
 
 # --- shared -----------------------------------------------------------------------------------
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM its process group, and SIGKILL it if it has not ended within STOP_SECS (an RQ
+    worker's warm shutdown may wait for its Redis call)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(STOP_SECS)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _tree_cpu(pid: int) -> tuple[float, float]:
