@@ -25,6 +25,8 @@ from typing import Any
 
 from . import (
     agents,
+    cli_figures,
+    e2e,
     fit,
     ha,
     idle_agents,
@@ -56,6 +58,8 @@ SCENARIOS = (
     "priorities",
     "agents1000",
     "owners",
+    "e2e",
+    "cli",
     "idle_agents",
 )
 
@@ -192,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
             "priorities": priorities.priorities,
             "agents1000": agents.agents,
             "owners": owners.owners,
+            # Issue 40: 500 x true on two slots, ours beside RQ; the CLI's own figures.
+            "e2e": e2e.e2e,
+            "cli": cli_figures.cli,
             # Issue 37: 5,000 agents waiting for work in their heartbeats, beside 50.
             "idle_agents": idle_agents.idle_agents,
         }

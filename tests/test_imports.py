@@ -158,7 +158,7 @@ def test_nothing_outside_the_cli_imports_it() -> None:
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
     ("dev",),
-    ("agent", "client", "display", "job_events"),
+    ("agent", "client", "display", "job_events", "plain_http"),
     ("server",),  # gunicorn's settings build the app: the worker is above it
     ("",),  # `create_app`, the package itself
     ("api", "ui", "loops", "metrics"),

@@ -218,6 +218,10 @@ def _target(args: dict[str, Any], response: Response) -> str:
             body = orjson.loads(response.get_data())
         except orjson.JSONDecodeError:
             return ""
+        if isinstance(body, list) and body and isinstance(body[0], dict):
+            # A batch: the first job it made and the last one it answers, `job-5..job-9`.
+            first, last = body[0].get("job_id"), body[-1].get("job_id")
+            return f"{first}..{last}" if first != last else str(first)
         if isinstance(body, dict):
             for name in _CREATED_IDS:
                 if isinstance(body.get(name), str):

@@ -563,6 +563,12 @@ class JobTable:
                 self._busy_keys.discard(key)
                 self._idle.notify_all()
 
+    def keyed(self, key: str) -> Job | None:
+        """The job created under dedupe key `key`, if it is still here."""
+        with self._lock:
+            seq = self._keys.get(key)
+            return self._jobs.get(seq) if seq is not None else None
+
     def put(self, job: Job) -> None:
         """Insert a committed job, or swap in the committed next version of one. Kept without
         its output, which can be megabytes: the store has it."""
