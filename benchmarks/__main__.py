@@ -29,6 +29,7 @@ from . import (
     ha,
     owners,
     placement,
+    previous,
     priorities,
     profile,
     report,
@@ -47,6 +48,7 @@ SCENARIOS = (
     "history",
     "cycle",
     "floor",
+    "previous",
     "worker",
     "postgres",
     "placement",
@@ -179,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             "report": scenarios.reports,
             "cycle": scenarios.cycle,
             "floor": scenarios.floor,
+            # Issue 37: ours beside the end of the last round, both built here.
+            "previous": previous.previous,
             # Issue 32: stock gthread, our buffering alone, buffering and the fast path.
             "worker": worker_floor.scenario,
             "postgres": ha.postgres,
