@@ -64,13 +64,16 @@ class UserUsage:
         rate = self._rate
         cpus_of: dict[tuple[object, int], int] = {}  # need_of's CPUs by (job_type, cpus)
         ends: list[tuple[str, int, int, int]] = []
+        append = ends.append
         for job in loaded:
             shape = (job.job_type, job.cpus)
             cpus = cpus_of.get(shape)
             if cpus is None:
                 cpus = cpus_of[shape] = need_of(job).cpus
             if cpus:
-                ends += [(job.owner, cpus, start, end) for start, end in _attempt_times(job)]
+                owner = job.owner
+                for start, end in _attempt_times(job):
+                    append((owner, cpus, start, end))
         oldest = max((end for *_, end in ends), default=0) - self._horizon_us
         charges: list[tuple[str, float, int]] = []
         last_end: dict[str, int] = {}
