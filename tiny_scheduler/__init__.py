@@ -57,7 +57,7 @@ def create_app(
     leadership = _leadership(settings, backend, clock)
     if leadership is None:
         try:
-            loaded = store.load()
+            loaded = store.load(compact=True)  # the table takes `Ended` jobs
         except BaseException:
             store.close()  # lets go of the file
             raise

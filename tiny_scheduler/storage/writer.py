@@ -121,9 +121,10 @@ class Writer:
     def location(self) -> str:
         return self._backend.location
 
-    def load(self) -> Loaded:
-        """Every stored job, without its output (start-up only, before `start`)."""
-        loaded = self._backend.load()
+    def load(self, compact: bool = False) -> Loaded:
+        """Every stored job, without its output (start-up only, before `start`); see
+        `JobStore.load` for `compact`."""
+        loaded = self._backend.load(compact)
         self.events_waiting = loaded.events
         return loaded
 
