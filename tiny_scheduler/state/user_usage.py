@@ -57,36 +57,39 @@ class UserUsage:
     def load(self, loaded: Iterable[Job]) -> None:
         """Start-up: charge what the stored jobs' ended attempts used, those that still count.
 
-        What `ended` would make of them one by one, summed in bulk: each owner's charges
-        decayed to its latest end (the moment `ended` keeps). At a hundred thousand finished
-        jobs a call of `ended` and a `Resources` per job cost a start-up a third of a
-        second."""
-        rate = self._rate
+        What `ended` would make of them one by one, summed in bulk (`fair_share.charged_at`):
+        each owner's runs decayed to its latest end (the moment `ended` keeps). At a hundred
+        thousand finished jobs a call of `ended` and a `Resources` per job cost a start-up a
+        third of a second."""
         cpus_of: dict[tuple[object, int], int] = {}  # need_of's CPUs by (job_type, cpus)
-        ends: list[tuple[str, int, int, int]] = []
-        append = ends.append
+        runs: dict[tuple[str, int], list[tuple[int, int]]] = {}  # by (owner, cpus)
         for job in loaded:
             shape = (job.job_type, job.cpus)
             cpus = cpus_of.get(shape)
             if cpus is None:
                 cpus = cpus_of[shape] = need_of(job).cpus
-            if cpus:
-                owner = job.owner
-                for start, end in _attempt_times(job):
-                    append((owner, cpus, start, end))
-        oldest = max((end for *_, end in ends), default=0) - self._horizon_us
-        charges: list[tuple[str, float, int]] = []
+            times = _attempt_times(job) if cpus else None
+            if times:
+                key = (job.owner, cpus)
+                if key in runs:
+                    runs[key] += times
+                else:
+                    runs[key] = times
+        oldest = max((end for times in runs.values() for _, end in times), default=0)
+        oldest -= self._horizon_us
+        counted = {
+            key: [(start, end) for start, end in times if end > oldest and end > start]
+            for key, times in runs.items()
+        }
         last_end: dict[str, int] = {}
-        for owner, cpus, start, end in ends:
-            if end > oldest and (amount := fair_share.charge(cpus, start, end, rate)) > 0:
-                charges.append((owner, amount, end))
-                if end > last_end.get(owner, end - 1):
-                    last_end[owner] = end
-        sums = dict.fromkeys(last_end, 0.0)
-        for owner, amount, end in charges:
-            sums[owner] += fair_share.decayed(amount, last_end[owner] - end, rate)
-        for owner, total in sums.items():
-            self._charged[owner] = (total, last_end[owner])
+        for (owner, _), times in counted.items():
+            if times:
+                last_end[owner] = max(last_end.get(owner, 0), max(end for _, end in times))
+        for (owner, cpus), times in counted.items():
+            if times:
+                value, at = self._charged.get(owner, (0.0, last_end[owner]))
+                value += fair_share.charged_at(cpus, times, at, self._rate)
+                self._charged[owner] = (value, at)
 
     def usage(self, owner: str, now_us: int) -> float:
         """The owner's usage at `now_us`, in decayed CPU seconds."""
