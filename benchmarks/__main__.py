@@ -119,6 +119,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--profile", action="store_true", help="py-spy the worker during each case's first run"
     )
     parser.add_argument("--py-spy", default=os.environ.get("PY_SPY", ""), help="py-spy executable")
+    parser.add_argument(
+        "--previous-commit",
+        default="",
+        help=f"the previous case's tree; default {previous.PREVIOUS_COMMIT} (the last round's end)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the databases in results/work")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -168,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         agent_idle_s=args.agent_idle,
         backlog=args.backlog,
         profiler=profiler,
+        previous_commit=args.previous_commit,
     )
     meta = _meta(args)
     began = time.monotonic()

@@ -9,7 +9,8 @@ always gets the warmer or the quieter turn): submissions from one client, then t
 cycle, both exactly as in `scenarios`. The figure is server CPU per submission and per
 completed job (the worker's CPU over the window divided by the rate), its median over the
 runs, and ours as a ratio of the previous tree's. Without git or the commit (a shallow clone,
-an exported tarball) the scenario is skipped with the reason.
+an exported tarball) the scenario is skipped with the reason. `--previous-commit` measures
+against another commit (what a change bought, against its parent).
 """
 
 from __future__ import annotations
@@ -60,9 +61,10 @@ def checkout(commit: str) -> Iterator[Path | str]:
 
 
 def previous(bench: Bench) -> dict[str, Any]:
-    with checkout(PREVIOUS_COMMIT) as tree:
+    commit = bench.options.previous_commit or PREVIOUS_COMMIT
+    with checkout(commit) as tree:
         if isinstance(tree, str):
-            return {"previous": {"commit": PREVIOUS_COMMIT, "skipped": tree}}
+            return {"previous": {"commit": commit, "skipped": tree}}
         trees: list[tuple[str, Path | None]] = [("ours", None), ("previous", tree)]
         runs: dict[str, dict[str, list[dict[str, Any]]]] = {
             label: {"submit_1": [], "cycle": []} for label, _ in trees
@@ -71,7 +73,7 @@ def previous(bench: Bench) -> dict[str, Any]:
             for label, where in trees if run % 2 == 0 else trees[::-1]:
                 runs[label]["submit_1"].append(_submissions(bench, label, where))
                 runs[label]["cycle"].append(_cycle(bench, label, where))
-    out: dict[str, Any] = {"commit": PREVIOUS_COMMIT}
+    out: dict[str, Any] = {"commit": commit}
     for label, cases in runs.items():
         out[label] = {name: scenarios._case(case) for name, case in cases.items()}
     return {"previous": out}

@@ -62,6 +62,7 @@ class Options:
     agent_idle_s: float = DEFAULT_AGENT_IDLE_S
     backlog: int = DEFAULT_BACKLOG
     profiler: Callable[[int, str, float], Any] | None = None  # (pid, name, seconds) -> started
+    previous_commit: str = ""  # the `previous` case's tree ("": `previous.PREVIOUS_COMMIT`)
 
 
 class Bench:
