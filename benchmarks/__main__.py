@@ -32,6 +32,7 @@ from . import (
     idle_agents,
     owners,
     placement,
+    previous,
     priorities,
     profile,
     report,
@@ -50,6 +51,7 @@ SCENARIOS = (
     "history",
     "cycle",
     "floor",
+    "previous",
     "worker",
     "postgres",
     "placement",
@@ -123,6 +125,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--profile", action="store_true", help="py-spy the worker during each case's first run"
     )
     parser.add_argument("--py-spy", default=os.environ.get("PY_SPY", ""), help="py-spy executable")
+    parser.add_argument(
+        "--previous-commit",
+        default="",
+        help=f"the previous case's tree; default {previous.PREVIOUS_COMMIT} (the last round's end)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the databases in results/work")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -172,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         agent_idle_s=args.agent_idle,
         backlog=args.backlog,
         profiler=profiler,
+        previous_commit=args.previous_commit,
     )
     meta = _meta(args)
     began = time.monotonic()
@@ -185,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             "report": scenarios.reports,
             "cycle": scenarios.cycle,
             "floor": scenarios.floor,
+            # Issue 37: ours beside the end of the last round, both built here.
+            "previous": previous.previous,
             # Issue 32: stock gthread, our buffering alone, buffering and the fast path.
             "worker": worker_floor.scenario,
             "postgres": ha.postgres,

@@ -29,6 +29,8 @@ TARGET_BYTES_PER_JOB = 600
 # Issue 27: server CPU per request at most this times the floor's (a one-route Flask app on
 # stock gunicorn gthread), the cycle's per job weighted by the requests it took.
 TARGET_FLOOR_RATIO = {"post": 0.9, "patch": 0.9, "cycle": 0.9, "get": 1.0}
+# Issue 37: server CPU per job at most this times the previous tree's, same sitting.
+TARGET_PREVIOUS_RATIO = {"cycle": 0.85, "submit_1": 0.81}
 TARGET_PG_SHARE = 0.7  # PostgreSQL within 30 % of SQLite (issue 12)
 TARGET_FAILOVER_KILL_S = 3.0
 FAILOVER_STOP_MARGIN_S = 2.0  # after a hang: the lease plus this (the spec)
@@ -173,6 +175,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
         out.append(Row("", "submit -> done p50 / p99 ms", _ms(m)))
 
     out += _floor_rows(results, sizes)
+    out += _previous_rows(results.get("previous"))
     out += _worker_floor_rows(results.get("worker_floor"))
     out += _postgres_rows(results)
     out += _placement_rows(results.get("placement"))
@@ -293,6 +296,36 @@ def _floor_rows(results: dict[str, Any], sizes: list[int]) -> list[Row]:
                 "cycle",
             )
         )
+    return out
+
+
+def _previous_rows(case: dict[str, Any] | None) -> list[Row]:
+    """Our server CPU per job beside the previous tree's, measured in the same sitting."""
+    if not case:
+        return []
+    name = f"vs previous tree {case['commit']}"
+    if case.get("skipped"):
+        return [Row(name, "skipped", case["skipped"])]
+    out = []
+    for key, what in (
+        ("submit_1", "submit, 1 client: per submission"),
+        ("cycle", "cycle: per job"),
+    ):
+        ours = case["ours"][key]["median"]["server_us"]
+        before = case["previous"][key]["median"]["server_us"]
+        ratio = _ratio(ours, before)
+        limit = TARGET_PREVIOUS_RATIO[key]
+        out.append(
+            Row(
+                name,
+                f"{what}, server CPU us ours / previous",
+                f"{_num(ours)} / {_num(before)}; {ratio:.2f}x",
+                target=f"<= {limit}x",
+                met=ratio <= limit,
+                cpu=_cpu(case["ours"][key]["median"]),
+            )
+        )
+        name = ""
     return out
 
 

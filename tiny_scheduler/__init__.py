@@ -67,7 +67,7 @@ def create_app(
     leadership = _leadership(settings, backend, clock)
     if leadership is None:
         try:
-            loaded = store.load()
+            loaded = store.load(compact=True)  # the table takes `Ended` jobs
         except BaseException:
             store.close()  # lets go of the file
             raise
@@ -158,6 +158,8 @@ def _app_class() -> type[Flask]:
         # The worker may run plain requests in its event loop: the app sends the ones that
         # would wait to a thread (inline.py).
         inline_requests = True
+        # Of those, only requests of these methods are tried there (api.init_inline).
+        inline_methods: frozenset[str] | None = None
         # What the worker allows one client address (MAX_CONNECTIONS_PER_CLIENT): set per app.
         connections_per_client: int | None = None
         session_interface = _NoSessions()

@@ -27,6 +27,7 @@ def submit_job() -> Response:
     key = request.headers.get("Idempotency-Key") or None
     dedupe = f"http:{key}" if key else None
     job, created = scheduler().jobs.submit(job_request, dedupe, owner=access.owner())
+    access.created(job.job_id)
     return json_reply(access.shown(job.to_wire()), 201 if created else 200)
 
 

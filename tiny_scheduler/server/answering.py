@@ -47,8 +47,10 @@ class Answering:
         self.fast = self.fast_path and not self.cfg.accesslog
         self.base_environ: dict[str, Any] = gunicorn_private.base_environ(self.cfg)
         self.script_name = os.environ.get("SCRIPT_NAME", "")
-        # Whether the app answers plain requests in the loop (set by _wire_app: inline.py).
+        # Whether the app answers plain requests in the loop, and of which methods (None:
+        # any); set by _wire_app (inline.py).
         self.inline = False
+        self.inline_methods: frozenset[str] | None = None
 
     def _hand_over(self, conn: Conn) -> None:
         """The whole request has arrived: answer it here if it is a plain request the app
@@ -85,10 +87,12 @@ class Answering:
         """Whether the request is first tried in the loop: a plain one, with the app answering
         inline. Not HEAD: werkzeug drops a HEAD answer's body, and with it NEEDS_THREAD. Not
         a body in a file: a second run needs it from the start, and the first one closes it."""
+        methods = self.inline_methods  # None: any method may be
         return (
             req.__class__ is fasthttp.Head
             and self.inline
             and req.method != "HEAD"
+            and (methods is None or req.method in methods)
             and conn.spool is None
         )
 
