@@ -29,6 +29,7 @@ from . import (
     e2e,
     fit,
     ha,
+    idle_agents,
     owners,
     placement,
     previous,
@@ -61,6 +62,7 @@ SCENARIOS = (
     "owners",
     "e2e",
     "cli",
+    "idle_agents",
 )
 
 
@@ -207,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             # Issue 40: 500 x true on two slots, ours beside RQ; the CLI's own figures.
             "e2e": e2e.e2e,
             "cli": cli_figures.cli,
+            # Issue 37: 5,000 agents waiting for work in their heartbeats, beside 50.
+            "idle_agents": idle_agents.idle_agents,
         }
         for name in SCENARIOS:
             if name in args.only:

@@ -90,6 +90,15 @@ class Reply:
 Session = Generator["bytes | Pause", "Reply | None", None]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class FromAddress:
+    """A session whose connection comes from `source`, a loopback address of its own (the
+    daemon caps connections per client address: thousands of agents need several)."""
+
+    session: Session
+    source: str
+
+
 def request(method: str, path: str, body: bytes = b"", content_type: str = "") -> bytes:
     """The bytes of one HTTP/1.1 keep-alive request."""
     head = f"{method} {path} HTTP/1.1\r\nHost: bench\r\n"
@@ -140,13 +149,15 @@ class _Conn:
         "sent_ns",
         "session",
         "sock",
+        "source",
         "status",
     )
 
-    def __init__(self, addr: tuple[str, int], session: Session) -> None:
+    def __init__(self, addr: tuple[str, int], session: Session, source: str | None = None) -> None:
         self.addr = addr
         self.session = session
-        self.sock = _connect(addr)
+        self.source = source
+        self.sock = _connect(addr, source)
         self.buf = bytearray()
         self.need = -1  # bytes of the whole reply, once its head is parsed
         self.body_at = 0
@@ -193,21 +204,31 @@ class _Conn:
     def reconnect(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
-        self.sock = _connect(self.addr)
+        self.sock = _connect(self.addr, self.source)
         self.buf.clear()
         self.need = -1
 
 
-def _connect(addr: tuple[str, int]) -> socket.socket:
-    sock = socket.create_connection(addr, timeout=30)
+def _connect(addr: tuple[str, int], source: str | None = None) -> socket.socket:
+    sock = socket.create_connection(
+        addr, timeout=30, source_address=None if source is None else (source, 0)
+    )
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 
 
-def drive(addr: tuple[str, int], sessions: list[Session], start_ns: int, hard_stop_ns: int) -> None:
+def drive(
+    addr: tuple[str, int],
+    sessions: list[Session | FromAddress],
+    start_ns: int,
+    hard_stop_ns: int,
+) -> None:
     """Run the sessions until all have returned (or `hard_stop_ns` passes)."""
     selector = selectors.EpollSelector()
-    conns = [_Conn(addr, session) for session in sessions]
+    conns = [
+        _Conn(addr, s.session, s.source) if isinstance(s, FromAddress) else _Conn(addr, s)
+        for s in sessions
+    ]
     for conn in conns:
         selector.register(conn.sock, selectors.EVENT_READ, conn)
     timers: list[tuple[int, int, _Conn]] = []
@@ -269,7 +290,7 @@ def _sleep_until(instant_ns: int) -> None:
 
 # --- running worker processes ------------------------------------------------------------------
 
-Builder = Callable[..., tuple[list[Session], Callable[[], dict[str, Any]]]]
+Builder = Callable[..., tuple[list[Session | FromAddress], Callable[[], dict[str, Any]]]]
 """builder(window, *args) -> (sessions, collect): the sessions one worker runs, and a function
 giving what they recorded (picklable) once they are done."""
 

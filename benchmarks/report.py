@@ -186,6 +186,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
     out += _owner_rows(results.get("owners"))
     out += _e2e_rows(results.get("e2e"))
     out += _cli_rows(results.get("cli"))
+    out += _idle_agents_rows(results.get("idle_agents"))
 
     restarts = sorted(int(key.split("_")[1]) for key in results if key.startswith("restart_"))
     for size in restarts:
@@ -513,6 +514,9 @@ def _longest(delays: dict[str, Any]) -> str:
 
 TARGET_WAITERS_RATIO = 1.2  # issue 23: poll p99 and /health with waiters within this of without
 TARGET_PRIORITY_RATIO = 1.2  # issue 25: poll with priorities and queues within this of FIFO
+IDLE_AGENTS_ISSUE_COUNT = 5000  # issue 37: agents waiting for work in their heartbeats
+TARGET_IDLE_HEALTH_P99_MS = 50.0
+TARGET_IDLE_START_P50_MS = 20.0
 TARGET_AGENT_P99_MS = 50.0  # issue 27: the largest agent count served with poll p99 under this
 
 
@@ -611,6 +615,39 @@ def agent_cost(case: dict[str, Any]) -> tuple[float, float] | None:
     if slope <= 0:
         return None  # noise larger than the difference: no estimate
     return low["cpu"]["server"] - slope * low["agents"], slope
+
+
+def _idle_agents_rows(case: dict[str, Any] | None) -> list[Row]:
+    """Issue 37: agents waiting for work in their heartbeats; the small count is the floor."""
+    if not case:
+        return []
+    out: list[Row] = []
+    for count, step in case["steps"].items():
+        m = step["median"]
+        issue = int(count) >= IDLE_AGENTS_ISSUE_COUNT
+        health, start = m["health"], m["start"]
+        out.append(
+            Row(
+                f"idle agents: {int(count):,} waiting (beat 5 s)",
+                "/health p50 / p99 ms; beats/s",
+                f"{_ms(health)}; {_num(m['heartbeat_rate'])}",
+                target=f"p99 < {TARGET_IDLE_HEALTH_P99_MS:g}" if issue else "",
+                met=health["p99_ms"] < TARGET_IDLE_HEALTH_P99_MS and not step["errors"]
+                if issue
+                else None,
+                cpu=_cpu(m),
+            )
+        )
+        out.append(
+            Row(
+                "",
+                "submit -> running p50 / p99 ms (10/s)",
+                _ms(start),
+                target=f"p50 < {TARGET_IDLE_START_P50_MS:g}" if issue else "",
+                met=start["p50_ms"] < TARGET_IDLE_START_P50_MS if issue else None,
+            )
+        )
+    return out
 
 
 def _agents_rows(case: dict[str, Any] | None) -> list[Row]:

@@ -46,14 +46,18 @@ class AgentProcess:
     (and spool) is the same for every process of the same node in a test: a restart finds
     what the previous run left."""
 
-    def __init__(self, folder: Path, node_id: str, urls: str, *options: str) -> None:
+    def __init__(
+        self, folder: Path, node_id: str, urls: str, *options: str, waits: bool = False
+    ) -> None:
+        """`waits`: as the agent is by default, waiting for work in its heartbeat; else it
+        polls every 0.1 s (the tests written before it could wait)."""
         self.work_dir = folder / f"agent-{node_id}"
         self.spool_dir = self.work_dir / "spool"
         self.log_path = folder / f"agent-{node_id}.log"
         self.argv = [
             *(CLI, "--url", urls, "agent"),
             *("--node-id", node_id, "--work-dir", str(self.work_dir)),
-            *("--poll-secs", "0.1", "--heartbeat-secs", "0.2"),
+            *(() if waits else ("--poll-secs", "0.1", "--heartbeat-secs", "0.2")),
             *options,
         ]
         self.proc: subprocess.Popen[bytes] | None = None
@@ -75,7 +79,10 @@ class AgentProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        wait_for(lambda: "slots, polling" in self.log(), message=self.waiting("the agent to start"))
+        wait_for(
+            lambda: "slots, polling" in self.log() or "slots, waiting for work" in self.log(),
+            message=self.waiting("the agent to start"),
+        )
         return self
 
     @property

@@ -183,6 +183,7 @@ WHERE = {
     node_requests.AGENT_ID_MESSAGE: [("400", "put", NODE)],
     node_requests.REFUSING_MESSAGE: [("400", "put", NODE)],
     node_requests.ATTEMPTS_MESSAGE: [("400", "put", NODE)],
+    node_requests.WANT_MESSAGE: [("400", "put", NODE)],
     node_requests.DECODE_NODE_CHANGE: [("400", "patch", NODE)],
     node_requests.DRAIN_MESSAGE: [("400", "patch", NODE)],
     node_requests.NODE_NOT_FOUND: [("404", "get", NODE), ("404", "patch", NODE)],

@@ -59,6 +59,9 @@ class AgentConfig:
     spool_dir: str
     key: str | None = None
     poll_secs: float = DEFAULT_POLL_SECS
+    # Wait for work in the heartbeat (spec, "Waiting for work"); False: poll every
+    # `poll_secs` as the tiny-aws agent does (`--poll-secs` given).
+    wait_for_work: bool = True
     heartbeat_secs: float = DEFAULT_HEARTBEAT_SECS
     drain_secs: float = DEFAULT_DRAIN_SECS
     kill_grace_secs: float = DEFAULT_KILL_GRACE_SECS

@@ -16,6 +16,10 @@ answer adds `node_lost_secs` and `job_timeout_secs`, from which the agent's auto
 and its jobs' default timeout come.
 
 The reply may set a new period (`heartbeat_secs`), flag a drain, and list jobs to `stop`.
+
+Waiting for work (round four): with `wait_secs` and `want` (its free slots), the scheduler
+answers once it has work for the node, a stop order or a drain change, or after `wait_secs`,
+and the answer's `jobs` lists what it hands out, as its poll would (`protocol.parse_jobs`).
 A scheduler without the endpoint answers 404 or 405: `beat()` then says so (`supported` is
 false) and the agent keeps polling and running work as a tiny-aws agent would.
 """
@@ -29,7 +33,8 @@ from importlib import metadata
 from typing import Any
 from urllib.parse import quote
 
-from .wire import Unreachable, Wire
+from .protocol import PolledJob, parse_jobs
+from .wire import TIMEOUT, Unreachable, Wire
 
 
 def agent_version() -> str:
@@ -53,6 +58,8 @@ class Beat:
     node_lost_secs: float | None = None  # None: a scheduler from before fencing
     job_timeout_secs: float | None = None
     text: str = ""  # the answer's text, when it was not 2xx
+    jobs: tuple[PolledJob, ...] = ()  # handed out to a heartbeat that waited for work
+    waited: bool = False  # the answer has `jobs`: the scheduler knows how to wait for work
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +76,8 @@ class Facts:
     gpus: int = 0
     labels: tuple[tuple[str, str], ...] = ()
     enforcement: str = ""
+    wait_secs: float | None = None  # None: answered at once, no jobs handed out
+    want: int = 0  # free slots, when it waits
 
     def body(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -90,14 +99,19 @@ class Facts:
             body["labels"] = dict(self.labels)
         if self.enforcement:
             body["enforcement"] = self.enforcement
+        if self.wait_secs is not None:
+            body["wait_secs"] = self.wait_secs
+            body["want"] = self.want
         return body
 
 
 def beat(wire: Wire, node_id: str, facts: Facts) -> Beat:
     """Send one heartbeat; never raises for what the network or the scheduler does."""
     body = facts.body()
+    # A waiting heartbeat's answer may come as late as `wait_secs`, then as quick as ever.
+    timeout = TIMEOUT if not facts.wait_secs else (TIMEOUT[0], TIMEOUT[1] + facts.wait_secs)
     try:
-        reply = wire.call("PUT", f"/nodes/{quote(node_id, safe='')}", json=body)
+        reply = wire.call("PUT", f"/nodes/{quote(node_id, safe='')}", json=body, timeout=timeout)
     except Unreachable:
         return Beat(answered=False)
     if reply.status_code in (404, 405):
@@ -113,6 +127,10 @@ def beat(wire: Wire, node_id: str, facts: Facts) -> Beat:
     period = data.get("heartbeat_secs")
     if isinstance(period, bool) or not isinstance(period, int | float) or period <= 0:
         period = None
+    try:
+        handed = tuple(parse_jobs(data.get("jobs", [])))
+    except ValueError:
+        handed = ()  # as an unreadable poll reply: nothing taken this time
     stop = data.get("stop")
     stop_ids = tuple(s for s in stop if isinstance(s, str)) if isinstance(stop, list) else ()
     return Beat(
@@ -123,6 +141,8 @@ def beat(wire: Wire, node_id: str, facts: Facts) -> Beat:
         stop=stop_ids,
         node_lost_secs=_seconds(data.get("node_lost_secs")),
         job_timeout_secs=_seconds(data.get("job_timeout_secs")),
+        jobs=handed,
+        waited="jobs" in data,
     )
 
 

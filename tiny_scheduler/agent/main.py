@@ -3,13 +3,18 @@
 `Agent.run()` runs one node until `request_drain()` (the SIGTERM handler calls it), then
 drains and returns. Its threads:
 
-- poll: every `poll_secs`, `GET /jobs?node_id=<node>&status=pending` read with the tiny-aws
-  agent's strict parser; each job is claimed with the exact `RUNNING_UPDATE` PATCH and started
-  only when that answers 2xx. A job is claimed only when it fits in what the node has free
-  (`resources.Ledger`: a `run` job takes `max(cpus, 1)` of the slots, a service none, both
-  their memory and GPUs); one that does not stays pending, for the scheduler to offer again.
+- heartbeat: `PUT /nodes/<node>` (see `heartbeat` and `beating`); obeys the reply's period and
+  `stop` list. By default it waits for work (`wait_for_work`): the answer comes as soon as
+  the scheduler has work for the node, and hands it out.
+- poll (only with `--poll-secs`, or when the scheduler does not wait for work): every
+  `poll_secs`, `GET /jobs?node_id=<node>&status=pending` read with the tiny-aws agent's strict
+  parser.
+- Either way each job handed out is claimed with the exact `RUNNING_UPDATE` PATCH and started
+  only when that answers 2xx (`_take`). A job is claimed only when it fits in what the node
+  has free (`resources.Ledger`: a `run` job takes `max(cpus, 1)` of the slots, a service
+  none, both their memory and GPUs); one that does not stays pending, for the scheduler to
+  offer again.
 - one per job: starts it (`runner.Runner`), waits for it, reports it.
-- heartbeat: `PUT /nodes/<node>` (see `heartbeat`); obeys the reply's period and `stop` list.
 - output: about once a second, `POST /jobs/<id>/output` with what each running job printed
   since the last send; a 404/405/409 ends that for the job (a scheduler without the endpoint,
   or a job that is no longer running).
@@ -120,6 +125,8 @@ class Agent(Reporting, Heartbeating):
         self._job_threads: list[threading.Thread] = []
         self._threads: list[threading.Thread] = []
         self._poller: threading.Thread | None = None
+        self._taking = threading.Lock()  # held while handed-out jobs are claimed and started
+        self._period_known = False  # a heartbeat answer gave the scheduler's period
         self._parent = os.getppid() if config.exit_with_parent else None
         self.agent_id = _agent_id(config.work_dir)
         self._fence_secs: float | None = None  # known once a heartbeat answer says enough
@@ -167,16 +174,18 @@ class Agent(Reporting, Heartbeating):
         self._remove_leftover_groups()
         capacity = self.capacity
         log.info(
-            "%s: %d slots, polling %s every %gs; %s MiB, %d GPUs%s",
+            "%s: %d slots, %s %s; %s MiB, %d GPUs%s",
             self.config.node_id,
             self.config.slots,
-            ",".join(self.config.urls),
-            self.config.poll_secs,
+            "waiting for work at" if self.config.wait_for_work else "polling",
+            ",".join(self.config.urls)
+            + ("" if self.config.wait_for_work else f" every {self.config.poll_secs:g}s"),
             capacity.memory_mb or "unknown",
             capacity.gpus,
             "".join(f", {key}={value}" for key, value in capacity.labels),
         )
-        self._poller = self._spawn(self._poll_loop, "poll")
+        if not self.config.wait_for_work:
+            self._poller = self._spawn(self._poll_loop, "poll")
         self._spawn(self._heartbeat_loop, "heartbeat")
         self._spawn(self._output_loop, "output")
         self._spawn(self._spool_loop, "spool")
@@ -241,8 +250,7 @@ class Agent(Reporting, Heartbeating):
 
     def _detach(self) -> None:
         """End the agent, leaving the running jobs to their owners."""
-        if self._poller is not None:
-            self._poller.join()  # a claim under way starts its job before we go
+        self._wait_for_takers()  # a claim under way starts its job before we go
         left = len(self._live())
         self._done.set()
         self._spool_wake.set()
@@ -259,8 +267,7 @@ class Agent(Reporting, Heartbeating):
     def _drain(self) -> None:
         # The poll loop ends at the flag; a claim it had under way when the flag came must
         # have started its job before the jobs are counted, or that job would run on unseen.
-        if self._poller is not None:
-            self._poller.join()
+        self._wait_for_takers()
         log.info("draining: no new jobs; %d running", len(self._live()))
         deadline = time.monotonic() + self.config.drain_secs
         while self._live() and time.monotonic() < deadline:
@@ -286,6 +293,13 @@ class Agent(Reporting, Heartbeating):
         with self._lock:
             kept = len(self._held)
         log.info("stopped; %d reports left in the spool", kept)
+
+    def _wait_for_takers(self) -> None:
+        """Once draining: the poll loop has ended, and the jobs being taken have started."""
+        if self._poller is not None:
+            self._poller.join()
+        with self._taking:
+            pass  # from now on, `_take` starts nothing (it looks at the flag in here)
 
     def _flush(self, seconds: float) -> None:
         """Try once to deliver each report in hand, for at most `seconds`."""
@@ -392,38 +406,64 @@ class Agent(Reporting, Heartbeating):
             # As the tiny-aws agent: an unreadable reply means doing nothing this round.
             log.warning("unreadable poll reply: %s", exc)
             return
-        with self._lock:
-            known = set(self._runners)
-        self._unfit &= {job.job_id for job in polled}
-        for job in polled:
-            if self._draining.is_set():
-                return
-            if job.job_id in known:
-                continue
-            # Held before the claim (only this thread takes, but the claim may fail): a job
-            # that does not fit in what is free now is left pending, however the scheduler
-            # counts, and offered again.
-            need = resources.Need.of(job.cpus, job.memory_mb, job.gpus, job.job_type == "service")
+        self._take(polled)
+
+    def _take(self, polled: list[PolledJob]) -> int:
+        """Claim and start, one by one, the jobs a poll or a waiting heartbeat handed out
+        that fit in what is free; how many started. Only one thread takes at a time: the
+        poll's, or the heartbeat's (`_taking`, which a drain waits for)."""
+        with self._taking:
             with self._lock:
-                grant = self.ledger.take(job.job_id, need)
-                short = "" if grant is not None else self.ledger.shortfall(need)
-            if grant is None:
-                if job.job_id not in self._unfit:
-                    self._unfit.add(job.job_id)
-                    log.info("%s does not fit now (needs %s): left pending", job.job_id, short)
-                continue
-            claimed = self._claim(job)
-            if claimed is None:
-                with self._lock:
+                known = set(self._runners)
+            self._unfit &= {job.job_id for job in polled}
+            started = 0
+            for job in polled:
+                if self._draining.is_set():
+                    break
+                if job.job_id in known:
+                    continue
+                if self._take_one(job):
+                    started += 1
+            return started
+
+    def _take_one(self, job: PolledJob) -> bool:
+        # Held before the claim (the claim may fail): a job that does not fit in what is free
+        # now is left pending, however the scheduler counts, and offered again.
+        need = resources.Need.of(job.cpus, job.memory_mb, job.gpus, job.job_type == "service")
+        with self._lock:
+            grant = self.ledger.take(job.job_id, need)
+            short = "" if grant is not None else self.ledger.shortfall(need)
+        if grant is None:
+            if job.job_id not in self._unfit:
+                self._unfit.add(job.job_id)
+                log.info("%s does not fit now (needs %s): left pending", job.job_id, short)
+            return False
+        claimed = self._claim(job)
+        if claimed is None:
+            with self._lock:
+                self.ledger.give_back(job.job_id)
+            return False
+        try:
+            self._start(job, claimed, grant)
+        except BaseException:
+            with self._lock:  # no folder for it (a full disk): nothing of it runs
+                if job.job_id not in self._runners:
                     self.ledger.give_back(job.job_id)
-                continue
-            try:
-                self._start(job, claimed, grant)
-            except BaseException:
-                with self._lock:  # no folder for it (a full disk): nothing of it runs
-                    if job.job_id not in self._runners:
-                        self.ledger.give_back(job.job_id)
-                raise
+            raise
+        return True
+
+    def free_slots(self) -> int:
+        """The slots a waiting heartbeat asks work for: the CPUs free now, none while the
+        agent takes no new work (draining, another agent serves the node, its spool)."""
+        if self._draining.is_set() or self._other_agent or self.refusing_work():
+            return 0
+        with self._lock:
+            return max(0, self.ledger.free().cpus)
+
+    def _fall_back_to_polling(self) -> None:
+        """The scheduler does not hand work out in heartbeats: poll for it instead."""
+        if self._poller is None:
+            self._poller = self._spawn(self._poll_loop, "poll")
 
     def _claim(self, job: PolledJob) -> dict[str, Any] | None:
         """PATCH running; the job as the scheduler answered, or None when not claimed."""

@@ -48,7 +48,11 @@ class PolledJob:
 
 
 def parse_poll_reply(body: bytes | str) -> list[PolledJob]:
-    data = json.loads(body)
+    return parse_jobs(json.loads(body))
+
+
+def parse_jobs(data: Any) -> list[PolledJob]:
+    """Jobs as a poll reply lists them, already decoded (a waiting heartbeat's `jobs` too)."""
     if not isinstance(data, list):
         raise ValueError("poll reply is not a JSON array")
     return [_parse_job(element) for element in data]

@@ -16,7 +16,8 @@ with or chunked as it came; the answer is relayed as a WSGI iterable a chunk at 
 
 Deadlines, like every peer call (`peers.py`), are totals, not per read: connecting, sending
 the body and receiving the answer's head must end within `HEAD_SECS` (plus the `wait` a long
-poll asks for), or the client gets 503 `no leader` with `Retry-After: 1`; the answer's body
+poll asks for, or the heartbeat period for a heartbeat, which may wait for work that long),
+or the client gets 503 `no leader` with `Retry-After: 1`; the answer's body
 then has `RELAY_SECS` in all (an event stream through a standby ends then, and the client
 resumes it with `Last-Event-ID`).
 """
@@ -98,13 +99,15 @@ class LeaderUnreachable(Exception):
     """The leader did not begin its answer within the deadline."""
 
 
-def forward(leader_url: str, own_url: str | None) -> Response:
+def forward(leader_url: str, own_url: str | None, may_wait_secs: float = 0.0) -> Response:
     """Make the current request at `leader_url` and return its answer, streamed; raises
-    LeaderUnreachable when the leader cannot be reached or does not answer in time."""
+    LeaderUnreachable when the leader cannot be reached or does not answer in time.
+    `may_wait_secs`: how long the leader may hold this request's answer on purpose (a
+    heartbeat that waits for work), beside a long poll's `wait`."""
     inline.may_wait()
     leader = urlsplit(leader_url)
     start = time.monotonic()
-    deadline = start + HEAD_SECS + _asked_wait()
+    deadline = start + HEAD_SECS + max(_asked_wait(), may_wait_secs)
     conn = peers.BoundedConnection(
         leader.hostname or "127.0.0.1",
         leader.port or (443 if leader.scheme == "https" else 80),

@@ -60,7 +60,10 @@ def to_the_leader() -> Response | None:
     if leader_url is None:
         return reply
     try:
-        return forward.forward(leader_url, scheduler().settings.advertise_url)
+        settings = scheduler().settings
+        # A heartbeat may wait for work up to the period (its wait_secs is in its body).
+        waits = settings.node_heartbeat_secs if request.endpoint == "nodes.heartbeat" else 0.0
+        return forward.forward(leader_url, settings.advertise_url, waits)
     except forward.LeaderUnreachable:
         return text_reply(NO_LEADER, 503, _NO_LEADER_HEADERS)
 

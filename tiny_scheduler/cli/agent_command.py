@@ -127,9 +127,10 @@ FENCE = _Fence()
     "--poll-secs",
     envvar="AGENT_POLL_SECS",
     type=click.FloatRange(min=0.05),
-    default=defaults.DEFAULT_POLL_SECS,
-    show_default=True,
-    help="Seconds between two polls for work (env AGENT_POLL_SECS).",
+    default=None,
+    show_default="wait for work instead",
+    help="Poll for work this often, as the tiny-aws agent does, instead of waiting for it in"
+    " the heartbeat, which starts a job as soon as it is submitted (env AGENT_POLL_SECS).",
 )
 @click.option(
     "--heartbeat-secs",
@@ -215,7 +216,7 @@ def agent(
     spool_dir: str | None,
     drain_secs: float,
     kill_grace_secs: float,
-    poll_secs: float,
+    poll_secs: float | None,
     heartbeat_secs: float,
     max_output_bytes: int,
     fence_secs: float | None,
@@ -227,8 +228,8 @@ def agent(
     token_file: str | None,
     exit_with_parent: bool,
 ) -> None:
-    """Run this node's compute agent: poll the scheduler (--url, comma-separated for a leader
-    and its standbys) for work, run it, report it; its credential (an agent token for this
+    """Run this node's compute agent: wait for work from the scheduler (--url, comma-separated
+    for a leader and its standbys), run it, report it; its credential (an agent token for this
     node, or the shared key) is TINYAWS_API_KEY, or the contents of --token-file.
 
     Each job is owned by a small process of its own, so it outlives the agent: a restarted
@@ -269,7 +270,10 @@ def agent(
         work_dir=os.path.abspath(work_dir),
         spool_dir=os.path.abspath(spool_dir or os.path.join(work_dir, "spool")),
         key=_credential(token_file),
-        poll_secs=poll_secs,
+        # Polling when asked to, else waiting (polling every default period when the
+        # scheduler does not wait for work).
+        poll_secs=defaults.DEFAULT_POLL_SECS if poll_secs is None else poll_secs,
+        wait_for_work=poll_secs is None,
         heartbeat_secs=heartbeat_secs,
         drain_secs=drain_secs,
         kill_grace_secs=kill_grace_secs,

@@ -21,6 +21,7 @@ Tests: `tests/test_node_decisions.py`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 
 from ..clock import Clock
@@ -69,6 +70,13 @@ class NodeBook:
         self._drained: frozenset[str] = frozenset()
         self._misses: dict[str, int] = {}  # job id -> heartbeats in a row that left it out
         self._facts: dict[str, NodeFacts] | None = None  # made from the beats when asked
+        self._refusing: frozenset[str] = frozenset()  # nodes whose agent refuses work
+        self.changes = 0
+        """Counts the changes a node list made from the book would show (a node new or back
+        to health, its CPUs or facts changed): the same count, the same list until a node's
+        health ages (`BuiltinNodes`)."""
+        self.resets = 0
+        """Counts the times the book was loaded or emptied (a term begins or ends)."""
 
     # --- changes ---------------------------------------------------------------------------
 
@@ -78,6 +86,17 @@ class NodeBook:
             self._beats[node_id] = beat
             if old is None or old.facts != beat.facts:
                 self._facts = None
+            if (
+                old is None
+                or old.facts != beat.facts
+                or old.cpu_count != beat.cpu_count
+                or self.health(old) != HEALTHY
+            ):
+                self.changes += 1
+            if bool(beat.refusing_work) != (node_id in self._refusing):
+                self._refusing = (
+                    self._refusing | {node_id} if beat.refusing_work else self._refusing - {node_id}
+                )
 
     def restore(self, node_id: str, beat: Beat, drained: bool) -> None:
         """A node known from the store: counted as seen now (its lost clock starts again)."""
@@ -85,6 +104,7 @@ class NodeBook:
         with self._lock:
             self._beats[node_id] = dataclasses.replace(beat, at=now)
             self._facts = None
+            self.resets += 1
             if drained:
                 self._drained = self._drained | {node_id}
 
@@ -98,6 +118,8 @@ class NodeBook:
             self._beats.clear()
             self._drained = frozenset()
             self._misses.clear()
+            self._refusing = frozenset()
+            self.resets += 1
             self._facts = None
 
     def missing(self, job_ids: list[str], listed: frozenset[str]) -> list[str]:
@@ -128,8 +150,7 @@ class NodeBook:
     def closed(self) -> frozenset[str]:
         """The nodes that take no new work: drained by an operator, or whose agent says it
         cannot keep its promises (`refusing_work`) as of its last heartbeat."""
-        with self._lock:
-            refusing = {node for node, beat in self._beats.items() if beat.refusing_work}
+        refusing = self._refusing
         return self._drained | refusing if refusing else self._drained
 
     def other_agent(self, node_id: str, agent_id: str) -> bool:
@@ -169,26 +190,64 @@ class NodeBook:
 
 
 class BuiltinNodes:
-    """The node source of `REGISTRY_URL=builtin`: the agents that heartbeat."""
+    """The node source of `REGISTRY_URL=builtin`: the agents that heartbeat.
+
+    The list is made once and kept while it stays true: until the book counts a change
+    (`NodeBook.changes`) or the first moment a node's health ages. Every heartbeat, poll and
+    submission asks for it, and thousands of nodes made it a walk over all of them each time.
+    The cached list an agent's poll or heartbeat reads (`cached_nodes`) is made again at most
+    every REBUILD_SECS for changes alone (a burst of agents registering at once), so a node
+    new or back to health may wait that long to get work that way; placement's own list
+    (`nodes`) never waits.
+    """
+
+    REBUILD_SECS = 0.1
 
     def __init__(self, book: NodeBook) -> None:
         self._book = book
+        self._lock = threading.Lock()
+        # (the book's counts of changes and resets, made at, valid until, the list)
+        self._made: tuple[int, int, float, float, Nodes] | None = None
 
     def nodes(self) -> Nodes:
+        return self._list(changes_may_wait=False)
+
+    def cached_nodes(self) -> Nodes | None:
+        return self._list(changes_may_wait=True)  # made from memory at once
+
+    def _list(self, changes_may_wait: bool) -> Nodes:
         book = self._book
+        now = book.clock.monotonic()
+        made = self._made
+        if made is not None and now < made[3] and made[1] == book.resets:
+            changes, _, at, _, nodes = made
+            if changes == book.changes or (changes_may_wait and now < at + self.REBUILD_SECS):
+                return nodes
+        with self._lock:
+            # Read before the beats: a change meanwhile makes the list again.
+            changes, resets = book.changes, book.resets
+            nodes, until = self._make(now)
+            self._made = (changes, resets, now, until, nodes)
+        return nodes
+
+    def _make(self, now: float) -> tuple[Nodes, float]:
+        """The list as of `now`, and the first moment one of its nodes' health ages."""
+        book = self._book
+        healthy_for = HEALTHY_BEATS * book.heartbeat_secs
         status: dict[str, str] = {}
         cpus: dict[str, int] = {}
         facts: dict[str, NodeFacts] = {}
+        until = math.inf
         for node_id, beat in book.beats().items():
             health = book.health(beat)
-            if health != "gone":
-                status[node_id] = health
-                cpus[node_id] = beat.cpu_count
-                facts[node_id] = beat.facts
-        return Nodes.of(status, cpus, book.clock.monotonic(), facts=facts)
-
-    def cached_nodes(self) -> Nodes | None:
-        return self.nodes()  # made from memory at once: never stale
+            if health == "gone":
+                continue
+            status[node_id] = health
+            cpus[node_id] = beat.cpu_count
+            facts[node_id] = beat.facts
+            ages_at = beat.at + (healthy_for if health == HEALTHY else book.lost_secs)
+            until = min(until, ages_at)
+        return Nodes.of(status, cpus, now, facts=facts), until
 
     def last_outcome(self) -> str | None:
         return ""

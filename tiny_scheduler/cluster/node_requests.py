@@ -41,6 +41,11 @@ FENCE_MESSAGE = "fence_secs must be a number of seconds above 0"
 AGENT_ID_MESSAGE = f"agent_id must be a string of at most {MAX_TEXT} characters"
 REFUSING_MESSAGE = f"refusing_work must be a string of at most {4 * MAX_TEXT} characters"
 ATTEMPTS_MESSAGE = "attempts must map job ids (job-N) to attempt numbers (0 or more)"
+WANT_MESSAGE = f"want must be an integer between 0 and {MAX_CPU_COUNT}"
+
+
+def wait_secs_message(max_wait_secs: float) -> str:
+    return f"wait_secs must be a number of seconds from 0 to {max_wait_secs:g} (heartbeat_secs)"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,6 +67,10 @@ class Heartbeat:
     memory_mb: int | None = None
     gpus: int | None = None
     enforcement: str = ""
+    # Round four (waiting for work), each optional: how long the answer may wait for work
+    # (None: answered at once, as before, with no `jobs`), and how many free slots it has.
+    wait_secs: float | None = None
+    want: int | None = None
 
 
 def check_node_id(node_id: str) -> None:
@@ -70,7 +79,9 @@ def check_node_id(node_id: str) -> None:
         raise errors.BadRequest(NODE_ID_MESSAGE)
 
 
-def parse_heartbeat(body: bytes) -> Heartbeat:
+def parse_heartbeat(body: bytes, max_wait_secs: float = 0.0) -> Heartbeat:
+    """A heartbeat's body checked; `max_wait_secs` bounds its `wait_secs` (the scheduler's
+    NODE_HEARTBEAT_SECS: a longer wait would outlast the node's health)."""
     data = decode_object(body, DECODE_HEARTBEAT)
     cpu_count = data.get("cpu_count")
     if not _in_range(cpu_count, 1, MAX_CPU_COUNT):
@@ -122,6 +133,16 @@ def parse_heartbeat(body: bytes) -> Heartbeat:
     for job_id, attempt in attempts.items():
         if jobs.parse_job_id(job_id) is None or not _is_int(attempt) or attempt < 0:
             raise errors.BadRequest(ATTEMPTS_MESSAGE)
+    wait_secs = data.get("wait_secs")
+    if wait_secs is not None and (
+        isinstance(wait_secs, bool)
+        or not isinstance(wait_secs, int | float)
+        or not 0 <= wait_secs <= max_wait_secs
+    ):
+        raise errors.BadRequest(wait_secs_message(max_wait_secs))
+    want = data.get("want")
+    if want is not None and not _in_range(want, 0, MAX_CPU_COUNT):
+        raise errors.BadRequest(WANT_MESSAGE)
     return Heartbeat(
         cpu_count,
         frozenset(running),
@@ -134,6 +155,8 @@ def parse_heartbeat(body: bytes) -> Heartbeat:
         memory_mb,
         gpus,
         enforcement,
+        None if wait_secs is None else float(wait_secs),
+        want,
     )
 
 

@@ -251,11 +251,12 @@ class Placement:
     ) -> list[str]:
         """The nodes of `healthy` with the lowest load, in the order given. Every submission
         comes through here, so it compares plain integers when it can: with a fixed number
-        of slots, comparing (queued + used) compares the loads."""
+        of slots, comparing (queued + used) compares the loads; and with any node idle, the
+        lowest load is 0, which exactly the idle nodes have (thousands of nodes made a
+        Fraction each the larger part of a submission)."""
         loads: dict[str, int] | dict[str, Fraction]
-        if self._max_jobs != AUTO_SLOTS:
-            loads = {node: queued.cpus + used.cpus for node, (queued, used) in counts.items()}
-        else:
+        loads = {node: queued.cpus + used.cpus for node, (queued, used) in counts.items()}
+        if self._max_jobs == AUTO_SLOTS and 0 not in loads.values():
             loads = {
                 node: _load(queued.cpus, used.cpus, self.slots(node, nodes))
                 for node, (queued, used) in counts.items()

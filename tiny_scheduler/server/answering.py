@@ -26,10 +26,7 @@ from typing import IO, Any
 from . import fasthttp, gunicorn_private, inline
 from .connections import BUSY, WRITING, Conn
 from .gunicorn_private import Request
-from .parking import Park, Streaming, ToThread
-
-TO_THREAD = "to a thread"
-"""What `_serve` returns when an inline request needs a thread after all."""
+from .parking import TO_THREAD, Park, Streaming, ToThread
 
 
 class Answering:
@@ -67,22 +64,12 @@ class Answering:
                 self._no_room(conn, exc)
                 self._body_done(conn)
                 return
-        plain = req.__class__ is fasthttp.Head
-        if not plain and (conn.chunks is not None or conn.length):
+        if req.__class__ is not fasthttp.Head and (conn.chunks is not None or conn.length):
             gunicorn_private.give_body(
                 req, bytes(conn.body), conn.spool, conn.chunks is not None, conn.length
             )
         conn.state = BUSY
-        # Not HEAD: werkzeug drops a HEAD answer's body, and with it NEEDS_THREAD. Not a body
-        # in a file: a second run needs it from the start, and the first one closes it.
-        methods = self.inline_methods
-        if (
-            plain
-            and self.inline
-            and req.method != "HEAD"
-            and (methods is None or req.method in methods)
-            and conn.spool is None
-        ):
+        if self._runs_inline(conn, req):
             # The socket stays registered meanwhile: nothing else runs in the loop until
             # this returns, and a kept-alive connection is then watched as it was.
             with inline.answering():
@@ -95,6 +82,19 @@ class Answering:
             self.tpool.submit(self._serve_and_return, conn, req)
         except RuntimeError:  # the pool is shut down: the worker is exiting
             self._close(conn)
+
+    def _runs_inline(self, conn: Conn, req: Request | fasthttp.Head) -> bool:
+        """Whether the request is first tried in the loop: a plain one, with the app answering
+        inline. Not HEAD: werkzeug drops a HEAD answer's body, and with it NEEDS_THREAD. Not
+        a body in a file: a second run needs it from the start, and the first one closes it."""
+        methods = self.inline_methods  # None: any method may be
+        return (
+            req.__class__ is fasthttp.Head
+            and self.inline
+            and req.method != "HEAD"
+            and (methods is None or req.method in methods)
+            and conn.spool is None
+        )
 
     def _serve_and_return(
         self, conn: Conn, req: Request | fasthttp.Head, waited: float | None = None

@@ -313,9 +313,9 @@ class ConnectionLoop:
     """The worker's loop and its connections (a mixin of BufferingWorker, worker.py).
 
     From the other parts it calls `_on_readable` (reading.py), `_wire_app` (worker.py),
-    `_sweep_waits`, `_waits` and `_let_go_of_wait` (parking.py); it uses gthread's `poller`,
-    `method_queue`, `tpool`, `nr_conns` and `worker_connections` (gunicorn_private.py lists
-    them)."""
+    `_wake_due`, `_next_deadline_in`, `_sweep_waits`, `_waits` and `_let_go_of_wait`
+    (parking.py); it uses gthread's `poller`, `method_queue`, `tpool`, `nr_conns` and
+    `worker_connections` (gunicorn_private.py lists them)."""
 
     def _init_connections(self) -> None:
         # Connections the loop watches (reading or lingering), swept for deadlines; the idle
@@ -355,10 +355,11 @@ class ConnectionLoop:
                 self.notify()
                 next_notify = now + NOTIFY_SECS
             self._update_accepting(now)
-            self._dispatch_events(SWEEP_SECS)
+            self._dispatch_events(min(SWEEP_SECS, self._next_deadline_in(now)))
             if not self.is_parent_alive():
                 break
             now = time.monotonic()
+            self._wake_due(now)
             if now >= next_sweep:
                 self._sweep(now)
                 next_sweep = now + SWEEP_SECS

@@ -15,18 +15,31 @@ writes anything: the two waiting ones, and an inline request's `NEEDS_THREAD` (i
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
+import math
 import threading
 import time
 from typing import Any
 
 from . import gunicorn_private, inline
 from .connections import BUSY, PARKED, STREAMING, WRITING, Conn
-from .waiting import END, PARK_KEY, WAITED_KEY, AskAgain, Stream
+from .fasthttp import Head, Reply
+from .waiting import END, PARK_KEY, WAITED_KEY, AskAgain, Prepared, Stream
 from .write_buffer import OUTPUT_BUFFER_BYTES
+
+WAKE_BATCH = 32
+"""Parked requests whose time is up that the loop runs again between two looks at its sockets:
+thousands of waiting heartbeats end every few seconds, and running hundreds of them at once
+would make every other request wait behind them."""
 
 STREAM_BACKLOG_BYTES = OUTPUT_BUFFER_BYTES
 """Bytes of an event stream that may wait unsent for its client; past that the client reads
 too slowly for the stream and is dropped (it reconnects and resumes, or gets a reset)."""
+
+
+TO_THREAD = "to a thread"
+"""What answering's `_serve` returns when an inline request needs a thread after all."""
 
 
 class Park(Exception):
@@ -82,17 +95,23 @@ class ParkingApp:
 class Parking:
     """Parked requests and streams in the loop (a mixin of BufferingWorker, worker.py).
 
-    Calls `_serve_and_return` (answering.py) to run a parked request again, and the loop's
-    `_finish` and `_close` (connections.py); the loop calls `_sweep_waits`, `_waits` and
-    `_let_go_of_wait`."""
+    Calls `_serve_and_return`, or `_serve` and `_served` when it runs inline (answering.py),
+    to run a parked request again, and the loop's
+    `_finish` and `_close` (connections.py); the loop calls `_wake_due` and
+    `_next_deadline_in` every round, and `_sweep_waits`, `_waits` and `_let_go_of_wait`."""
 
     def _init_parking(self) -> None:
         # Requests parked until their signal fires or their deadline passes, and streams
         # whose bodies the loop writes.
         self.parked: dict[Conn, tuple[Any, AskAgain]] = {}
         self.streams: dict[Conn, tuple[Any, Stream]] = {}
-        # Per request thread: the deadline of the parked wait the request runs again after
-        # (`_serve_and_return` sets it, ParkingApp reads it into WAITED_KEY).
+        # The parked requests by deadline, soonest first (an entry whose wait has ended
+        # otherwise is skipped when it comes up).
+        self._deadlines: list[tuple[float, int, Conn, AskAgain]] = []
+        self._order = itertools.count()
+        # Per thread that answers (a request thread, or the loop's for an inline one): the
+        # deadline of the parked wait the request runs again after (`_serve_and_return` and
+        # `_unpark` set it, ParkingApp reads it into WAITED_KEY).
         self.serving = threading.local()
 
     def _waits(self) -> list[Conn]:
@@ -100,11 +119,31 @@ class Parking:
         return [*self.parked, *self.streams]
 
     def _sweep_waits(self, now: float) -> None:
-        """Run again the parked requests whose time is up; ask the streams that are due."""
-        for conn in [conn for conn, (_, ask) in self.parked.items() if now >= ask.deadline]:
-            self._unpark(conn)
+        """Ask the streams that are due (parked requests: `_wake_due`, every round)."""
         for conn in [c for c, (_, stream) in self.streams.items() if now >= stream.next_deadline()]:
             self._pump(conn)
+
+    def _wake_due(self, now: float, limit: float = WAKE_BATCH) -> None:
+        """Run again up to `limit` parked requests whose time is up, soonest first."""
+        deadlines = self._deadlines
+        woken = 0
+        while deadlines and deadlines[0][0] <= now and woken < limit:
+            _, _, conn, ask = heapq.heappop(deadlines)
+            entry = self.parked.get(conn)
+            if entry is not None and entry[1] is ask:
+                self._unpark(conn)
+                woken += 1
+
+    def _next_deadline_in(self, now: float) -> float:
+        """Seconds until the soonest parked request's time is up (inf: none parked)."""
+        deadlines = self._deadlines
+        while deadlines:
+            _, _, conn, ask = deadlines[0]
+            entry = self.parked.get(conn)
+            if entry is not None and entry[1] is ask:
+                return max(0.0, deadlines[0][0] - now)
+            heapq.heappop(deadlines)  # its wait ended otherwise
+        return math.inf
 
     def _end_waits(self, now: float) -> None:
         """The worker is stopping: a parked request is answered now with what there is (its
@@ -133,8 +172,12 @@ class Parking:
         self._end_stream(conn, close=False)
 
     def _park(self, conn: Conn, req: Any, ask: AskAgain) -> None:
+        # An inline request (a waiting heartbeat) is still watched for its next request:
+        # nothing is read from a parked connection, and its read deadline no longer holds.
+        self._unwatch(conn)
         conn.state = PARKED
         self.parked[conn] = (req, ask)
+        heapq.heappush(self._deadlines, (ask.deadline, next(self._order), conn, ask))
         conn.wake_cb = functools.partial(self.method_queue.defer, self._unpark, conn)
         ask.signal.subscribe(conn.wake_cb)
         if not self.alive:
@@ -143,18 +186,45 @@ class Parking:
             self._unpark(conn)  # it fired between the app's look and the subscription
 
     def _unpark(self, conn: Conn) -> None:
-        """Run a parked request again on a thread (its signal fired, or its time is up)."""
+        """Run a parked request again (its signal fired, or its time is up): in the loop when
+        the app answers it inline (a waiting heartbeat: thousands of them renewed every few
+        seconds must not each cost a hand-off to a thread), else on a thread."""
         entry = self.parked.get(conn)
         if entry is None:
             return
         req, ask = entry
         self._let_go_of_wait(conn)
         conn.state = BUSY
+        if ask.at_deadline is not None and ask.signal.count == ask.seen and req.__class__ is Head:
+            self._served(conn, self._send_prepared(conn, req, ask.at_deadline), req)
+            return
+        if self._runs_inline(conn, req):
+            self.serving.waited = ask.deadline
+            try:
+                with inline.answering():
+                    outcome = self._serve(conn, req)
+            finally:
+                self.serving.waited = None
+            if outcome is not TO_THREAD:
+                self._served(conn, outcome, req)
+                return
         try:
             self.tpool.submit(self._serve_and_return, conn, req, ask.deadline)
         except RuntimeError:  # the pool is shut down: the worker is exiting
             conn.state = WRITING
             self._close(conn)
+
+    def _send_prepared(self, conn: Conn, head: Head, answer: Prepared) -> bool:
+        """Write an answer the view made in advance (nothing happened during its wait);
+        whether the connection may serve another request."""
+        reply = Reply(head, conn.out.sendall)
+        try:
+            reply.start_response(answer.status, answer.headers)
+            reply.write(answer.body)
+            reply.close()
+        except OSError:
+            return False
+        return not reply.should_close()
 
     def _start_stream(self, conn: Conn, resp: Any, stream: Stream) -> None:
         conn.state = STREAMING

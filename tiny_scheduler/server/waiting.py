@@ -10,7 +10,11 @@ the app hands them to the worker, which parks them in its event loop:
   the status and headers, parks the connection, and when `signal` fires or `deadline` passes
   runs the same request again on a thread, with `WAITED_KEY` (the deadline) in the environ;
   the view then answers what it has, or asks again until the deadline. Under any other
-  server the view waits in its thread instead (`wait_in_thread`).
+  server the view waits in its thread instead (`wait_in_thread`). A view that knows already
+  what it would answer at the deadline if nothing happened meanwhile gives it
+  (`Prepared`): then that is sent when the deadline passes with the signal quiet, without
+  running the request again (thousands of idle agents' heartbeats end that way every few
+  seconds).
 - **Streams** (`Stream`): the headers go out at once, then the worker's loop writes whatever
   `next_chunk()` has whenever `signal` fires or `next_deadline()` passes, for as long as the
   client reads; a client that stops reading is dropped once its unwritten output passes a
@@ -21,6 +25,7 @@ the app hands them to the worker, which parks them in its event loop:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 
@@ -61,16 +66,33 @@ class Waiters:
             self.count -= 1
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Prepared:
+    """An answer made in advance: WSGI's status line and headers, and the whole body."""
+
+    status: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
 class AskAgain:
     """A body saying "nothing yet: run this request again when `signal` fires, or at
-    `deadline` (monotonic seconds)". `release` is called once the wait is over."""
+    `deadline` (monotonic seconds)". `release` is called once the wait is over.
+    `at_deadline`: what to answer when the deadline passes and the signal has not fired
+    since the view looked (None: run the request again then too)."""
 
     def __init__(
-        self, signal: Signal, seen: int, deadline: float, release: Callable[[], None]
+        self,
+        signal: Signal,
+        seen: int,
+        deadline: float,
+        release: Callable[[], None],
+        at_deadline: Prepared | None = None,
     ) -> None:
         self.signal = signal
         self.seen = seen  # the signal's count when the view looked: a later firing counts
         self.deadline = deadline
+        self.at_deadline = at_deadline
         self._release: Callable[[], None] | None = release
 
     def release(self) -> None:

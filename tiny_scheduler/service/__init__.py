@@ -47,11 +47,13 @@ from ..state.schedule_table import ScheduleTable
 from ..state.table import JobTable, NodeJobs
 from ..state.token_book import TokenBook
 from ..storage import OutboxEvent, Writer
+from . import moves
 from .audit_ops import AuditOps
 from .core import Core, Event, Listener, Move
 from .dispatch import Dispatch
 from .lifecycle import Lifecycle
 from .node_ops import NodeOps, NodeView, Orders
+from .node_waits import NodeWaits
 from .output_ops import OutputOps, OutputRead
 from .queue_ops import QueueOps, QueueView
 from .reads import Page, Reads
@@ -98,7 +100,8 @@ class Scheduler:
     - `reads` (`Reads`): every other read, and the outbox of final-state events.
 
     Its own are the settings, the clock, the listeners of committed changes, the event log
-    (`events`) and the waiting requests (`waiters`).
+    (`events`) and the waiting requests (`waiters`, and the heartbeats waiting for work:
+    `waits`).
     """
 
     def __init__(
@@ -125,7 +128,11 @@ class Scheduler:
         self.jobs = Lifecycle(core)
         self.dispatch = Dispatch(core, self.jobs, book)
         self.schedules = ScheduleOps(core, self.jobs)
-        self.nodes = NodeOps(core, self.jobs, self.dispatch, book, settings.builtin_registry)
+        self.waits = NodeWaits(self._gives_work)
+        self.listeners.append(self.waits.on_change)
+        self.nodes = NodeOps(
+            core, self.jobs, self.dispatch, book, settings.builtin_registry, self.waits
+        )
         self.nodes.load(nodes or [])
         self.queues = QueueOps(core)
         self.users = UserOps(core)
@@ -150,6 +157,14 @@ class Scheduler:
         leader loads them with each term)."""
         self._core.tokens = TokenBook(tokens, last_token_seq)
         self._core.audit = AuditLog(audit, last_audit_id)
+
+    def _gives_work(self, node_id: str) -> bool:
+        """Whether an idle node may take the node's waiting jobs (it cannot start them)."""
+        placement = self._core.placement
+        nodes = placement.source.cached_nodes()
+        if nodes is None or not self.settings.job_stealing:
+            return False
+        return bool(moves.donors(placement.loads([node_id], nodes), nodes))
 
     def _log_event(self, event: Event, job: Job | None, detail: str) -> None:
         if job is not None:

@@ -10,6 +10,7 @@ Tests: `tests/test_moving_work.py`, `tests/test_agent_cycle.py`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 
 from .. import errors
@@ -22,6 +23,15 @@ from .core import Core, Event, Move
 from .lifecycle import Lifecycle
 
 log = logging.getLogger("tiny_scheduler.service")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Handed:
+    """The jobs a poll (or a waiting heartbeat) hands out, and whether the node has more it
+    could start than its agent's `want` let through (its agent should ask again)."""
+
+    jobs: list[Job]
+    more: bool = False
 
 
 class Dispatch:
@@ -43,16 +53,31 @@ class Dispatch:
         claims it disproves are failed first. May wait (busy jobs, commits): a thread's."""
         answer = self._poll(node_id, from_agent, in_memory=False)
         assert answer is not None
-        return answer
+        return answer.jobs
 
     def poll_in_memory(self, node_id: str, from_agent: bool = False) -> list[Job] | None:
         """The same poll when it can be answered from memory alone, changing nothing stored
         and waiting for nothing (the worker's loop answers it); None, before anything
         changed, when it would fail a disproved claim or move work: then `poll` it on a
         thread."""
-        return self._poll(node_id, from_agent, in_memory=True)
+        answer = self._poll(node_id, from_agent, in_memory=True)
+        return None if answer is None else answer.jobs
 
-    def _poll(self, node_id: str, from_agent: bool, in_memory: bool) -> list[Job] | None:
+    def hand(self, node_id: str, want: int | None) -> Handed:
+        """What a waiting heartbeat hands its node (spec, "Waiting for work"): the poll's
+        answer for the node, capped by the `want` free slots its agent says it has (a job
+        takes its CPUs of them, a service none). May wait, as `poll`: a thread's."""
+        answer = self._poll(node_id, False, in_memory=False, want=want)
+        assert answer is not None
+        return answer
+
+    def hand_in_memory(self, node_id: str, want: int | None) -> Handed | None:
+        """`hand` from memory alone, or None (nothing changed) when it would move work."""
+        return self._poll(node_id, False, in_memory=True, want=want)
+
+    def _poll(
+        self, node_id: str, from_agent: bool, in_memory: bool, want: int | None = None
+    ) -> Handed | None:
         core = self._core
         table = core.table
         placement = core.placement
@@ -65,21 +90,24 @@ class Dispatch:
         nodes = placement.source.cached_nodes()  # never a registry call on this path
         capacity = placement.capacity(node_id, nodes)
         stealing = core.settings.job_stealing
+        limit = capacity.total.cpus if want is None else min(want, capacity.total.cpus)
         # Remembering the offer is a memory cache: a second look on a thread renews it.
-        found, picker = table.poll(capacity, now, self._deadline, remember=stealing)
+        own, picker = table.poll(capacity, now, self._deadline, remember=stealing)
+        found = own if want is None else moves.within_slots(own, want)
         if stealing and nodes is not None and placement.may_take(node_id, nodes):
-            wanted = capacity.total.cpus - len(found)
+            wanted = limit - len(found)
             candidates = (
                 self._candidates(node_id, nodes, picker, wanted, now)
-                if wanted > 0 and not picker.exhausted
+                if wanted > 0 and not picker.exhausted and len(found) == len(own)
                 else []
             )
             if candidates and in_memory:
                 return None
             if candidates:
-                found += self._take_over(node_id, candidates, now)
+                taken = self._take_over(node_id, candidates, now)
+                found += taken if want is None else moves.within_slots(taken, want, found)
         core.emit(Event.POLLED, None, node_id)
-        return found
+        return Handed(found, more=len(found) < len(own))
 
     def _deadline(self, job: Job, start: int) -> int | None:
         """When a job started at `start` ends by its timeout (backfill's expectation)."""

@@ -42,6 +42,20 @@ LOST_BY_AGENT = jobs.LOST_BY_AGENT
 """The stderr of an attempt that the node's agent shows it is not running."""
 
 
+def within_slots(found: Sequence[Job], want: int, before: Sequence[Job] = ()) -> list[Job]:
+    """The jobs of `found`, in their order, that fit in `want` free slots left after the
+    jobs `before` (a `run` job takes its CPUs of them, a service none): what a waiting
+    heartbeat's `want` lets through of the poll's answer."""
+    left = want - sum(fit.need_of(job).cpus for job in before)
+    kept = []
+    for job in found:
+        cpus = fit.need_of(job).cpus
+        if cpus <= left:
+            kept.append(job)
+            left -= cpus
+    return kept
+
+
 def donors(loads: Iterable[NodeLoad], nodes: Nodes) -> list[str]:
     """The nodes whose waiting jobs an idle node may take: those that cannot start them."""
     return [load.node_id for load in loads if Placement.gives_work(load, nodes)]

@@ -28,8 +28,9 @@ from ..domain.jobs import Job
 from ..domain.nodes import NodeRecord, Nodes
 from . import moves
 from .core import Core
-from .dispatch import Dispatch
+from .dispatch import Dispatch, Handed
 from .lifecycle import Lifecycle
+from .node_waits import NodeWaits
 
 log = logging.getLogger("tiny_scheduler.service")
 
@@ -95,8 +96,10 @@ class Orders:
     node_lost_secs: float = 0.0
     job_timeout_secs: int = 0
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
+    def to_wire(self, jobs_handed: list[Job] | None = None) -> dict[str, Any]:
+        """The answer; a waiting heartbeat's also has `jobs`, the jobs handed to the node,
+        each as the poll shows it."""
+        out: dict[str, Any] = {
             "node_id": self.node_id,
             "heartbeat_secs": _number(self.heartbeat_secs),
             "drain": self.drain,
@@ -104,6 +107,9 @@ class Orders:
             "node_lost_secs": _number(self.node_lost_secs),
             "job_timeout_secs": self.job_timeout_secs,
         }
+        if jobs_handed is not None:
+            out["jobs"] = [job.to_wire() for job in jobs_handed]
+        return out
 
 
 def _number(secs: float) -> float | int:
@@ -115,7 +121,13 @@ class NodeOps:
     """Heartbeats, drains and the node listing."""
 
     def __init__(
-        self, core: Core, lifecycle: Lifecycle, dispatch: Dispatch, book: NodeBook, builtin: bool
+        self,
+        core: Core,
+        lifecycle: Lifecycle,
+        dispatch: Dispatch,
+        book: NodeBook,
+        builtin: bool,
+        waits: NodeWaits,
     ) -> None:
         self._core = core
         self._lifecycle = lifecycle
@@ -123,6 +135,7 @@ class NodeOps:
         self.book = book
         self._builtin = builtin  # the heartbeats are the node list (REGISTRY_URL=builtin)
         self._records: dict[str, NodeRecord] = {}  # as stored
+        self.waits = waits
 
     def load(self, records: list[NodeRecord]) -> None:
         """Start a term (or the daemon) with the stored nodes, each counted as seen now."""
@@ -209,14 +222,33 @@ class NodeOps:
             ),
         )
         self._reconcile(node_id, running, beat.running)
-        settings = core.settings
+        return self.orders(node_id, beat)
+
+    def orders(self, node_id: str, beat: Heartbeat) -> Orders:
+        """The node's orders as they stand now for the jobs its heartbeat listed: a read,
+        from memory. A waiting heartbeat's effects happened when it arrived; when it is
+        answered later, its orders are read again here."""
+        settings = self._core.settings
         return Orders(
             node_id,
             settings.node_heartbeat_secs,
-            node_id in book.drained(),
+            node_id in self.book.drained(),
             self._stop_orders(node_id, beat.running, dict(beat.attempts)),
             settings.node_lost_secs,
             settings.job_timeout_secs,
+        )
+
+    def has_news(self, orders: Orders, handed: Handed, woken: bool) -> bool:
+        """Whether a waiting heartbeat answers now rather than wait on: it has jobs to hand
+        out, a stop order, or a drain its agent was not told yet; or, woken by a change, the
+        node could start more than the agent's `want` let through (a slot came free since
+        it asked: it asks again with its new count). Not on arrival: an agent whose count
+        differs from ours would then ask again and again at once."""
+        return bool(
+            handed.jobs
+            or orders.stop
+            or self.waits.drain_news(orders.node_id, orders.drain)
+            or (woken and handed.more)
         )
 
     def _reconcile(self, node_id: str, running: list[Job], listed: frozenset[str]) -> None:
@@ -275,6 +307,7 @@ class NodeOps:
             core.store.save_nodes(record)
             self._records[node_id] = record
         self.book.set_drain(node_id, drain)
+        self.waits.wake(node_id)
         if drain:
             log.info("node %s drained", node_id)
             for job in core.table.on_node(node_id).pending:
@@ -290,14 +323,21 @@ class NodeOps:
 
     def listing(self) -> list[NodeView]:
         """Every known node, sorted by id."""
-        cached = self._core.placement.source.cached_nodes()
+        cached = self._shown_nodes()
         return [self._view(node_id, cached) for node_id in sorted(self._known(cached))]
 
     def get(self, node_id: str) -> NodeView:
-        cached = self._core.placement.source.cached_nodes()
+        cached = self._shown_nodes()
         if node_id not in self._known(cached):
             raise errors.NotFound(NODE_NOT_FOUND)
         return self._view(node_id, cached)
+
+    def _shown_nodes(self) -> Nodes | None:
+        """The node list the listing shows: a registry's last answer (never a peer call
+        here); the heartbeats' own list as it is now, which memory makes at once (its cached
+        copy, the poll's, may lag a node that just registered: `BuiltinNodes`)."""
+        source = self._core.placement.source
+        return source.nodes() if self._builtin else source.cached_nodes()
 
     def is_listed_in_memory(self, node_id: str) -> bool | None:
         """Whether the node source's last list names the node; None when it does not (or
