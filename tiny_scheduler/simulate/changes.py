@@ -168,7 +168,7 @@ def read_nodes(path: str) -> list[Node]:
     for number, item in enumerate(listed, 1):
         where = f"--nodes {path}: node {number}"
         if not isinstance(item, dict):
-            raise ChangeError(f"{where}: must be an object such as {{\"node_id\": …, \"cpus\": 4}}")
+            raise ChangeError(f'{where}: must be an object such as {{"node_id": …, "cpus": 4}}')
         for name, value in item.items():
             kind = NODE_FIELDS.get(name)
             if kind is None:

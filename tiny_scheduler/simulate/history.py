@@ -241,7 +241,9 @@ def _read_postgres(url: str, since_us: int) -> History:
             return _read(conn, "%s", since_us)
     except psycopg.Error as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise HistoryError(f"--db {shown}: not a readable tiny-scheduler database ({first})") from None
+        raise HistoryError(
+            f"--db {shown}: not a readable tiny-scheduler database ({first})"
+        ) from None
 
 
 def _read(conn: Any, mark: str, since_us: int) -> History:

@@ -226,7 +226,8 @@ class _Replay:
     def _submit(self, job: PastJob) -> None:
         missing = [dep for dep in job.depends_on if dep not in self.replayed]
         if missing:
-            self.outcome.refused[job.seq] = f"depends on {jobs.job_id_of(missing[0])}, which could not run"
+            lost = jobs.job_id_of(missing[0])
+            self.outcome.refused[job.seq] = f"depends on {lost}, which could not run"
             return
         body = job.request([self.replayed[dep] for dep in job.depends_on])
         try:
