@@ -10,7 +10,8 @@ and their leader), `queue_commands` (`queues` and the `queue` group, a client of
 `schedule_commands` (the `schedule` group, a client of /schedules), `node_commands` (nodes,
 node drain|undrain, version), `dev_commands` (the local dev cluster and dev registry) and
 `token_commands` (`token create|list|revoke`, `whoami`, `audit`), `agent_command` (a node's
-compute agent); what they print is in `output`. Tables for people,
+compute agent), `simulate_command` (what if: the history replayed); what they print is in
+`output`. Tables for people,
 `--json` for scripts.
 
 Nothing outside this package imports it: it is the top of the import graph.
@@ -35,6 +36,7 @@ from .node_commands import COMMANDS as NODE_COMMANDS
 from .output import CliError
 from .queue_commands import queue, queues
 from .schedule_commands import schedule
+from .simulate_command import simulate
 from .token_commands import audit, token, whoami
 from .user_commands import user, users
 
@@ -89,6 +91,7 @@ for _command in (
     *COMMANDS,
     *ACTION_COMMANDS,
     history,
+    simulate,
     cluster,
     queues,
     queue,

@@ -104,7 +104,7 @@ def compare(
         (
             ((after[job.seq].start - before[job.seq].start) / US, job.seq)
             for job in history.jobs
-            if job.seq in after
+            if job.seq in after and after[job.seq].start != before[job.seq].start
         ),
         key=lambda item: (-abs(item[0]), item[1]),
     )[:MOST_CHANGED]
@@ -133,6 +133,9 @@ def text(compared: Mapping[str, Any]) -> str:
     """The comparison as aligned lines: a figure, what happened, the what-if."""
     before, after = compared["history"], compared["what_if"]
     lines: list[tuple[str, str, str]] = [("", "history", "what if")]
+    if "claim_latency_secs" in compared:
+        latency = _secs(compared["claim_latency_secs"])
+        lines.append(("claim latency", "", latency))
     lines.append(("jobs", str(before["jobs"]), str(after["jobs"])))
     if after["not_run"]:
         lines.append(("  not run", str(before["not_run"]), str(after["not_run"])))
@@ -161,6 +164,7 @@ def text(compared: Mapping[str, Any]) -> str:
         for item in compared["most_changed"]:
             out.append(
                 f"  {item['job_id']}  {_secs(item['wait_before'])} -> {_secs(item['wait_after'])}"
+                f" ({item['change']:+.1f} s)"
             )
     for job_id, why in compared["not_run"].items():
         out.append(f"not run: {job_id}: {why}")
@@ -177,7 +181,9 @@ def _waits(
 
 
 def _secs(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f} s"
+    if value is None:
+        return "-"
+    return f"{value:.1f} s" if abs(value) >= 1 or value == 0 else f"{value:.2f} s"
 
 
 def _share(value: float | None) -> str:
