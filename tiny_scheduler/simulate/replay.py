@@ -6,15 +6,20 @@ the `Setup` stored as an operator would set them. `replay` moves its clock strai
 event, never idling between:
 
 1. every node whose last heartbeat is a period old beats (listing what it runs), so each
-   stays healthy without a beat at every step;
+   stays healthy without a beat at every step (the period is an hour: no node is lost);
 2. the jobs that end now are reported (done, or failed as they did: no retries);
 3. the jobs that arrive now are submitted, each with the requests it was submitted with and
    its dependencies on the replay's own jobs (a job the cluster refuses, none of its nodes
    could run it, is noted with why, and so are the jobs that depend on it);
-4. `claim_latency` after an end or an arrival, the nodes with CPUs free poll, again until a
-   round of polls starts nothing; a node claims each job its poll hands out that fits in what
-   it has free (the scheduler does the fitting: a job that does not is counted in
-   `overfilled`, which stays 0), and the job ends its past run time later.
+4. `claim_latency` after an end or an arrival, while jobs are pending, the nodes with CPUs
+   free poll (first those where jobs ended or were placed, then the others in id order),
+   again until a round of polls starts nothing; a node claims each job its poll hands out
+   that fits in what it has free (the scheduler does the fitting: a job that does not is
+   counted in `overfilled`, which stays 0), and the job ends its past run time later.
+
+A node with no CPU free, or a poll while nothing is pending, would get nothing: they are
+skipped, which makes a week of jobs a few polls per job. The store keeps nothing (`_Forgetful`):
+a replay never restarts, and nobody reads its jobs back from disk.
 
 Every decision is the service's: placement at submission, the poll's order (priority, fair
 share, age), fit and backfill (`fit.Picker`), queue and user limits, dependencies and the idle
@@ -44,11 +49,14 @@ from ..domain.validation import JobUpdate
 from ..service import Scheduler
 from ..state.schedule_table import ScheduleTable
 from ..state.table import JobTable
-from ..storage import Writer
+from ..storage import Batch, Writer
 from ..storage.memory import MemoryDatabase, MemoryStore
 from .history import Node, PastJob
 
 US = 1_000_000
+
+REPLAY_HEARTBEAT_SECS = 3600.0
+REPLAY_LOST_SECS = 10 * 365 * 86400.0
 
 NO_MEMORY_LIMIT = 1 << 40
 """MiB free on a node that reports none: the scheduler checks no job's memory there."""
@@ -85,6 +93,14 @@ class Outcome:
     overfilled: int = 0
 
 
+class _Forgetful(MemoryStore):
+    """A store that commits into thin air: a `MemoryStore` would keep every batch and check
+    each one against every job it holds, which a week of jobs makes quadratic."""
+
+    def write(self, batch: Batch) -> None:
+        pass
+
+
 class VirtualCluster:
     """One scheduler in memory at `start_us`, its nodes the agents of `setup` (heartbeats it
     is told of); `settings` are Settings fields."""
@@ -97,9 +113,13 @@ class VirtualCluster:
             "max_jobs_per_node": "auto",
             "placement": setup.placement,
             "max_job_retries": 0,  # a past failure is replayed as one: its retries are past too
+            # Nodes never fail in a replay: a heartbeat an hour keeps them healthy, and costs
+            # a week of jobs a few beats per node, not one at every event.
+            "node_heartbeat_secs": REPLAY_HEARTBEAT_SECS,
+            "node_lost_secs": REPLAY_LOST_SECS,
         }
         self.settings = Settings(**{**fields, **settings})
-        writer = Writer(MemoryStore(MemoryDatabase()))
+        writer = Writer(_Forgetful(MemoryDatabase()))
         loaded = writer.load()
         table = JobTable(
             loaded.jobs,
@@ -181,6 +201,8 @@ class _Replay:
         self.running: dict[str, set[str]] = {node.node_id: set() for node in cluster.nodes}
         self.free = {node.node_id: capacity_of(node) for node in cluster.nodes}
         self.beaten: dict[str, int] = {}  # node id -> the time of its last heartbeat
+        self.pending = 0  # jobs submitted and not started
+        self.touched: dict[str, None] = {}  # nodes to poll first: jobs ended or placed there
 
     def run(self) -> Outcome:
         clock = self.cluster.clock
@@ -204,7 +226,9 @@ class _Replay:
             if self.polls and self.polls[0] <= now:
                 while self.polls and self.polls[0] <= now:
                     heapq.heappop(self.polls)
-                self._poll_rounds(now)
+                if self.pending:
+                    self._poll_rounds(now)
+                self.touched.clear()
         return self.outcome
 
     def _heartbeats(self, now: int) -> None:
@@ -220,6 +244,7 @@ class _Replay:
             self.cluster.report(job, node_id, self.by_job_id[job.job_id].failed)
             self.free[node_id] += fit.need_of(job)
             self.running[node_id].discard(job.job_id)
+            self.touched[node_id] = None
             ended = True
         return ended
 
@@ -237,13 +262,19 @@ class _Replay:
             return
         self.replayed[job.seq] = made.seq
         self.by_job_id[made.job_id] = job
+        self.pending += 1
+        self.touched[made.node_id] = None
 
     def _poll_rounds(self, now: int) -> None:
+        order = [*self.touched, *(node.node_id for node in self.cluster.nodes)]
+        order = list(dict.fromkeys(node_id for node_id in order if node_id in self.free))
         started = True
-        while started:
+        while started and self.pending:
             started = False
-            for node in self.cluster.nodes:
-                if self.free[node.node_id].cpus > 0 and self._poll(node.node_id, now):
+            for node_id in order:
+                if not self.pending:
+                    break
+                if self.free[node_id].cpus > 0 and self._poll(node_id, now):
                     started = True
 
     def _poll(self, node_id: str, now: int) -> bool:
@@ -260,5 +291,6 @@ class _Replay:
             end = now + past.run_us
             heapq.heappush(self.ends, (end, claimed.seq, claimed, node_id))
             self.outcome.runs[past.seq] = Run(node_id, now, end)
+            self.pending -= 1
             started = True
         return started
