@@ -106,9 +106,7 @@ def _fetch(url: str, since: str) -> Any:
         listed: list[dict[str, Any]] = []
         after: str | None = None
         while True:
-            page, after = client.page(
-                MAX_PAGE, after, finished_since=moment(since), output="none"
-            )
+            page, after = client.page(MAX_PAGE, after, finished_since=moment(since), output="none")
             listed.extend(page)
             if after is None:
                 break

@@ -21,6 +21,7 @@ Tests: `tests/test_node_decisions.py`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 
 from ..clock import Clock
@@ -69,6 +70,7 @@ class NodeBook:
         self._drained: frozenset[str] = frozenset()
         self._misses: dict[str, int] = {}  # job id -> heartbeats in a row that left it out
         self._facts: dict[str, NodeFacts] | None = None  # made from the beats when asked
+        self.version = 0  # counts the changes to the beats: a list made of them is stale after
 
     # --- changes ---------------------------------------------------------------------------
 
@@ -76,6 +78,7 @@ class NodeBook:
         with self._lock:
             old = self._beats.get(node_id)
             self._beats[node_id] = beat
+            self.version += 1
             if old is None or old.facts != beat.facts:
                 self._facts = None
 
@@ -84,6 +87,7 @@ class NodeBook:
         now = self.clock.monotonic()
         with self._lock:
             self._beats[node_id] = dataclasses.replace(beat, at=now)
+            self.version += 1
             self._facts = None
             if drained:
                 self._drained = self._drained | {node_id}
@@ -96,6 +100,7 @@ class NodeBook:
         """A term ended: a standby knows no nodes (the next term loads them)."""
         with self._lock:
             self._beats.clear()
+            self.version += 1
             self._drained = frozenset()
             self._misses.clear()
             self._facts = None
@@ -167,25 +172,43 @@ class NodeBook:
             return HEALTHY
         return UNHEALTHY if age <= self.lost_secs else "gone"
 
+    def health_changes(self, beat: Beat) -> float:
+        """The monotonic time from which `health(beat)` may answer otherwise than now."""
+        healthy_until = beat.at + HEALTHY_BEATS * self.heartbeat_secs
+        if self.clock.monotonic() <= healthy_until:
+            return healthy_until
+        return beat.at + self.lost_secs
+
 
 class BuiltinNodes:
     """The node source of `REGISTRY_URL=builtin`: the agents that heartbeat."""
 
     def __init__(self, book: NodeBook) -> None:
         self._book = book
+        # The last list, the book's version it was made of, and until when (monotonic) every
+        # node's health in it holds: each poll asks, and most ask before anything changed.
+        self._last: tuple[Nodes, int, float] | None = None
 
     def nodes(self) -> Nodes:
         book = self._book
+        version, now = book.version, book.clock.monotonic()
+        last = self._last
+        if last is not None and last[1] == version and now < last[2]:
+            return last[0]
         status: dict[str, str] = {}
         cpus: dict[str, int] = {}
         facts: dict[str, NodeFacts] = {}
+        holds = math.inf
         for node_id, beat in book.beats().items():
             health = book.health(beat)
             if health != "gone":
                 status[node_id] = health
                 cpus[node_id] = beat.cpu_count
                 facts[node_id] = beat.facts
-        return Nodes.of(status, cpus, book.clock.monotonic(), facts=facts)
+                holds = min(holds, book.health_changes(beat))
+        made = Nodes.of(status, cpus, now, facts=facts)
+        self._last = (made, version, holds)
+        return made
 
     def cached_nodes(self) -> Nodes | None:
         return self.nodes()  # made from memory at once: never stale

@@ -13,7 +13,7 @@ event, never idling between:
    could run it, is noted with why, and so are the jobs that depend on it);
 4. `claim_latency` after an end or an arrival, while jobs are pending, the nodes with CPUs
    free poll (first those where jobs ended or were placed, then the others in id order),
-   again until a round of polls starts nothing; a node claims each job its poll hands out
+   and again those whose poll started something, until none does; a node claims each job its poll hands out
    that fits in what it has free (the scheduler does the fitting: a job that does not is
    counted in `overfilled`, which stays 0), and the job ends its past run time later.
 
@@ -268,14 +268,13 @@ class _Replay:
     def _poll_rounds(self, now: int) -> None:
         order = [*self.touched, *(node.node_id for node in self.cluster.nodes)]
         order = list(dict.fromkeys(node_id for node_id in order if node_id in self.free))
-        started = True
-        while started and self.pending:
-            started = False
-            for node_id in order:
-                if not self.pending:
-                    break
-                if self.free[node_id].cpus > 0 and self._poll(node_id, now):
-                    started = True
+        while order and self.pending:
+            # Again only where a poll started something: starting frees nothing elsewhere.
+            order = [
+                node_id
+                for node_id in order
+                if self.pending and self.free[node_id].cpus > 0 and self._poll(node_id, now)
+            ]
 
     def _poll(self, node_id: str, now: int) -> bool:
         started = False
