@@ -5,6 +5,7 @@
     python -m benchmarks --only submit,cycle --runs 1 --profile
     python -m benchmarks --only placement --placement-scale 0.1   # issue 13's scenario, 10x faster
     python -m benchmarks --only fit --fit-scale 0.25   # issue 34's scenario, 4x faster
+    python -m benchmarks --only simulate   # issue 38: a week of 100k jobs replayed
 
 See benchmarks/README.md for what each figure means.
 """
@@ -33,6 +34,7 @@ from . import (
     profile,
     report,
     scenarios,
+    simulate,
     waiters,
     worker_floor,
 )
@@ -55,6 +57,7 @@ SCENARIOS = (
     "priorities",
     "agents1000",
     "owners",
+    "simulate",
 )
 
 
@@ -75,6 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--warmup", type=float, help="seconds before each window; default 1, quick 0.5"
+    )
+    parser.add_argument(
+        "--simulate-jobs", type=int, default=simulate.JOBS, help="jobs of the simulate week"
     )
     parser.add_argument("--sizes", help="history sizes, comma list; default 10000,100000,1000000")
     parser.add_argument(
@@ -190,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             "priorities": priorities.priorities,
             "agents1000": agents.agents,
             "owners": owners.owners,
+            # Issue 38: in this process, no daemon: the replay of a drawn week.
+            "simulate": lambda _: simulate.run(args.simulate_jobs),
         }
         for name in SCENARIOS:
             if name in args.only:

@@ -181,6 +181,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
     out += _priorities_rows(results)
     out += _agents_rows(results.get("agents1000"))
     out += _owner_rows(results.get("owners"))
+    out += _simulate_rows(results.get("simulate"))
 
     restarts = sorted(int(key.split("_")[1]) for key in results if key.startswith("restart_"))
     for size in restarts:
@@ -695,3 +696,19 @@ def _worker_floor_rows(case: dict[str, Any] | None) -> list[Row]:
             )
         )
     return out
+
+
+def _simulate_rows(case: dict[str, Any] | None) -> list[Row]:
+    """Issue 38: a week of jobs replayed by `tiny-scheduler simulate`'s code."""
+    if not case:
+        return []
+    return [
+        Row(
+            f"simulate, a week of {case['jobs']:,} jobs",
+            "replay s (--nodes +2)",
+            _num(case["replay_s"], 1),
+            target=f"< {case['target_s']:g}",
+            met=case["met"],
+        ),
+        Row("", "jobs replayed/s", _num(case["jobs_per_s"])),
+    ]

@@ -108,7 +108,10 @@ def test_a_job_starts_only_after_the_job_it_depends_on_and_the_claim_latency() -
 
 def test_a_job_no_node_of_the_what_if_can_run_is_reported_with_its_dependents() -> None:
     past = history.build(
-        [PastJob(1, T0, T0, T0 + US, "a", cpus=4), PastJob(2, T0, T0, T0 + US, "a", depends_on=(1,))],
+        [
+            PastJob(1, T0, T0, T0 + US, "a", cpus=4),
+            PastJob(2, T0, T0, T0 + US, "a", depends_on=(1,)),
+        ],
         [Node("a", 4)],
     )
     outcome = replay(past.jobs, Setup([Node("b", 2)]))
