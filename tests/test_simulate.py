@@ -266,7 +266,7 @@ def test_simulate_shows_a_what_if_side_by_side(db: Path) -> None:
     assert done.exit_code == 0, done.output
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["history", "what", "if"]
-    assert _row(lines, "makespan") == "makespan 10.0 s 5.0 s".split()
+    assert _row(lines, "makespan") == ["makespan", "10.0", "s", "5.0", "s"]
     assert _row(lines, "node a-copy-2 utilization")[:2] == ["node", "a-copy-2"]
     assert "waits that changed most:" in lines
 

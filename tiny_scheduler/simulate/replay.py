@@ -13,9 +13,10 @@ event, never idling between:
    could run it, is noted with why, and so are the jobs that depend on it);
 4. `claim_latency` after an end or an arrival, while jobs are pending, the nodes with CPUs
    free poll (first those where jobs ended or were placed, then the others in id order),
-   and again those whose poll started something, until none does; a node claims each job its poll hands out
-   that fits in what it has free (the scheduler does the fitting: a job that does not is
-   counted in `overfilled`, which stays 0), and the job ends its past run time later.
+   and again those whose poll started something, until none does; a node claims each job
+   its poll hands out that fits in what it has free (the scheduler does the fitting: a job
+   that does not is counted in `overfilled`, which stays 0), and the job ends its past run
+   time later.
 
 A node with no CPU free, or a poll while nothing is pending, would get nothing: they are
 skipped, which makes a week of jobs a few polls per job. The store keeps nothing (`_Forgetful`):
