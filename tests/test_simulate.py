@@ -9,6 +9,8 @@ The replay of a history a real daemon and real agents made is tests/test_simulat
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -294,3 +296,33 @@ def test_bad_input_is_a_usage_error_naming_it(
     done = simulate(*given, "--since", SINCE)
     assert done.exit_code == 2, done.output
     assert error in done.stderr
+
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "simulate.md"
+DOC_DB = "/var/lib/tiny-scheduler/scheduler.db"
+"""The database path docs/simulate.md shows, run here on the test's history."""
+
+
+def documented_commands() -> list[str]:
+    """The `tiny-scheduler simulate` lines of docs/simulate.md's shell blocks."""
+    blocks = re.findall(r"```sh\n(.*?)```", DOC.read_text(), re.S)
+    return [
+        line
+        for block in blocks
+        for line in block.splitlines()
+        if line.startswith("tiny-scheduler simulate")
+    ]
+
+
+def test_the_commands_docs_simulate_shows_run_on_a_history(
+    db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "nodes.json").write_text('[{"node_id": "x", "cpus": 4, "memory_mb": 8192}]')
+    monkeypatch.chdir(tmp_path)
+    commands = documented_commands()
+    assert len(commands) == 4
+    for command in commands:
+        words = [str(db) if word == DOC_DB else word for word in shlex.split(command)[1:]]
+        done = CliRunner().invoke(main, words)
+        assert done.exit_code == 0, (command, done.output)
+        assert "makespan" in done.stdout
