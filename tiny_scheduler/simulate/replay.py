@@ -120,26 +120,18 @@ class VirtualCluster:
             "node_lost_secs": REPLAY_LOST_SECS,
         }
         self.settings = Settings(**{**fields, **settings})
-        writer = Writer(_Forgetful(MemoryDatabase()))
-        loaded = writer.load()
-        table = JobTable(
-            loaded.jobs,
-            loaded.last_seq,
-            loaded.queues,
-            loaded.users,
-            self.settings.fairshare_half_life_secs,
-        )
+        # A replay starts empty: no jobs, schedules or nodes to load.
+        table = JobTable(half_life_secs=self.settings.fairshare_half_life_secs)
         book = NodeBook(self.clock, self.settings.node_heartbeat_secs, self.settings.node_lost_secs)
         placement = Placement(Drains(BuiltinNodes(book), book), self.settings, table, self.clock)
         self.service = Scheduler(
             self.settings,
-            writer,
+            Writer(_Forgetful(MemoryDatabase())),
             table,
             placement,
-            ScheduleTable(loaded.schedules, loaded.last_schedule_seq),
+            ScheduleTable(),
             clock=self.clock,
             book=book,
-            nodes=loaded.nodes,
         )
         for name, limit in sorted(setup.queue_limits.items()):
             self.service.queues.update(QueueSettings(name, limit))
