@@ -11,15 +11,17 @@ event, never idling between:
 3. the jobs that arrive now are submitted, each with the requests it was submitted with and
    its dependencies on the replay's own jobs (a job the cluster refuses, none of its nodes
    could run it, is noted with why, and so are the jobs that depend on it);
-4. `claim_latency` after an end or an arrival, while jobs are pending, the nodes with CPUs
-   free poll (first those where jobs ended or were placed, then the others in id order),
-   and again those whose poll started something, until none does; a node claims each job
+4. `claim_latency` after an end or an arrival, while jobs are pending, the nodes where jobs
+   ended or were placed poll, then, when that may start more (`_poll_rounds`), every node
+   with CPUs free in id order, and again those whose poll started something, until none does; a node claims each job
    its poll hands out that fits in what it has free (the scheduler does the fitting: a job
    that does not is counted in `overfilled`, which stays 0), and the job ends its past run
    time later.
 
-A node with no CPU free, or a poll while nothing is pending, would get nothing: they are
-skipped, which makes a week of jobs a few polls per job. The store keeps nothing (`_Forgetful`):
+A node with no CPU free, a poll while nothing is pending, or a poll of a node nothing changed
+for since its last would get nothing: they are skipped, which makes a week of jobs a few
+polls per job. (Not quite nothing: an end also moves fair-share usage, which may reorder
+another node's queue; that node sees the new order at its next poll.) The store keeps nothing (`_Forgetful`):
 a replay never restarts, and nobody reads its jobs back from disk.
 
 Every decision is the service's: placement at submission, the poll's order (priority, fair
@@ -175,16 +177,18 @@ def replay(past: Sequence[PastJob], setup: Setup, **settings: Any) -> Outcome:
     """Run the past jobs (in arrival order) again on a new virtual cluster (see the module's
     notes); `settings` are Settings fields."""
     start = past[0].arrival if past else 0
-    return _Replay(VirtualCluster(setup, start, **settings), past, setup.claim_latency_us).run()
+    return _Replay(VirtualCluster(setup, start, **settings), past, setup).run()
 
 
 class _Replay:
     """One replay's state: what waits to arrive, what runs where, what each node has free."""
 
-    def __init__(self, cluster: VirtualCluster, past: Sequence[PastJob], latency: int) -> None:
+    def __init__(self, cluster: VirtualCluster, past: Sequence[PastJob], setup: Setup) -> None:
         self.cluster = cluster
         self.past = past
-        self.latency = latency
+        self.latency = setup.claim_latency_us
+        self.limited = (set(setup.queue_limits), set(setup.user_limits))
+        self.depended_on = {dep for job in past for dep in job.depends_on}
         self.heartbeat_us = int(cluster.settings.node_heartbeat_secs * US)
         self.outcome = Outcome({}, {})
         self.by_job_id: dict[str, PastJob] = {}  # the replay's job id -> the past job
@@ -196,6 +200,8 @@ class _Replay:
         self.beaten: dict[str, int] = {}  # node id -> the time of its last heartbeat
         self.pending = 0  # jobs submitted and not started
         self.touched: dict[str, None] = {}  # nodes to poll first: jobs ended or placed there
+        self.arrived: set[str] = set()  # jobs submitted since the last polls, not started
+        self.widely = False  # an end since the last polls may let a job start on any node
 
     def run(self) -> Outcome:
         clock = self.cluster.clock
@@ -222,6 +228,8 @@ class _Replay:
                 if self.pending:
                     self._poll_rounds(now)
                 self.touched.clear()
+                self.arrived.clear()
+                self.widely = False
         return self.outcome
 
     def _heartbeats(self, now: int) -> None:
@@ -238,6 +246,10 @@ class _Replay:
             self.free[node_id] += fit.need_of(job)
             self.running[node_id].discard(job.job_id)
             self.touched[node_id] = None
+            past = self.by_job_id[job.job_id]
+            queues, users = self.limited
+            if past.queue in queues or past.owner in users or past.seq in self.depended_on:
+                self.widely = True  # room in a limit, or a dependency met: for any node
             ended = True
         return ended
 
@@ -257,10 +269,18 @@ class _Replay:
         self.by_job_id[made.job_id] = job
         self.pending += 1
         self.touched[made.node_id] = None
+        self.arrived.add(made.job_id)
 
     def _poll_rounds(self, now: int) -> None:
-        order = [*self.touched, *(node.node_id for node in self.cluster.nodes)]
-        order = list(dict.fromkeys(node_id for node_id in order if node_id in self.free))
+        """The touched nodes poll; then every node with CPUs free, but only when that may
+        start something more: a job that arrived is still pending (another node may take it
+        over), or a job that ended made room in a limit or met a dependency. A plain end
+        changes nothing for the other nodes: their last polls' answers stand."""
+        self._rounds([node_id for node_id in self.touched if node_id in self.free], now)
+        if self.pending and (self.widely or self.arrived):
+            self._rounds([node.node_id for node in self.cluster.nodes], now)
+
+    def _rounds(self, order: list[str], now: int) -> None:
         while order and self.pending:
             # Again only where a poll started something: starting frees nothing elsewhere.
             order = [
@@ -284,5 +304,6 @@ class _Replay:
             heapq.heappush(self.ends, (end, claimed.seq, claimed, node_id))
             self.outcome.runs[past.seq] = Run(node_id, now, end)
             self.pending -= 1
+            self.arrived.discard(job.job_id)
             started = True
         return started
