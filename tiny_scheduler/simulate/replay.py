@@ -1,6 +1,6 @@
 """The replay: past jobs run again, event by event on a virtual clock, through the real service.
 
-`VirtualCluster` is one scheduler in memory (a `MemoryStore`, a `ManualClock`, its nodes the
+`VirtualCluster` is one scheduler in memory (a store that keeps nothing, a `ManualClock`, its nodes the
 agents that heartbeat, as with `REGISTRY_URL=builtin`), with the queues' and users' limits of
 the `Setup` stored as an operator would set them. `replay` moves its clock straight to the next
 event, never idling between:
@@ -13,16 +13,16 @@ event, never idling between:
    could run it, is noted with why, and so are the jobs that depend on it);
 4. `claim_latency` after an end or an arrival, while jobs are pending, the nodes where jobs
    ended or were placed poll, then, when that may start more (`_poll_rounds`), every node
-   with CPUs free in id order, and again those whose poll started something, until none does; a node claims each job
-   its poll hands out that fits in what it has free (the scheduler does the fitting: a job
-   that does not is counted in `overfilled`, which stays 0), and the job ends its past run
-   time later.
+   with CPUs free in id order, and again those whose poll started something, until none
+   does; a node claims each job its poll hands out that fits in what it has free (the
+   scheduler does the fitting: a job that does not is counted in `overfilled`, which stays
+   0), and the job ends its past run time later.
 
 A node with no CPU free, a poll while nothing is pending, or a poll of a node nothing changed
 for since its last would get nothing: they are skipped, which makes a week of jobs a few
 polls per job. (Not quite nothing: an end also moves fair-share usage, which may reorder
-another node's queue; that node sees the new order at its next poll.) The store keeps nothing (`_Forgetful`):
-a replay never restarts, and nobody reads its jobs back from disk.
+another node's queue; that node sees the new order at its next poll.) The store keeps
+nothing (`_Forgetful`): a replay never restarts, and nobody reads its jobs back from disk.
 
 Every decision is the service's: placement at submission, the poll's order (priority, fair
 share, age), fit and backfill (`fit.Picker`), queue and user limits, dependencies and the idle
