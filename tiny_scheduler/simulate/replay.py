@@ -1,8 +1,8 @@
 """The replay: past jobs run again, event by event on a virtual clock, through the real service.
 
-`VirtualCluster` is one scheduler in memory (a store that keeps nothing, a `ManualClock`, its nodes the
-agents that heartbeat, as with `REGISTRY_URL=builtin`), with the queues' and users' limits of
-the `Setup` stored as an operator would set them. `replay` moves its clock straight to the next
+`VirtualCluster` is one scheduler in memory (a store that keeps nothing, a `ManualClock`, its
+nodes the agents that heartbeat, as with `REGISTRY_URL=builtin`), with the queues' and users'
+limits of the `Setup` stored as an operator would set them. `replay` moves its clock straight to the next
 event, never idling between:
 
 1. every node whose last heartbeat is a period old beats (listing what it runs), so each
