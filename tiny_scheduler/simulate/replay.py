@@ -2,8 +2,8 @@
 
 `VirtualCluster` is one scheduler in memory (a store that keeps nothing, a `ManualClock`, its
 nodes the agents that heartbeat, as with `REGISTRY_URL=builtin`), with the queues' and users'
-limits of the `Setup` stored as an operator would set them. `replay` moves its clock straight to the next
-event, never idling between:
+limits of the `Setup` stored as an operator would set them. `replay` moves its clock straight
+to the next event, never idling between:
 
 1. every node whose last heartbeat is a period old beats (listing what it runs), so each
    stays healthy without a beat at every step (the period is an hour: no node is lost);
