@@ -7,7 +7,11 @@ changes, from the daemon's SQLite file while it runs and from its API, reproduce
 latency) of when they really started, and the summary figures are within 5 % — of the
 figure for the makespan, and for the waits of the figure or of that same start tolerance,
 whichever is larger (waits of a tenth of a second are the agents' poll phase, which no replay
-knows). The known outcomes of the replay are tests/test_simulate.py's.
+knows). The jobs run 0.1-0.3 s: where the agents' poll phase decides which of two jobs a node
+takes first, the other starts one job's length later in the replay than in reality, and jobs
+shorter than the tolerance keep such a swap within it (with 0.3-0.7 s jobs, one swap in a
+backlog moved the jobs after it by 0.55 s). The known outcomes of the replay are
+tests/test_simulate.py's.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ def ran(tmp_path: Path, scheduler_factory: SchedulerFactory) -> Iterator[Schedul
     for burst in range(BURSTS):
         wave = []
         for n in range(BURST):
-            body: dict[str, Any] = {"command": f"sleep {0.2 + 0.05 * ((n + burst) % 5):.2f}"}
+            body: dict[str, Any] = {"command": f"sleep {0.1 + 0.05 * ((n + burst) % 5):.2f}"}
             if n % 3 == 0:
                 body["queue"] = "nightly"
             if (n + burst) % 4 == 1:
