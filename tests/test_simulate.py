@@ -26,6 +26,8 @@ from tiny_scheduler.simulate.changes import ChangeError, Changes
 from tiny_scheduler.simulate.history import History, Node, PastJob
 from tiny_scheduler.simulate.replay import Outcome, Setup, replay
 from tiny_scheduler.storage import Batch
+from tiny_scheduler.storage.base import JobStore
+from tiny_scheduler.storage.postgres import PostgresStore
 from tiny_scheduler.storage.sqlite import SqliteStore
 
 T0 = 1_800_000_000_000_000
@@ -218,10 +220,11 @@ def stored_job(seq: int, node: str, start_s: float, secs: float, **fields: Any) 
     )
 
 
-def write_history(path: Path) -> SqliteStore:
+def write_history(path: Path | str) -> JobStore:
     """Twenty one-second jobs of ann's on two one-CPU nodes, in order, the first ten in
-    `nightly` (capped at 4), one failed; the store stays open (the daemon's lock held)."""
-    store = SqliteStore(str(path))
+    `nightly` (capped at 4), one failed, into a SQLite file (the store stays open: the
+    daemon's lock held) or a PostgreSQL database."""
+    store: JobStore = PostgresStore(path) if isinstance(path, str) else SqliteStore(str(path))
     store.load()
     jobs = [
         stored_job(
@@ -261,6 +264,15 @@ def test_simulate_with_no_changes_reproduces_the_history_beside_it(db: Path) -> 
     assert compared["history"]["jobs"] == 20 and compared["history"]["makespan_secs"] == 10.0
     assert set(compared["history"]["wait"]) == {"p50", "p95", "p99"}
     assert compared["most_changed"] == [] and compared["claim_latency_secs"] == 0.0
+
+
+def test_simulate_reads_a_postgresql_history(postgres_database: Any) -> None:
+    url = postgres_database.create()
+    write_history(url).close()
+    done = simulate("--db", url, "--since", SINCE, "--json")
+    assert done.exit_code == 0, done.output
+    compared = json.loads(done.stdout)
+    assert compared["history"]["jobs"] == 20 and compared["history"] == compared["what_if"]
 
 
 def test_simulate_shows_a_what_if_side_by_side(db: Path) -> None:
