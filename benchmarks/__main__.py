@@ -26,10 +26,13 @@ from typing import Any
 
 from . import (
     agents,
+    cli_figures,
+    e2e,
     fit,
     ha,
     owners,
     placement,
+    previous,
     priorities,
     profile,
     report,
@@ -49,6 +52,7 @@ SCENARIOS = (
     "history",
     "cycle",
     "floor",
+    "previous",
     "worker",
     "postgres",
     "placement",
@@ -57,6 +61,8 @@ SCENARIOS = (
     "priorities",
     "agents1000",
     "owners",
+    "e2e",
+    "cli",
     "simulate",
 )
 
@@ -123,6 +129,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--profile", action="store_true", help="py-spy the worker during each case's first run"
     )
     parser.add_argument("--py-spy", default=os.environ.get("PY_SPY", ""), help="py-spy executable")
+    parser.add_argument(
+        "--previous-commit",
+        default="",
+        help=f"the previous case's tree; default {previous.PREVIOUS_COMMIT} (the last round's end)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the databases in results/work")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -172,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         agent_idle_s=args.agent_idle,
         backlog=args.backlog,
         profiler=profiler,
+        previous_commit=args.previous_commit,
     )
     meta = _meta(args)
     began = time.monotonic()
@@ -185,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             "report": scenarios.reports,
             "cycle": scenarios.cycle,
             "floor": scenarios.floor,
+            # Issue 37: ours beside the end of the last round, both built here.
+            "previous": previous.previous,
             # Issue 32: stock gthread, our buffering alone, buffering and the fast path.
             "worker": worker_floor.scenario,
             "postgres": ha.postgres,
@@ -196,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
             "priorities": priorities.priorities,
             "agents1000": agents.agents,
             "owners": owners.owners,
+            # Issue 40: 500 x true on two slots, ours beside RQ; the CLI's own figures.
+            "e2e": e2e.e2e,
+            "cli": cli_figures.cli,
             # Issue 38: in this process, no daemon: the replay of a drawn week.
             "simulate": lambda _: simulate.run(args.simulate_jobs),
         }

@@ -5,6 +5,7 @@
 - `Server`: one gunicorn-run scheduler (`SchedulerProcess`) started with its start-up timed to
   the first healthy `/health`, and the pid and resident memory of its worker;
 - `FloorProcess`: the floor app (`floor_app.py`) under the daemon's gunicorn settings;
+- `TreeProcess`: the scheduler of another checkout (the previous tree), on this venv;
 - `CpuMeter`: CPU used by named processes and by the whole machine over a window, in cores;
 - `side_by_side`: a few runs at once, each in a thread (scenarios whose work is sleeping).
 """
@@ -99,13 +100,17 @@ class Server:
         log_path: Path,
         env: dict[str, str],
         floor: bool = False,
+        tree: Path | None = None,
     ):
         kind = FloorProcess if floor else SchedulerProcess
-        self.process = kind(
-            str(db_path),
-            env={"REGISTRY_URL": registry_url, **env},
-            log_path=str(log_path),
-        )
+        options: dict[str, Any] = {
+            "env": {"REGISTRY_URL": registry_url, **env},
+            "log_path": str(log_path),
+        }
+        if tree is not None:
+            self.process: SchedulerProcess = TreeProcess(tree, str(db_path), **options)
+        else:
+            self.process = kind(str(db_path), **options)
         self.addr = ("127.0.0.1", self.process.port)
         self.startup_s = 0.0
 
@@ -162,6 +167,21 @@ class FloorProcess(SchedulerProcess):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.extra_env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+
+
+class TreeProcess(SchedulerProcess):
+    """The scheduler of another checkout of this repository, run with this venv's Python and
+    libraries: `python -m gunicorn` in the checkout puts its folder first on the module path,
+    before this worktree's editable install."""
+
+    def __init__(self, tree: Path, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cwd = str(tree)
+        self.extra_env["PYTHONPATH"] = str(tree)
+
+    def runs_tree(self) -> bool:
+        """Whether the worker really runs the checkout's code (its working directory)."""
+        return Path(f"/proc/{self.worker_pid}/cwd").resolve() == Path(self.cwd).resolve()
 
 
 def rss_bytes(pid: int) -> int:

@@ -29,6 +29,8 @@ TARGET_BYTES_PER_JOB = 600
 # Issue 27: server CPU per request at most this times the floor's (a one-route Flask app on
 # stock gunicorn gthread), the cycle's per job weighted by the requests it took.
 TARGET_FLOOR_RATIO = {"post": 0.9, "patch": 0.9, "cycle": 0.9, "get": 1.0}
+# Issue 37: server CPU per job at most this times the previous tree's, same sitting.
+TARGET_PREVIOUS_RATIO = {"cycle": 0.85, "submit_1": 0.81}
 TARGET_PG_SHARE = 0.7  # PostgreSQL within 30 % of SQLite (issue 12)
 TARGET_FAILOVER_KILL_S = 3.0
 FAILOVER_STOP_MARGIN_S = 2.0  # after a hang: the lease plus this (the spec)
@@ -173,6 +175,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
         out.append(Row("", "submit -> done p50 / p99 ms", _ms(m)))
 
     out += _floor_rows(results, sizes)
+    out += _previous_rows(results.get("previous"))
     out += _worker_floor_rows(results.get("worker_floor"))
     out += _postgres_rows(results)
     out += _placement_rows(results.get("placement"))
@@ -181,6 +184,8 @@ def rows(results: dict[str, Any]) -> list[Row]:
     out += _priorities_rows(results)
     out += _agents_rows(results.get("agents1000"))
     out += _owner_rows(results.get("owners"))
+    out += _e2e_rows(results.get("e2e"))
+    out += _cli_rows(results.get("cli"))
     out += _simulate_rows(results.get("simulate"))
 
     restarts = sorted(int(key.split("_")[1]) for key in results if key.startswith("restart_"))
@@ -291,6 +296,36 @@ def _floor_rows(results: dict[str, Any], sizes: list[int]) -> list[Row]:
                 "cycle",
             )
         )
+    return out
+
+
+def _previous_rows(case: dict[str, Any] | None) -> list[Row]:
+    """Our server CPU per job beside the previous tree's, measured in the same sitting."""
+    if not case:
+        return []
+    name = f"vs previous tree {case['commit']}"
+    if case.get("skipped"):
+        return [Row(name, "skipped", case["skipped"])]
+    out = []
+    for key, what in (
+        ("submit_1", "submit, 1 client: per submission"),
+        ("cycle", "cycle: per job"),
+    ):
+        ours = case["ours"][key]["median"]["server_us"]
+        before = case["previous"][key]["median"]["server_us"]
+        ratio = _ratio(ours, before)
+        limit = TARGET_PREVIOUS_RATIO[key]
+        out.append(
+            Row(
+                name,
+                f"{what}, server CPU us ours / previous",
+                f"{_num(ours)} / {_num(before)}; {ratio:.2f}x",
+                target=f"<= {limit}x",
+                met=ratio <= limit,
+                cpu=_cpu(case["ours"][key]["median"]),
+            )
+        )
+        name = ""
     return out
 
 
@@ -696,6 +731,80 @@ def _worker_floor_rows(case: dict[str, Any] | None) -> list[Row]:
             )
         )
     return out
+
+
+def _e2e_rows(case: dict[str, Any] | None) -> list[Row]:
+    """Issue 40: 500 x `true` on two slots, ours (default, and a 0.1 s poll) beside RQ."""
+    if not case:
+        return []
+    from .e2e import TARGET_CPU_MS, TARGET_JOBS_S
+
+    rq = case["rq"].get("median")
+    out = []
+    for name, label in (("ours", "default settings"), ("ours_poll_0.1", "agent --poll-secs 0.1")):
+        m = case[name]["median"]
+        ratio = f" ({m['jobs_s'] / rq['jobs_s']:.2f}x RQ)" if rq else ""
+        cpu_ratio = f" ({m['cpu_ms_per_job'] / rq['cpu_ms_per_job']:.2f}x RQ)" if rq else ""
+        out.append(
+            Row(
+                f"e2e {case['jobs']} x true, 2 slots, ours ({label})",
+                "jobs/s end to end",
+                f"{_num(m['jobs_s'], 1)}{ratio}",
+                target=f">= {TARGET_JOBS_S:g} and >= 1.0x RQ",
+                met=m["jobs_s"] >= TARGET_JOBS_S and (rq is None or m["jobs_s"] >= rq["jobs_s"]),
+            )
+        )
+        out.append(
+            Row(
+                "",
+                "CPU ms/job: all (daemon / agent / owners)",
+                f"{_num(m['cpu_ms_per_job'], 1)}{cpu_ratio} ({_num(m['daemon_ms_per_job'], 1)}"
+                f" / {_num(m['agent_ms_per_job'], 1)} / {_num(m['owners_ms_per_job'], 1)})",
+                target=f"<= {TARGET_CPU_MS:g} and <= 1.0x RQ",
+                met=m["cpu_ms_per_job"] <= TARGET_CPU_MS
+                and (rq is None or m["cpu_ms_per_job"] <= rq["cpu_ms_per_job"]),
+            )
+        )
+    if rq:
+        out.append(
+            Row("e2e, RQ 2 workers (Redis on loopback)", "jobs/s end to end", _num(rq["jobs_s"], 1))
+        )
+        out.append(
+            Row(
+                "",
+                "CPU ms/job: workers + Redis (Redis)",
+                f"{_num(rq['cpu_ms_per_job'], 1)} ({_num(rq['redis_ms_per_job'], 1)})",
+            )
+        )
+    else:
+        out.append(Row("e2e, RQ", "skipped", case["rq"]["skipped"]))
+    out.append(Row("e2e, Slurm", "skipped", case["slurm"]["skipped"]))
+    out.append(Row("", "job's own CPU taken out, ms", _num(case["job_cost_ms"], 2)))
+    return out
+
+
+def _cli_rows(case: dict[str, Any] | None) -> list[Row]:
+    """Issue 40: one `submit` call (beside Python + click), and `submit --from-file`."""
+    if not case:
+        return []
+    from .cli_figures import TARGET_FILE_JOBS_S, TARGET_SUBMIT_MS
+
+    return [
+        Row(
+            f"cli submit, {case['calls']} calls",
+            "ms per call (floor: python + click)",
+            f"{_num(case['submit_ms'], 1)} ({_num(case['floor_ms'], 1)})",
+            target=f"<= {TARGET_SUBMIT_MS:g}",
+            met=case["submit_ms"] <= TARGET_SUBMIT_MS,
+        ),
+        Row(
+            f"cli submit --from-file, {case['file_jobs']} lines",
+            "jobs/s",
+            _num(case["file_jobs_s"]),
+            target=f">= {TARGET_FILE_JOBS_S:g}",
+            met=case["file_jobs_s"] >= TARGET_FILE_JOBS_S,
+        ),
+    ]
 
 
 def _simulate_rows(case: dict[str, Any] | None) -> list[Row]:

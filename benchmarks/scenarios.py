@@ -62,6 +62,7 @@ class Options:
     agent_idle_s: float = DEFAULT_AGENT_IDLE_S
     backlog: int = DEFAULT_BACKLOG
     profiler: Callable[[int, str, float], Any] | None = None  # (pid, name, seconds) -> started
+    previous_commit: str = ""  # the `previous` case's tree ("": `previous.PREVIOUS_COMMIT`)
 
 
 class Bench:
@@ -73,11 +74,20 @@ class Bench:
         self.nodes = registry.nodes
         self._profiled: set[str] = set()
 
-    def server(self, name: str, db: Path, fresh: bool = True, floor: bool = False) -> Server:
+    def server(
+        self,
+        name: str,
+        db: Path,
+        fresh: bool = True,
+        floor: bool = False,
+        tree: Path | None = None,
+    ) -> Server:
+        """A server on `db` (removed first when `fresh`): ours, the floor app, or the scheduler
+        of the checkout `tree`."""
         if fresh:
             history.remove_database(db)
         log = self.options.workdir / f"server-{name}.log"
-        return Server(db, self.registry.url, log, self.options.server_env, floor)
+        return Server(db, self.registry.url, log, self.options.server_env, floor, tree)
 
     def load(
         self,
@@ -180,13 +190,9 @@ def submissions(bench: Bench) -> dict[str, Any]:
         for clients in (1, 8):
             runs = []
             for _ in range(bench.options.runs):
-                window = bench.window()
-                workers = [
-                    (sessions.submit_worker, (n,)) for n in split(clients, CONNS_PER_PROCESS)
-                ]
-                result = bench.load(server, workers, window, f"submit-{clients}")
-                acknowledged += sum(w["ok"] for w in result.workers)
-                runs.append(run_figures(result, window))
+                figures, acked = submit_run(bench, server, clients, f"submit-{clients}")
+                acknowledged += acked
+                runs.append(figures)
             out[f"submit_{clients}"] = _case(runs)
     finally:
         server.process.kill()
@@ -195,6 +201,15 @@ def submissions(bench: Bench) -> dict[str, Any]:
     if stored < acknowledged:
         raise RuntimeError(f"{acknowledged} jobs acknowledged but only {stored} in the database")
     return out
+
+
+def submit_run(bench: Bench, server: Server, clients: int, name: str) -> tuple[dict[str, Any], int]:
+    """One run of back-to-back submissions from `clients`: its figures, and how many jobs
+    were acknowledged."""
+    window = bench.window()
+    workers = [(sessions.submit_worker, (n,)) for n in split(clients, CONNS_PER_PROCESS)]
+    result = bench.load(server, workers, window, name)
+    return run_figures(result, window), sum(w["ok"] for w in result.workers)
 
 
 # --- 2 and 4. the agent poll over history, and restarts ---------------------------------------
@@ -263,65 +278,68 @@ def _polls(bench: Bench, server: Server, size: int) -> dict[str, Any]:
 
 
 def cycle(bench: Bench) -> dict[str, Any]:
+    runs = []
+    server = bench.server("cycle", bench.options.workdir / "cycle.db").start()
+    try:
+        for _ in range(bench.options.runs):
+            runs.append(cycle_run(bench, server, "cycle"))
+    finally:
+        server.stop()
+    return {"cycle": _case(runs)}
+
+
+def cycle_run(bench: Bench, server: Server, name: str) -> dict[str, Any]:
+    """One window of the cycle against `server`: its figures."""
     opts = bench.options
     agent_groups = [
         bench.nodes[i : i + AGENTS_PER_PROCESS]
         for i in range(0, len(bench.nodes), AGENTS_PER_PROCESS)
     ]
     submit_groups = split(CYCLE_SUBMITTERS, CONNS_PER_PROCESS)
-    runs = []
-    server = bench.server("cycle", opts.workdir / "cycle.db").start()
-    try:
-        for _ in range(opts.runs):
-            submitted = loadgen.shared_counters(len(submit_groups))
-            done = loadgen.shared_counters(len(agent_groups))
-            window = bench.window(opts.cycle_s, DRAIN_S)
-            workers: list[tuple[loadgen.Builder, tuple[Any, ...]]] = [
-                (sessions.cycle_submit_worker, (n, i, submitted, done, opts.backlog))
-                for i, n in enumerate(submit_groups)
-            ]
-            workers += [
-                (sessions.agent_worker, (group, i, done, opts.agent_idle_s))
-                for i, group in enumerate(agent_groups)
-            ]
-            result = bench.load(server, workers, window, "cycle")
-            submitters = result.workers[: len(submit_groups)]
-            agents = result.workers[len(submit_groups) :]
-            sent_at = {k: v for w in submitters for k, v in w["sent_at"].items()}
-            done_at = {k: v for w in agents for k, v in w["done_at"].items()}
-            completed = sum(1 for t in done_at.values() if window.t0 <= t < window.t1)
-            latencies = [done_at[job] - sent for job, sent in sent_at.items() if job in done_at]
-            requests = {
-                "submit": sum(len(w["latencies"]) for w in submitters),
-                "poll": sum(len(w["polls"]["latencies"]) for w in agents),
-                "patch": sum(len(w["patches"]["latencies"]) for w in agents),
-            }
-            figures = latency_figures([latencies])
-            runs.append(
-                {
-                    "rate": round(completed / window.seconds, 1),
-                    "p50_ms": figures["p50_ms"],
-                    "p99_ms": figures["p99_ms"],
-                    "submit_rate": round(len(sent_at) / window.seconds, 1),
-                    "unfinished": len(sent_at) - len(latencies),
-                    "submit": latency_figures(w["latencies"] for w in submitters),
-                    "poll": latency_figures(w["polls"]["latencies"] for w in agents),
-                    "patch": latency_figures(w["patches"]["latencies"] for w in agents),
-                    "empty_polls": sum(w["empty"] for w in agents),
-                    # requests sent inside the window, per completed job, by shape
-                    "per_job": {k: round(n / max(completed, 1), 3) for k, n in requests.items()},
-                    "errors": merge_errors(
-                        [w["errors"] for w in submitters]
-                        + [w["polls"]["errors"] for w in agents]
-                        + [w["patches"]["errors"] for w in agents]
-                    ),
-                    "cpu": result.cpu,
-                    "load_processes": len(workers),
-                }
-            )
-    finally:
-        server.stop()
-    return {"cycle": _case(runs)}
+    submitted = loadgen.shared_counters(len(submit_groups))
+    done = loadgen.shared_counters(len(agent_groups))
+    window = bench.window(opts.cycle_s, DRAIN_S)
+    workers: list[tuple[loadgen.Builder, tuple[Any, ...]]] = [
+        (sessions.cycle_submit_worker, (n, i, submitted, done, opts.backlog))
+        for i, n in enumerate(submit_groups)
+    ]
+    workers += [
+        (sessions.agent_worker, (group, i, done, opts.agent_idle_s))
+        for i, group in enumerate(agent_groups)
+    ]
+    result = bench.load(server, workers, window, name)
+    submitters = result.workers[: len(submit_groups)]
+    agents = result.workers[len(submit_groups) :]
+    sent_at = {k: v for w in submitters for k, v in w["sent_at"].items()}
+    done_at = {k: v for w in agents for k, v in w["done_at"].items()}
+    completed = sum(1 for t in done_at.values() if window.t0 <= t < window.t1)
+    latencies = [done_at[job] - sent for job, sent in sent_at.items() if job in done_at]
+    requests = {
+        "submit": sum(len(w["latencies"]) for w in submitters),
+        "poll": sum(len(w["polls"]["latencies"]) for w in agents),
+        "patch": sum(len(w["patches"]["latencies"]) for w in agents),
+    }
+    figures = latency_figures([latencies])
+    return {
+        "rate": round(completed / window.seconds, 1),
+        "p50_ms": figures["p50_ms"],
+        "p99_ms": figures["p99_ms"],
+        "submit_rate": round(len(sent_at) / window.seconds, 1),
+        "unfinished": len(sent_at) - len(latencies),
+        "submit": latency_figures(w["latencies"] for w in submitters),
+        "poll": latency_figures(w["polls"]["latencies"] for w in agents),
+        "patch": latency_figures(w["patches"]["latencies"] for w in agents),
+        "empty_polls": sum(w["empty"] for w in agents),
+        # requests sent inside the window, per completed job, by shape
+        "per_job": {k: round(n / max(completed, 1), 3) for k, n in requests.items()},
+        "errors": merge_errors(
+            [w["errors"] for w in submitters]
+            + [w["polls"]["errors"] for w in agents]
+            + [w["patches"]["errors"] for w in agents]
+        ),
+        "cpu": result.cpu,
+        "load_processes": len(workers),
+    }
 
 
 # --- 5. the floor: the same stack with a trivial app ---------------------------------------------

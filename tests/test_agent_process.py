@@ -429,6 +429,31 @@ def test_a_running_jobs_output_is_sent_while_it_runs(
     api.close()
 
 
+def output_posts(api: Api) -> float:
+    """How many `POST /jobs/{id}/output` the scheduler has answered (its metrics say)."""
+    text = api.get("/metrics").text
+    name = "tiny_scheduler_http_request_duration_seconds_count"
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and 'endpoint="output.append_output"' in line
+    )
+
+
+def test_a_short_jobs_output_goes_with_its_report_alone(
+    tmp_path: Path, sched: SchedulerProcess, node: str, agents: list[AgentProcess]
+) -> None:
+    agent = start_agent(agents, tmp_path, node, sched.url, "--slots", "2")
+    api = Api(sched.url)
+    before = output_posts(api)
+    made = [api.submit(command=f"echo quick {n}; echo note >&2") for n in range(4)]
+    for job in made:
+        done = wait_for(lambda job=job: ended(api, job["job_id"]), message=agent.waiting("jobs"))
+        assert (done["stdout"], done["stderr"]) == (f"quick {made.index(job)}\n", "note\n")
+    assert output_posts(api) == before  # no separate output post: one request per report
+    api.close()
+
+
 def test_with_the_built_in_node_list_the_agent_is_the_node(
     tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
 ) -> None:

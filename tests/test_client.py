@@ -3,6 +3,7 @@ loopback: it leaves a frozen daemon fast and asks the next one, a submission ret
 the same submission (one Idempotency-Key on every URL), a call that may have arrived is never
 sent twice, and a 503 that says when to come back is followed rather than turned into an error
 or a tight retry loop (issue 33: 32 event-stream clients reconnecting got 6,603 503s).
+Every test runs twice: through `requests`, and through `plain_http` (a quick command's calls).
 
 The stand-ins are real HTTP servers (threads of this process): one that accepts connections and
 never answers (a SIGSTOPped daemon: the kernel still completes the handshake), and one that
@@ -11,6 +12,7 @@ answers as told and records what it was sent.
 
 from __future__ import annotations
 
+import functools
 import http.server
 import json
 import socket
@@ -80,6 +82,24 @@ class Answering:
 JOB = {"job_id": "job-1", "node_id": "n", "command": "x", "status": "pending"}
 CREATED = (201, {"Content-Type": "application/json"}, json.dumps(JOB).encode())
 TEXT = {"Content-Type": "text/plain; charset=utf-8"}
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["requests", "plain_http"])
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Each test through either transport: every Client the test makes is `plain` or not."""
+    made = functools.partialmethod(Client.__init__, plain=request.param)
+    monkeypatch.setattr(Client, "__init__", made)
+    return request.param
+
+
+def test_the_key_goes_as_the_bearer_token() -> None:
+    live = Answering([CREATED])
+    try:
+        Client(live.url, "sesame").submit({"command": "x"})
+        ((_, _, headers),) = live.seen
+        assert headers["Authorization"] == "Bearer sesame"
+    finally:
+        live.close()
 
 
 @pytest.fixture

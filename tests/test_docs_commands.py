@@ -48,6 +48,10 @@ ELSEWHERE = {
     "make test-quick": "pytest -m quick: the tests conftest.py marks quick (a part of this suite)",
     "make test-stress": "tests/stress.sh around this suite (CI runs this suite itself)",
     "make bench": "benchmarks/__main__.py; docs/benchmarks.md holds its last figures",
+    (
+        'printf \'echo one\\n# a comment\\n{"command": "echo two", "priority": 70}\\n\''
+        " | tiny-scheduler submit --from-file - --queue nightly"
+    ): "tests/test_batch_submit.py::test_the_documented_pipe runs it against a daemon",
     "tiny-scheduler dev": "tests/test_front_door.py::test_the_dev_banner_names_the_dashboard",
     "tiny-scheduler dev --standby 2": "tests/test_ha.py: a dev cluster with standbys",
     **{

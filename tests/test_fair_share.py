@@ -106,3 +106,19 @@ def test_usage_survives_a_restart_from_what_the_store_holds() -> None:
     second = again.submit("mine", owner="bob")
     assert again.poll("node-a") == [second.job_id]
     assert again.job(first.job_id).status == "pending"
+
+
+def test_runs_charged_in_bulk_count_what_each_charged_and_decayed_would() -> None:
+    runs = [
+        (0, 600 * US),
+        (1800 * US, 5400 * US),
+        (7000 * US, 7000 * US),
+        (HOUR * US, 2 * HOUR * US),
+    ]
+    at = 3 * HOUR * US
+    one_by_one = sum(
+        fair_share.decayed(fair_share.charge(2, start, end, RATE), at - end, RATE)
+        for start, end in runs
+    )
+    assert fair_share.charged_at(2, runs, at, RATE) == pytest.approx(one_by_one, rel=1e-12)
+    assert fair_share.charged_at(0, runs, at, RATE) == 0.0

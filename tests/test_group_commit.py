@@ -257,3 +257,26 @@ def test_a_change_saved_soon_rides_with_the_next_commit_or_the_prober_s(tmp_path
     finally:
         db.close()
     assert committed() == [1, 2, 3, 4]
+
+
+def test_a_rider_wakes_a_sleeping_prober_but_not_one_about_to_wake(tmp_path: Path) -> None:
+    """The prober sleeps up to STORE_PROBE_INTERVAL_SECS (2 s) after a commit; a rider that
+    comes meanwhile must still be committed within RIDE_SECS, so `save_soon` wakes it, but
+    only when it would sleep past the rider's deadline."""
+    path = str(tmp_path / "scheduler.db")
+    db = storage.Writer(sqlite.SqliteStore(path))
+    db.start()
+    try:
+        db.save(job(1))  # the prober now sleeps until ~2 s from here
+        wait_for(lambda: db._prober_until > time.monotonic() + 1, timeout=5, message="a sleep")
+        began = time.monotonic()
+        db.save_soon(Batch(upserts=(job(2),)))
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            wait_for(
+                lambda: conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 2,
+                timeout=5,
+                message="the rider committed",
+            )
+        assert time.monotonic() - began < 1.0  # RIDE_SECS (0.2 s), not the probe's 2 s
+    finally:
+        db.close()

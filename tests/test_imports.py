@@ -162,7 +162,7 @@ def test_nothing_outside_the_cli_imports_it() -> None:
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
     ("dev",),
-    ("agent", "client", "display", "job_events"),
+    ("agent", "client", "display", "job_events", "plain_http"),
     ("server",),  # gunicorn's settings build the app: the worker is above it
     ("", "simulate"),  # `create_app`, the package itself; the replay wires one scheduler too
     ("api", "ui", "loops", "metrics"),

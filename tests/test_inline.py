@@ -131,3 +131,17 @@ def unix_get(path: Path, target: str) -> bytes | None:
         while chunk := sock.recv(65536):
             answer += chunk
         return answer
+
+
+def test_only_methods_an_inline_view_answers_are_tried_in_the_loop(tmp_path: Path) -> None:
+    """A submission or a report (POST, PATCH) goes to a thread at once: running Flask in the
+    loop only for its first hook to ask for a thread cost each of them a second pass."""
+    import tiny_scheduler
+    from tiny_scheduler.config import Settings
+
+    env = {**BASE_ENV, "SCHEDULER_DB": str(tmp_path / "jobs.db"), "REGISTRY_URL": "builtin"}
+    app = tiny_scheduler.create_app(Settings.from_env(env))
+    try:
+        assert app.inline_methods == {"GET", "HEAD", "OPTIONS", "PUT"}  # type: ignore[attr-defined]
+    finally:
+        app.extensions["tiny_scheduler.store"].close()

@@ -461,11 +461,14 @@ def indexed_one_by_one(loaded: Iterable[Job]) -> JobTable:
 
 
 def state_of(table: JobTable) -> dict[str, object]:
-    """Every field of the table, each of its own structures as the fields it holds."""
-    return {
-        name: vars(value) if type(value).__module__.startswith("tiny_scheduler.state") else value
-        for name, value in vars(table).items()
-    }
+    """Every field of the table, each of its own structures as the fields it holds (the jobs
+    by id, a mapping, as what it maps)."""
+
+    def own(value: object) -> bool:
+        module = type(value).__module__
+        return module.startswith("tiny_scheduler.state") and not isinstance(value, dict)
+
+    return {name: vars(value) if own(value) else value for name, value in vars(table).items()}
 
 
 def stored_mix() -> list[Job]:

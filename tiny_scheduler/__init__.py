@@ -8,27 +8,33 @@ started by `start_background(app)`, which the gunicorn worker hook calls.
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import gc
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .clock import SYSTEM, Clock
-from .config import SCHEDULE_TICK_SECS, Settings
 
 if TYPE_CHECKING:
     from flask import Flask
 
     from . import storage
     from .cluster.leadership import Leadership
+    from .config import Settings
     from .loops import Background
     from .service import Scheduler
 
 __all__ = ["Settings", "create_app", "start_background", "stop_background"]
 
-log = logging.getLogger(__name__)
+
+def __getattr__(name: str) -> Any:
+    # Every import of a submodule runs this package first: the command line's `submit` would
+    # pay for the settings (and `logging` under them) it never reads. `Settings` is loaded
+    # when first asked for instead.
+    if name == "Settings":
+        from .config import Settings
+
+        return Settings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def create_app(
@@ -40,10 +46,13 @@ def create_app(
     read). `clock` is the time every decision reads (tests hand in one they move)."""
     # The server's modules are imported here, not at the top: the agent and the command line
     # import this package too, and must not pay for Flask and the whole daemon (nor need it).
+    import logging
+
     from . import api, metrics, storage, ui
     from .cluster.node_book import BuiltinNodes, Drains, NodeBook
     from .cluster.peers import CallObserver
     from .cluster.registry import Registry
+    from .config import Settings
     from .domain.nodes import NodeRecord, NodeSource
     from .domain.placement import Placement
     from .loops import Background
@@ -51,13 +60,14 @@ def create_app(
     from .state.schedule_table import ScheduleTable
     from .state.table import JobTable
 
+    log = logging.getLogger(__name__)
     settings = settings or Settings.from_env()
     backend = storage.open_store(settings.db_path, owner_wait_secs, settings.leader_lease_secs)
     store = storage.Writer(backend)
     leadership = _leadership(settings, backend, clock)
     if leadership is None:
         try:
-            loaded = store.load()
+            loaded = store.load(compact=True)  # the table takes `Ended` jobs
         except BaseException:
             store.close()  # lets go of the file
             raise
@@ -148,6 +158,8 @@ def _app_class() -> type[Flask]:
         # The worker may run plain requests in its event loop: the app sends the ones that
         # would wait to a thread (inline.py).
         inline_requests = True
+        # Of those, only requests of these methods are tried there (api.init_inline).
+        inline_methods: frozenset[str] | None = None
         # What the worker allows one client address (MAX_CONNECTIONS_PER_CLIENT): set per app.
         connections_per_client: int | None = None
         session_interface = _NoSessions()
@@ -171,6 +183,8 @@ def _settle_loaded() -> None:
     """After a load of the jobs: move them out of the cycle collector's sight (they live as long
     as the process; else every full collection walks a million objects, a latency spike each
     time), and give back the heap the load freed (`_give_back_freed_memory`)."""
+    import gc
+
     gc.freeze()
     _give_back_freed_memory()
 
@@ -180,6 +194,8 @@ def _give_back_freed_memory() -> None:
     glibc keeps freed memory for reuse unless asked, and after a load it would stay in the
     worker's resident size for good (~15 MB at 1M jobs). A no-op where the C library is not
     glibc."""
+    import ctypes
+
     try:
         libc = ctypes.CDLL(None)
         trim = libc.malloc_trim
@@ -209,6 +225,8 @@ def _leadership(settings: Settings, backend: storage.JobStore, clock: Clock) -> 
 
 def _run_terms(leadership: Leadership, service: Scheduler, background: Background) -> None:
     """What a term as leader begins and ends with: the jobs, and the loops."""
+
+    from .config import SCHEDULE_TICK_SECS
 
     def elected(epoch: int) -> None:
         service.terms.take_over()

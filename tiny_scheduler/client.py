@@ -19,15 +19,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urljoin, urlsplit
 
+from . import plain_http
 from .display import describe, waiting_for, waiting_text
 from .domain.jobs import FINAL_STATUSES, JOB_ID_PREFIX, RUNNING, SERVICE
-from .domain.validation import MAX_PAGE
+from .domain.limits import MAX_PAGE
 from .errors import JOB_NOT_FOUND
+from .plain_http import NoAnswer
 
 if TYPE_CHECKING:
     # requests (and urllib3 under it) is most of the command line's start-up: it is imported
-    # when the first call goes out, so `--version` and `--help` never pay for it.
+    # when the first call through it goes out, so `--version`, `--help` and a plain `submit`
+    # never pay for it.
     import requests
+
+    Response = requests.Response | plain_http.Reply
 
 DEFAULT_URL = "http://127.0.0.1:9001"
 """Where the scheduler listens unless SCHEDULER_URL says otherwise."""
@@ -86,7 +91,7 @@ def base_url(text: str) -> str:
     return url
 
 
-def _is_no_leader(response: requests.Response) -> bool:
+def _is_no_leader(response: Response) -> bool:
     """A standby's answer while no leader is known (a takeover under way)."""
     return response.text.strip() == "no leader"
 
@@ -150,13 +155,23 @@ class Client:
     each wait a little longer than asked so that many clients do not come back at once.
     """
 
-    def __init__(self, url: str, key: str | None = None) -> None:
+    def __init__(self, url: str, key: str | None = None, plain: bool = False) -> None:
         self.base_urls = [part.strip().rstrip("/") for part in url.split(",") if part.strip()]
         self.base_url = self.base_urls[0] if self.base_urls else DEFAULT_URL
         self.key = key
-        self.session = session(self.base_url, key)
+        # `plain`: calls go through `plain_http` where it can carry them (a quick command's
+        # start-up is mostly the import of `requests`); through `requests` otherwise.
+        self.plain = plain and all(map(plain_http.usable_for, self.base_urls or [self.base_url]))
+        self._session: requests.Session | None = None
 
-    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+    @property
+    def session(self) -> requests.Session:
+        """The `requests` session of the calls `plain_http` does not carry, made on first use."""
+        if self._session is None:
+            self._session = session(self.base_url, self.key)
+        return self._session
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Response:
         """One call; a reply that is not 2xx is an ApiError, no reply at all Unreachable."""
         several = len(self.base_urls) > 1
         kwargs.setdefault("timeout", FAILOVER_TIMEOUT if several else HTTP_TIMEOUT)
@@ -208,31 +223,29 @@ class Client:
         kwargs: dict[str, Any],
         deadline: float,
         repeatable: bool = False,
-    ) -> requests.Response | None:
+    ) -> Response | None:
         """Ask each daemon in turn; the first real answer, or None to go round again."""
-        import requests
-
         others = [url for url in self.base_urls if url != self.base_url]
         for number, base in enumerate([self.base_url, *others]):
             last = number == len(others) and time.monotonic() >= deadline
             try:
                 response = self._follow(method, base + path, kwargs)
-            except requests.Timeout as exc:
-                arrived = not isinstance(exc, requests.ConnectionError)  # connected: it may have
-                if last or (arrived and not repeatable):
+            except NoAnswer as exc:
+                if not exc.timed_out:
+                    if not last:
+                        self._skip(base)
+                        continue
+                    raise Unreachable(
+                        f"cannot reach the scheduler at {base} (is it running?"
+                        " is SCHEDULER_URL right?)"
+                    ) from None
+                if last or (exc.arrived and not repeatable):
                     read_secs = kwargs["timeout"][1]
                     raise Unreachable(
                         f"the scheduler at {base} did not answer within {read_secs:.0f}s"
                     ) from None
                 self._skip(base)  # frozen or gone: the next round starts elsewhere
                 continue
-            except requests.RequestException:
-                if not last:
-                    self._skip(base)
-                    continue
-                raise Unreachable(
-                    f"cannot reach the scheduler at {base} (is it running? is SCHEDULER_URL right?)"
-                ) from None
             if not last and response.status_code == 503 and _is_no_leader(response):
                 continue
             self.base_url = base  # the one that answered: ask it first next time
@@ -245,16 +258,35 @@ class Client:
             after = (self.base_urls.index(base) + 1) % len(self.base_urls)
             self.base_url = self.base_urls[after]
 
-    def _follow(self, method: str, url: str, kwargs: dict[str, Any]) -> requests.Response:
+    def _follow(self, method: str, url: str, kwargs: dict[str, Any]) -> Response:
         """One request, following a standby's 307 to the leader (a few hops at most)."""
-        response = self.session.request(method, url, allow_redirects=False, **kwargs)
+        response = self._send(method, url, kwargs)
         kwargs = {name: value for name, value in kwargs.items() if name != "params"}
         for _ in range(3):
             if response.status_code != 307 or "Location" not in response.headers:
                 break
             url = urljoin(url, response.headers["Location"])  # its query is already in it
-            response = self.session.request(method, url, allow_redirects=False, **kwargs)
+            response = self._send(method, url, kwargs)
         return response
+
+    def _send(self, method: str, url: str, kwargs: dict[str, Any]) -> Response:
+        """One request and its reply, through `plain_http` when it carries the call (a
+        stream does not go through it); NoAnswer when none came."""
+        if self.plain and set(kwargs) <= _PLAIN_ARGUMENTS:
+            headers = dict(kwargs.get("headers") or {})
+            if self.key:
+                headers["Authorization"] = f"Bearer {self.key}"
+            return plain_http.call(method, url, **{**kwargs, "headers": headers})
+        import requests
+
+        try:
+            return self.session.request(method, url, allow_redirects=False, **kwargs)
+        except requests.Timeout as exc:
+            # A connect timeout is a ConnectionError too: the request never arrived.
+            arrived = not isinstance(exc, requests.ConnectionError)
+            raise NoAnswer(str(exc), True, arrived) from None
+        except requests.RequestException as exc:
+            raise NoAnswer(str(exc), False, False) from None
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         response = self.request(method, path, **kwargs)
@@ -278,6 +310,15 @@ class Client:
             if exc.text == _INSTANCE_NOT_FOUND and body.get("instance_id"):
                 raise exc.about(f"instance {body['instance_id']} not found") from None
             raise
+
+    def submit_batch(
+        self, bodies: list[dict[str, Any]], idempotency_key: str
+    ) -> list[dict[str, Any]]:
+        """POST /jobs/batch: the first job of each body, all made in one transaction or none.
+        The key is the batch's, as `submit`'s is the job's: a repeat makes nothing new."""
+        return self.json(
+            "POST", "/jobs/batch", json=bodies, headers={"Idempotency-Key": idempotency_key}
+        )
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self._job_call("GET", job_id, "")
@@ -390,7 +431,11 @@ def _job_id(number: int) -> str | None:
     return f"{JOB_ID_PREFIX}{number}" if number > 0 else None
 
 
-def retry_after(response: requests.Response) -> float | None:
+_PLAIN_ARGUMENTS = {"json", "params", "headers", "timeout"}
+"""The call's arguments `plain_http.call` takes: a call with any other goes by `requests`."""
+
+
+def retry_after(response: Response) -> float | None:
     """The seconds a 503 asks to wait before the same call (`Retry-After`, in seconds), or
     None: the scheduler sends it only with answers that did nothing."""
     if response.status_code != 503:
@@ -402,11 +447,11 @@ def retry_after(response: requests.Response) -> float | None:
     return seconds if 0 <= seconds <= RETRY_AFTER_SECS else None
 
 
-def _is_text(response: requests.Response) -> bool:
+def _is_text(response: Response) -> bool:
     return response.headers.get("Content-Type", "").startswith("text/plain")
 
 
-def _error_text(response: requests.Response) -> str:
+def _error_text(response: Response) -> str:
     """The scheduler's error text as it sent it (text/plain plus a newline), or the status."""
     text = response.text.strip()
     if text and _is_text(response):

@@ -6,6 +6,8 @@ The API layer turns any `ServiceError` into a `text/plain` reply of its message 
 
 from __future__ import annotations
 
+import copy
+
 DECODE_JOB = "failed to decode job"
 DECODE_UPDATE = "failed to decode update"
 COMMAND_REQUIRED = "command or deploy_url is required"
@@ -36,6 +38,14 @@ class ServiceError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+    def of_item(self, index: int) -> ServiceError:
+        """The same error about item `index` of a batch: `job 3: <message>`, same status
+        (and Retry-After)."""
+        made = copy.copy(self)
+        made.message = f"job {index}: {self.message}"
+        made.args = (made.message,)
+        return made
 
 
 class BadRequest(ServiceError):

@@ -502,8 +502,10 @@ class Agent(Reporting, Heartbeating):
                 if runner.is_service and self.registry is not None:
                     self.registry.register_service(runner.job_id, runner.job.port)
                 outcome = runner.wait()
-        if runner.live_output:
-            self._send_output(runner)  # what came since the last send, before the report
+        if runner.live_output and (runner.stdout.sent or runner.stderr.sent):
+            # What came since the last send, before the report. A job that never sent any
+            # sends none: the report carries all of it.
+            self._send_output(runner)
         body = {**report_update(outcome.exit_code, outcome.stdout, outcome.stderr)}
         if outcome.why == "timeout":
             # Stopped at its timeout where it ran: final, as the scheduler's own timeout is.

@@ -1,5 +1,6 @@
-"""The agent's reports: a running job's live output (about once a second; a 404/405/409 ends
-that for the job), and its final report, spooled (fsynced) before it is sent, sent across
+"""The agent's reports: a running job's live output (about once a second, from its first
+second on: a shorter job's output goes only with its report; a 404/405/409 ends that for the
+job), and its final report, spooled (fsynced) before it is sent, sent across
 every URL, retried with backoff while no scheduler answers, and dropped only once a scheduler
 took it or refused it for good (a 4xx such as 409 `stale report`: the job is no longer that
 attempt's). A part of `Agent` (main.py), kept apart because it is one concern: the state it
@@ -188,8 +189,11 @@ class Reporting:
 
     def _output_loop(self) -> None:
         while not self._done.wait(OUTPUT_SECS):
+            # A job younger than OUTPUT_SECS has its first send the next round: one that ends
+            # before (most of them) sends its output with its final report, in one request.
+            started_by = time.monotonic() - OUTPUT_SECS
             for runner in self._live():
-                if runner.live_output:
+                if runner.live_output and runner.created <= started_by:
                     self._send_output(runner)
 
     def _send_output(self, runner: Runner) -> None:

@@ -163,6 +163,8 @@ class Runner:
         self.stderr = OutputFile(os.path.join(folder, owner.STDERR), max_output_bytes, sent[1])
         self._proc: subprocess.Popen[bytes] | None = None  # the owner, when we started it
         self.live_output = not self.is_service  # false once the scheduler refused it
+        # Its output goes live once it has run a while: a short job's goes with its report.
+        self.created = time.monotonic()
 
     @classmethod
     def new(

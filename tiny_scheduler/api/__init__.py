@@ -65,6 +65,15 @@ def init_inline(app: Flask) -> None:
     first, so a request it sends to a thread has run no hook yet."""
     app.before_request_funcs.setdefault(None, []).insert(0, _thread_unless_marked)
     app.register_error_handler(inline.NeedsThread, _needs_thread)
+    # The methods of the routes an inline view answers: the worker gives a request of any
+    # other method (a submission, a report) to a thread at once, instead of running Flask
+    # once in the loop only for the first hook to send it there.
+    app.inline_methods = frozenset(  # type: ignore[attr-defined]
+        method
+        for rule in app.url_map.iter_rules()
+        if inline.may_answer_inline(app.view_functions.get(rule.endpoint))
+        for method in rule.methods or ()
+    )
 
 
 def _thread_unless_marked() -> None:

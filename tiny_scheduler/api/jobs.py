@@ -1,5 +1,5 @@
-"""The /jobs resource: submit (one job, or an array), list (and the agent poll), read, update,
-cancel, hold and release, retry as a new job."""
+"""The /jobs resource: submit (one job, or an array; or a batch of submissions), list (and the
+agent poll), read, update, cancel, hold and release, retry as a new job."""
 
 from __future__ import annotations
 
@@ -27,7 +27,25 @@ def submit_job() -> Response:
     key = request.headers.get("Idempotency-Key") or None
     dedupe = f"http:{key}" if key else None
     job, created = scheduler().jobs.submit(job_request, dedupe, owner=access.owner())
+    access.created(job.job_id)
     return json_reply(access.shown(job.to_wire()), 201 if created else 200)
+
+
+@bp.post("/jobs/batch")
+def submit_batch() -> Response:
+    """Create the jobs of several submissions in one transaction (201, the first job of each
+    in their order), or return those an earlier batch with the same Idempotency-Key
+    created (200). Each is checked as `POST /jobs` checks its body (`job 3: …`)."""
+    job_requests = validation.parse_batch(read_body(validation.BATCH_MESSAGE))
+    for index, job_request in enumerate(job_requests):
+        try:
+            access.check_request(job_request)
+        except errors.ServiceError as exc:
+            raise exc.of_item(index) from None
+    key = request.headers.get("Idempotency-Key") or None
+    dedupe = f"batch:{key}" if key else None
+    made, created = scheduler().jobs.submit_batch(job_requests, dedupe, owner=access.owner())
+    return json_reply([access.shown(job.to_wire()) for job in made], 201 if created else 200)
 
 
 @bp.get("/jobs")

@@ -1,6 +1,6 @@
 """The `tiny-scheduler` command line: run the daemon or a dev cluster, and talk to a scheduler.
 
-This module owns the command group `main` (the console script `tiny_scheduler.cli:main`): the
+This module owns the command group `main` (run by the console script, `run`): the
 options every command shares, `--version`, help when no command is given, and one rule for
 failures: a `client.ClientError` becomes one line on stderr and exit 1. The commands live in
 `job_commands` (submit, status, list, logs, cancel, stop: clients of the HTTP API at
@@ -14,33 +14,79 @@ compute agent), `simulate_command` (what if: the history replayed); what they pr
 `output`. Tables for people,
 `--json` for scripts.
 
+Each command's module is imported only when that command runs (or `--help` lists it): a
+`submit` in a shell loop pays for itself, not for the agent, the dev cluster or the daemon.
+
 Nothing outside this package imports it: it is the top of the import graph.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import click
 
 from ..client import DEFAULT_URL, ClientError
-from ..server.daemon_command import SERVE_ARGV
-from .agent_command import agent
-from .cluster_command import cluster
-from .dev_commands import dev
-from .history_command import history
-from .job_actions import COMMANDS as ACTION_COMMANDS
-from .job_commands import COMMANDS
-from .node_commands import COMMANDS as NODE_COMMANDS
 from .output import CliError
-from .queue_commands import queue, queues
-from .schedule_commands import schedule
-from .simulate_command import simulate
-from .token_commands import audit, token, whoami
-from .user_commands import user, users
 
-__all__ = ["main"]
+__all__ = ["main", "run"]
+
+_WHERE = {
+    "submit": "job_commands:submit",
+    "status": "job_commands:status",
+    "list": "job_commands:list_jobs",
+    "logs": "job_commands:logs",
+    "cancel": "job_commands:cancel",
+    "stop": "job_commands:stop",
+    "hold": "job_actions:hold",
+    "release": "job_actions:release",
+    "retry": "job_actions:retry",
+    "history": "history_command:history",
+    "simulate": "simulate_command:simulate",
+    "cluster": "cluster_command:cluster",
+    "queues": "queue_commands:queues",
+    "queue": "queue_commands:queue",
+    "users": "user_commands:users",
+    "user": "user_commands:user",
+    "token": "token_commands:token",
+    "whoami": "token_commands:whoami",
+    "audit": "token_commands:audit",
+    "schedule": "schedule_commands:schedule",
+    "nodes": "node_commands:nodes",
+    "node": "node_commands:node",
+    "version": "node_commands:version",
+    "dev": "dev_commands:dev",
+    "agent": "agent_command:agent",
+}
+"""Each command by name, and where it is defined (`module:attribute` in this package)."""
+
+
+class _Commands(dict):  # type: ignore[type-arg]
+    """The group's commands by name, each imported from its module when first looked up.
+
+    A dict, as click keeps a group's commands, so that click and anyone walking
+    `main.commands` see commands, never the text of where they are."""
+
+    def __getitem__(self, name: str) -> click.Command:
+        found = super().__getitem__(name)
+        if isinstance(found, str):
+            module, attribute = found.split(":")
+            found = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+            self[name] = found
+        return found
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default  # noqa: SIM401 (it is this get)
+
+    def values(self) -> Iterator[click.Command]:  # type: ignore[override]
+        return (self[name] for name in list(self))
+
+    def items(self) -> Iterator[tuple[str, click.Command]]:  # type: ignore[override]
+        return ((name, self[name]) for name in list(self))
 
 
 class _Group(click.Group):
@@ -57,6 +103,7 @@ class _Group(click.Group):
     cls=_Group,
     invoke_without_command=True,
     context_settings={"help_option_names": ["-h", "--help"]},
+    commands=_Commands(_WHERE),
 )
 @click.version_option(
     package_name="tiny-scheduler", prog_name="tiny-scheduler", message="%(prog)s %(version)s"
@@ -84,25 +131,43 @@ def main(ctx: click.Context, url: str) -> None:
 @main.command()
 def serve() -> None:
     """Run the scheduler daemon (gunicorn, configured from the environment)."""
+    from ..server.daemon_command import SERVE_ARGV
+
     os.execv(SERVE_ARGV[0], SERVE_ARGV)
 
 
-for _command in (
-    *COMMANDS,
-    *ACTION_COMMANDS,
-    history,
-    simulate,
-    cluster,
-    queues,
-    queue,
-    users,
-    user,
-    token,
-    whoami,
-    audit,
-    schedule,
-    *NODE_COMMANDS,
-    dev,
-    agent,
-):
-    main.add_command(_command)
+def run() -> None:
+    """The `tiny-scheduler` console script (and `python -m tiny_scheduler.cli`): `main`, then
+    the exit.
+
+    A command that has answered and left nothing running ends the process at once: tearing
+    the interpreter down (every module, every object) costs a `submit` a sixth of its time,
+    and in a shell loop that is paid on every call. With another thread still alive (the
+    agent's, the dev cluster's) it ends as Python ends, waiting for them."""
+    try:
+        main(prog_name="tiny-scheduler")
+        code: object = 0
+    except SystemExit as done:
+        code = done.code
+    if "threading" in sys.modules and sys.modules["threading"].active_count() > 1:
+        sys.exit(code)
+    if "logging" in sys.modules:
+        sys.modules["logging"].shutdown()  # what its exit hook would do: flush the handlers
+    status = _exit_status(code)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away (`| head`), a closed stream
+            status = status or 1
+    os._exit(status)
+
+
+def _exit_status(code: object) -> int:
+    """The status `sys.exit(code)` ends with: None is 0, a number itself, anything else is
+    printed on stderr and is 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1

@@ -1,5 +1,5 @@
 """`python -m tiny_scheduler.cli`: the same command line as the `tiny-scheduler` script."""
 
-from . import main
+from . import run
 
-main(prog_name="tiny-scheduler")
+run()

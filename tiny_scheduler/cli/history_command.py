@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from ..display import format_table, one_line, short_time, status_text
-from ..domain.validation import MAX_PAGE
+from ..domain.limits import MAX_PAGE
 from .delays import parse_duration
 from .job_commands import client_from
 from .output import echo_json

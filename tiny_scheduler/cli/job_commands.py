@@ -18,7 +18,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 import click
 
@@ -32,7 +32,7 @@ from ..client import (
 )
 from ..display import describe, waiting_text
 from ..domain.jobs import DONE, FAILED, JOB_ID_PREFIX, RUN, RUNNING, SERVICE, STATUSES
-from ..domain.validation import MAX_ARRAY, MAX_JOB_RETRIES_ASKED, MAX_PAGE
+from ..domain.limits import MAX_ARRAY, MAX_JOB_RETRIES_ASKED, MAX_PAGE
 from .delays import delay_fields, delay_options
 from .follow import follow_output, live_output
 from .output import CliError, echo_json, jobs_table, print_attempts, print_status, print_streams
@@ -45,15 +45,16 @@ WATCH_SECS = 2.0
 """Seconds between two redraws of `list --watch` when no period is given."""
 
 
-def client_from(ctx: click.Context) -> Client:
-    """The client of the scheduler the command line was pointed at (--url / SCHEDULER_URL)."""
+def client_from(ctx: click.Context, plain: bool = False) -> Client:
+    """The client of the scheduler the command line was pointed at (--url / SCHEDULER_URL);
+    `plain` for a command that makes a call or two and is done (see `Client`)."""
     given = ctx.find_root().obj or DEFAULT_URL
     try:
         # Several daemons, comma-separated: a leader and its standbys (PostgreSQL).
         url = ",".join(base_url(part) for part in given.split(",") if part.strip())
     except ValueError as exc:
         raise CliError(f"SCHEDULER_URL / --url: {exc}") from None
-    return Client(url, os.environ.get("TINYAWS_API_KEY") or None)
+    return Client(url, os.environ.get("TINYAWS_API_KEY") or None, plain)
 
 
 def as_job_id(text: str) -> str:
@@ -174,6 +175,14 @@ class _CommandAfterDashes(click.Command):
 @_no_logs_option
 @_show_env_option
 @click.option("-q", "--quiet", is_flag=True, help="Print only the job id.")
+@click.option(
+    "--from-file",
+    type=click.File("r"),
+    metavar="FILE",
+    help="Submit a job per line of FILE (- for stdin): a shell command, or a JSON object of"
+    " job fields; blank and # lines skipped; the other options are each line's defaults."
+    " Prints one id per line.",
+)
 @_interval_option
 @_json_option
 @click.pass_context
@@ -201,6 +210,7 @@ def submit(
     no_logs: bool,
     show_env: bool,
     quiet: bool,
+    from_file: IO[str] | None,
     interval: float,
     as_json: bool,
 ) -> None:
@@ -208,10 +218,15 @@ def submit(
 
     One argument is taken as a shell command as is (`submit 'echo $HOME'`); several are quoted
     and joined. Put `--` before a command that has options of its own:
-    `submit --wait -- python3 -c 'print(1)'`.
+    `submit --wait -- python3 -c 'print(1)'`. With --from-file, one job per line, sent in
+    batches (`POST /jobs/batch`).
     """
-    if not command and not deploy_url:
-        raise click.UsageError("give a COMMAND or --deploy-url")
+    if from_file is not None and (command or wait):
+        raise click.UsageError(
+            "--from-file takes its commands from the file: no COMMAND, no --wait"
+        )
+    if not command and not deploy_url and from_file is None:
+        raise click.UsageError("give a COMMAND, --deploy-url or --from-file")
     if after_any and not after:
         raise click.UsageError("--after-any goes with --after")
     if port is not None and not service:
@@ -229,6 +244,8 @@ def submit(
         "job_type": SERVICE if service else RUN,
         "env_vars": _parse_env(env),
     }
+    if from_file is not None:
+        del body["command"]
     optional = {
         "instance_id": instance_id,
         "port": port,
@@ -245,7 +262,13 @@ def submit(
     body.update({name: value for name, value in optional.items() if value is not None})
     body.update(delay_fields(at, delay))
     body.update(resources)
-    client = client_from(ctx)
+    # A plain submit is often one of many in a shell loop: its start-up is most of its time.
+    client = client_from(ctx, plain=not wait)
+    if from_file is not None:
+        from .batch_submit import submit_from
+
+        submit_from(client, from_file, body, idempotency_key, as_json)
+        return
     job = client.submit(body, idempotency_key)
     if wait:
         _wait_and_exit(client, job["job_id"], as_json, interval, not no_logs, show_env)

@@ -13,6 +13,7 @@ a connection that outlives its call is a connection nobody bounds.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import logging
@@ -201,8 +202,13 @@ class _BoundedTLSSocket(_Bounded, ssl.SSLSocket):
     pass
 
 
-_TLS = ssl.create_default_context()
-_TLS.sslsocket_class = _BoundedTLSSocket
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """The TLS context of calls to https peers, made on the first such call: loading the
+    system's CA certificates cost every start-up 50 ms, and most daemons never call one."""
+    context = ssl.create_default_context()
+    context.sslsocket_class = _BoundedTLSSocket
+    return context
 
 
 class BoundedConnection(http.client.HTTPConnection):
@@ -226,7 +232,7 @@ class BoundedConnection(http.client.HTTPConnection):
         sock = _open(self.host, self.port, self._deadline)
         if self._tls:
             sock.settimeout(max(0.001, self._deadline - time.monotonic()))
-            sock = _TLS.wrap_socket(sock, server_hostname=self.host)
+            sock = _tls().wrap_socket(sock, server_hostname=self.host)
             sock.deadline = self._deadline
         self.sock = sock
 

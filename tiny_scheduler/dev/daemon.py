@@ -69,6 +69,9 @@ class SchedulerProcess:
 
     argv: tuple[str, ...] = SERVE_ARGV
     """The command line it runs: the daemon's own."""
+    cwd: str | None = None
+    """Where it runs (None: here). `python -m` puts this folder first on the module path, so a
+    checkout of another commit runs that commit's code (the benchmark's previous tree)."""
 
     def __init__(
         self,
@@ -103,6 +106,7 @@ class SchedulerProcess:
         self.proc = subprocess.Popen(
             self.argv,
             env=env,
+            cwd=self.cwd,
             stdout=self._log or subprocess.DEVNULL,
             stderr=subprocess.STDOUT if self._log else subprocess.DEVNULL,
             start_new_session=True,  # so a kill reaches gunicorn's worker too

@@ -19,7 +19,7 @@ Tests: `tests/test_fair_share.py`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from .jobs import Job
 
@@ -46,6 +46,22 @@ def charge(cpus: int, start_us: int, end_us: int, decay_rate: float) -> float:
     if seconds == 0 or cpus <= 0:
         return 0.0
     return cpus * -math.expm1(-decay_rate * seconds) / decay_rate
+
+
+def charged_at(cpus: int, runs: Iterable[tuple[int, int]], at_us: int, decay_rate: float) -> float:
+    """What runs of `cpus` (start, end) count for at `at_us` (at or after every end): the
+    sum of each one's `charge` `decayed` to `at_us`, in one pass (the start-up's, over every
+    stored job)."""
+    if cpus <= 0:
+        return 0.0
+    per_us = decay_rate / US
+    exp, expm1 = math.exp, math.expm1
+    total = math.fsum(
+        -expm1(-per_us * (end - start)) * exp(-per_us * (at_us - end))
+        for start, end in runs
+        if end > start
+    )
+    return cpus * total / decay_rate
 
 
 def order_key(usage: Mapping[str, float] | Callable[[str], float]) -> Callable[[Job], tuple]:

@@ -144,19 +144,40 @@ class Placement:
         """The nodes for `count` copies of one job (an array), as `count` submissions one
         after another would be placed, except that each sees the copies placed before it in
         the loads (they are not in the table yet) and the node list is fetched once."""
-        if instance_id:
-            return [self.source.instance_node(instance_id)] * count
-        nodes = self.source.nodes()
-        need = fit.need_of(wants) if wants is not None else Resources(1)
+        return self._place_each([(count, instance_id, wants)], in_batch=False)[0]
+
+    def place_each(self, asked: Sequence[tuple[int, str, Wants | None]]) -> list[list[str]]:
+        """The nodes of several submissions made together (a batch), each `(count,
+        instance_id, wants)` as `place_many` takes it: each copy sees every copy placed
+        before it, of its own submission or an earlier one. An instance nobody knows is
+        the error of its item (`job 3: instance not found`)."""
+        return self._place_each(asked, in_batch=True)
+
+    def _place_each(
+        self, asked: Sequence[tuple[int, str, Wants | None]], in_batch: bool
+    ) -> list[list[str]]:
+        nodes: Nodes | None = None
         placed: dict[str, Resources] = {}
-        chosen: list[str] = []
-        with self._turn_lock:
-            for _ in range(count):
-                node = self._choose(nodes, wants, None, placed)
-                self._previous = node
-                placed[node] = placed.get(node, NOTHING) + need
-                chosen.append(node)
-        return chosen
+        answer: list[list[str]] = []
+        for index, (count, instance_id, wants) in enumerate(asked):
+            if instance_id:
+                try:
+                    answer.append([self.source.instance_node(instance_id)] * count)
+                except PlacementError as exc:
+                    raise exc.of_item(index) if in_batch else exc from None
+                continue
+            if nodes is None:
+                nodes = self.source.nodes()
+            need = fit.need_of(wants) if wants is not None else Resources(1)
+            chosen: list[str] = []
+            with self._turn_lock:
+                for _ in range(count):
+                    node = self._choose(nodes, wants, None, placed)
+                    self._previous = node
+                    placed[node] = placed.get(node, NOTHING) + need
+                    chosen.append(node)
+            answer.append(chosen)
+        return answer
 
     def peek(self, wants: Wants | None = None) -> str:
         """The node `place()` would choose now for a job without instance or retry, without

@@ -115,6 +115,7 @@ READ = Rule(_read())
 RULES: dict[Operation, Rule] = {
     # Jobs.
     ("POST", "/jobs"): Rule({_A: ANY, _U: ANY}, "submit"),
+    ("POST", "/jobs/batch"): Rule({_A: ANY, _U: ANY}, "submit batch"),
     ("GET", "/jobs"): READ,
     ("GET", AGENT_POLL): _agent(Reach.POLL_NODE),
     # The agent reads a job it ran to tell whether its report is still wanted.

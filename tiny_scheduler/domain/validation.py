@@ -19,12 +19,11 @@ import orjson
 
 from .. import errors, jsonstream
 from . import jobs, queues, users
+from .limits import DEFAULT_PAGE, MAX_ARRAY, MAX_BATCH, MAX_JOB_RETRIES_ASKED, MAX_PAGE
 
 MAX_TIMEOUT_SECS = 10 * 365 * 24 * 3600
 MAX_DELAY_SECS = MAX_TIMEOUT_SECS
 """The longest `delay_secs` a job may ask for (ten years, like the longest timeout)."""
-DEFAULT_PAGE = 1000
-MAX_PAGE = 10000
 _INT64 = 2**63
 MAX_DEPENDENCIES = 100
 DEPENDS_ON_MESSAGE = "depends_on must be a list of job ids such as job-7"
@@ -41,8 +40,6 @@ MAX_GPUS = 64
 MAX_SELECTOR_LABELS = 20
 MAX_NODE_IDS = 100
 MAX_JOB_NAME = 200
-MAX_JOB_RETRIES_ASKED = 10
-MAX_ARRAY = 10_000
 CPUS_MESSAGE = f"cpus must be an integer between 1 and {MAX_CPUS}"
 MEMORY_MESSAGE = f"memory_mb must be an integer between 0 and {MAX_MEMORY_MB}"
 GPUS_MESSAGE = f"gpus must be an integer between 0 and {MAX_GPUS}"
@@ -210,6 +207,32 @@ def decode_object(body: bytes, message: str) -> dict[str, Any]:
 
 def parse_job_request(body: bytes) -> JobRequest:
     return job_request_from(decode_object(body, errors.DECODE_JOB))
+
+
+BATCH_MESSAGE = f"a batch must be a JSON array of 1 to {MAX_BATCH} job objects"
+BATCH_SIZE_MESSAGE = f"a batch makes at most {MAX_BATCH} jobs, the copies of its arrays counted"
+
+
+def parse_batch(body: bytes) -> list[JobRequest]:
+    """A batch submission's body: a JSON array of job requests, each checked exactly as the
+    body of `POST /jobs` is, its errors prefixed with its index (`job 3: port must be …`)."""
+    try:
+        items = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise errors.BadRequest(BATCH_MESSAGE) from None
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
+        raise errors.BadRequest(BATCH_MESSAGE)
+    made = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise errors.BadRequest(errors.DECODE_JOB).of_item(index)
+        try:
+            made.append(job_request_from(item))
+        except errors.ServiceError as exc:
+            raise exc.of_item(index) from None
+    if sum(request.array or 1 for request in made) > MAX_BATCH:
+        raise errors.BadRequest(BATCH_SIZE_MESSAGE)
+    return made
 
 
 def job_request_from(data: dict[str, Any]) -> JobRequest:

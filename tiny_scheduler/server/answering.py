@@ -50,8 +50,10 @@ class Answering:
         self.fast = self.fast_path and not self.cfg.accesslog
         self.base_environ: dict[str, Any] = gunicorn_private.base_environ(self.cfg)
         self.script_name = os.environ.get("SCRIPT_NAME", "")
-        # Whether the app answers plain requests in the loop (set by _wire_app: inline.py).
+        # Whether the app answers plain requests in the loop, and of which methods (None:
+        # any); set by _wire_app (inline.py).
         self.inline = False
+        self.inline_methods: frozenset[str] | None = None
 
     def _hand_over(self, conn: Conn) -> None:
         """The whole request has arrived: answer it here if it is a plain request the app
@@ -73,7 +75,14 @@ class Answering:
         conn.state = BUSY
         # Not HEAD: werkzeug drops a HEAD answer's body, and with it NEEDS_THREAD. Not a body
         # in a file: a second run needs it from the start, and the first one closes it.
-        if plain and self.inline and req.method != "HEAD" and conn.spool is None:
+        methods = self.inline_methods
+        if (
+            plain
+            and self.inline
+            and req.method != "HEAD"
+            and (methods is None or req.method in methods)
+            and conn.spool is None
+        ):
             # The socket stays registered meanwhile: nothing else runs in the loop until
             # this returns, and a kept-alive connection is then watched as it was.
             with inline.answering():

@@ -69,4 +69,6 @@ class BufferingWorker(ConnectionLoop, RequestReading, Answering, Parking, gthrea
         if per_client is not None:
             self.admission = Admission(self.worker_connections, per_client)
         self.inline = self.fast and bool(getattr(self.wsgi, "inline_requests", False))
+        methods = getattr(self.wsgi, "inline_methods", None)  # None: any method may be
+        self.inline_methods = frozenset(methods) if methods is not None else None
         self.wsgi = ParkingApp(self.wsgi, self.serving)

@@ -11,14 +11,21 @@ ids: each is placed by the placement rule as a submission of its own would be, a
 `array_id` (the first one's id), `array_index` (0…N-1) and `TINY_ARRAY_INDEX` in its
 environment; the submission answers the first. An Idempotency-Key belongs to the first.
 
-Tests: `tests/test_decisions.py`, `tests/test_harness.py`, `tests/test_batch_comforts.py`.
+A batch (`submit_batch`) is several submissions made in one transaction, all or nothing: each
+checked and placed as it would be alone (and seeing the ones placed before it), with
+consecutive ids, answered by the first job of each. Its Idempotency-Key belongs to its first
+job, and `KEY#i` to the first of its item i, so that a repeat answers the same jobs.
+
+Tests: `tests/test_decisions.py`, `tests/test_harness.py`, `tests/test_batch_comforts.py`,
+`tests/test_batch_submission.py`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
 from .. import errors
 from ..domain import fencing, jobs
@@ -66,32 +73,111 @@ class Lifecycle:
         token submitted it ("" for the shared key); `retry_of`: the job this one retries as a
         new job."""
         core = self._core
-        table = core.table
-        with table.deduplicating(dedupe_key) as existing:
+        with core.table.deduplicating(dedupe_key) as existing:
             if existing is not None:
                 return core.with_stored_output(existing), False
-            self._check_dependencies(request)  # a 400 before a node is chosen
-            if not request.instance_id:
-                self.check_fits(request)
+            self._check(request)  # a 400 before a node is chosen
             # Each copy placed as a submission of its own would be, each seeing the ones
             # before it: the rotation moves on, and loads count the copies placed already.
             node_ids = core.placement.place_many(
                 request.array or 1, request.instance_id, wants=request
             )
-            if request.depends_on:
-                made = self._create_dependent(request, dedupe_key, node_ids, retry_of, owner)
-            else:
-                with table.creating(len(node_ids)) as seq:
-                    made = self._copies(request, dedupe_key, seq, node_ids, retry_of, owner)
-                    core.commit_new(made)
-        if request.array:
-            core.created_array(made, source)
-        else:
-            core.created(made[0], source)
-        for job in made:
-            if job.is_final:
-                core.announce(job)
+            (made,) = self._create([request], [dedupe_key], [node_ids], owner, retry_of)
+        self._tell([request], [made], source)
         return made[0], True
+
+    def submit_batch(
+        self,
+        requests: Sequence[JobRequest],
+        dedupe_key: str | None = None,
+        source: str = "http",
+        owner: str = "",
+    ) -> tuple[list[Job], bool]:
+        """Create the jobs of several submissions in one transaction, durable before this
+        returns, and return the first job of each (an array's first copy); with a dedupe key
+        that already made a batch, return that batch's jobs instead. The bool says whether
+        jobs were created. An error about one item is that of its submission alone, its
+        message prefixed `job <index>: `, and nothing is created."""
+        core = self._core
+        with core.table.deduplicating(dedupe_key) as existing:
+            if existing is not None:
+                return self._batch_of(existing, dedupe_key), False
+            for index, request in enumerate(requests):
+                with _about_item(index):
+                    self._check(request)
+            node_ids = core.placement.place_each(
+                [(request.array or 1, request.instance_id, request) for request in requests]
+            )
+            keys = [dedupe_key] + [
+                f"{dedupe_key}#{index}" if dedupe_key else None for index in range(1, len(requests))
+            ]
+            made = self._create(requests, keys, node_ids, owner, in_batch=True)
+        self._tell(requests, made, source)
+        return [copies[0] for copies in made], True
+
+    def _check(self, request: JobRequest) -> None:
+        """A submission's 400s that need the table and the nodes: an unknown dependency, a
+        job no node could ever run."""
+        self._check_dependencies(request)
+        if not request.instance_id:
+            self.check_fits(request)
+
+    def _create(
+        self,
+        requests: Sequence[JobRequest],
+        keys: Sequence[str | None],
+        node_ids: Sequence[list[str]],
+        owner: str,
+        retry_of: int = 0,
+        in_batch: bool = False,
+    ) -> list[list[Job]]:
+        """Make and commit, in one transaction with consecutive ids, the jobs of submissions
+        already checked and placed: for each, its job or its array's copies. With
+        dependencies, under the dependency lock: a dependency failing meanwhile either finds
+        them among its dependents or has failed before they are looked at. One whose `ok`
+        dependency already failed ends at once (it could never run)."""
+        core = self._core
+        dependent = any(request.depends_on for request in requests)
+        with core.dependency_lock if dependent else contextlib.nullcontext():
+            found = []
+            for index, request in enumerate(requests):
+                # Again, as they stand under the lock.
+                with _about_item(index) if in_batch else contextlib.nullcontext():
+                    found.append(self._check_dependencies(request) if request.depends_on else {})
+            with core.table.creating(sum(map(len, node_ids))) as seq:
+                made: list[list[Job]] = []
+                for request, key, nodes, depends in zip(
+                    requests, keys, node_ids, found, strict=True
+                ):
+                    copies = self._copies(request, key, seq, nodes, retry_of, owner)
+                    failed = dependencies.doomed(copies[0], depends) if depends else None
+                    if failed is not None:  # the same for every copy
+                        copies = [dependencies.fail(job, failed, job.created_at) for job in copies]
+                    made.append(copies)
+                    seq += len(copies)
+                core.commit_new([job for copies in made for job in copies])
+        return made
+
+    def _tell(self, requests: Sequence[JobRequest], made: Sequence[list[Job]], source: str) -> None:
+        """Log and announce what `_create` committed."""
+        core = self._core
+        for request, copies in zip(requests, made, strict=True):
+            if request.array:
+                core.created_array(copies, source)
+            else:
+                core.created(copies[0], source)
+            for job in copies:
+                if job.is_final:
+                    core.announce(job)
+
+    def _batch_of(self, first: Job, dedupe_key: str | None) -> list[Job]:
+        """The first job of each item of the batch that `first` began (those still kept)."""
+        found = [first]
+        index = 1
+        while (job := self._core.table.keyed(f"{dedupe_key}#{index}")) is not None:
+            found.append(job)
+            index += 1
+        return [self._core.with_stored_output(job) for job in found]
 
     def _copies(
         self,
@@ -138,29 +224,6 @@ class Lifecycle:
         if lost is not None:
             raise errors.BadRequest(f"depends_on: {jobs.job_id_of(lost)} not found")
         return found
-
-    def _create_dependent(
-        self,
-        request: JobRequest,
-        dedupe_key: str | None,
-        node_ids: list[str],
-        retry_of: int,
-        owner: str,
-    ) -> list[Job]:
-        """Create a job (or an array) with dependencies, under the dependency lock: a
-        dependency failing meanwhile either finds it among its dependents or has failed
-        before it is looked at. One whose `ok` dependency already failed ends at once (it
-        could never run)."""
-        core = self._core
-        with core.dependency_lock:
-            found = self._check_dependencies(request)  # again: as they stand under the lock
-            with core.table.creating(len(node_ids)) as seq:
-                made = self._copies(request, dedupe_key, seq, node_ids, retry_of, owner)
-                failed = dependencies.doomed(made[0], found)  # the same for every copy
-                if failed is not None:
-                    made = [dependencies.fail(job, failed, job.created_at) for job in made]
-                core.commit_new(made)
-        return made
 
     def retry_as_new(self, job_id: str, source: str = "http", owner: str | None = None) -> Job:
         """Submit a finished job's request again, as a new job whose `retry_of` names it
@@ -454,3 +517,12 @@ class Lifecycle:
             log.warning("job %s: retry stays on node %s (%s)", failed.job_id, failed.node_id, exc)
             node_id = failed.node_id
         return jobs.retry(failed, node_id)
+
+
+@contextlib.contextmanager
+def _about_item(index: int) -> Iterator[None]:
+    """Errors raised inside are about item `index` of a batch (`job <index>: …`)."""
+    try:
+        yield
+    except errors.ServiceError as exc:
+        raise exc.of_item(index) from None

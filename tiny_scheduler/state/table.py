@@ -69,6 +69,7 @@ from .delayed_jobs import DelayedJobs
 from .dependency_waits import DependencyWaits, dependencies_met
 from .finished_jobs import FinishedJobs
 from .held_jobs import HeldJobs
+from .job_map import JobMap
 from .node_queues import Key, NodeQueues
 from .offers import Offers
 from .queue_limits import QueueLimits
@@ -101,7 +102,7 @@ class JobTable:
         """`users`: the users' stored limits; `half_life_secs`: FAIRSHARE_HALF_LIFE_SECS."""
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # a busy job or key was released
-        self._jobs: SortedDict = SortedDict()
+        self._jobs = JobMap()
         self._nodes = NodeQueues()
         self._delayed = DelayedJobs()
         self._waits = DependencyWaits()
@@ -562,6 +563,12 @@ class JobTable:
             with self._lock:
                 self._busy_keys.discard(key)
                 self._idle.notify_all()
+
+    def keyed(self, key: str) -> Job | None:
+        """The job created under dedupe key `key`, if it is still here."""
+        with self._lock:
+            seq = self._keys.get(key)
+            return self._jobs.get(seq) if seq is not None else None
 
     def put(self, job: Job) -> None:
         """Insert a committed job, or swap in the committed next version of one. Kept without

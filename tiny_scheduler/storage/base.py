@@ -59,7 +59,7 @@ class OutboxEvent:
 class Loaded:
     """What a store holds at start-up."""
 
-    jobs: list[Job]  # in id order, without their output
+    jobs: list[Job]  # in id order, without their output (some `Ended`, loaded with `compact`)
     last_seq: int  # the highest id ever handed out, also of jobs since deleted
     events: int = 0  # events waiting in the outbox
     schedules: list[Schedule] = dataclasses.field(default_factory=list)  # in id order
@@ -102,10 +102,12 @@ class JobStore(Protocol):
     location: str
     """Where the data lives, for messages (a path, or a URL without its password)."""
 
-    def load(self) -> Loaded:
+    def load(self, compact: bool = False) -> Loaded:
         """Every stored job (without its output: `Job.without_output()`, the output is not
         even read) and schedule, the id high-water marks and the outbox's size. A job that
-        cannot be read raises StoreOpenError naming it and why."""
+        cannot be read raises StoreOpenError naming it and why. With `compact` (the start-up,
+        for the job table) a finished job of the common kind may come as its
+        `domain.compact.Ended`; a backend may ignore it and hand out only `Job`s."""
         ...
 
     def outbox(self, limit: int) -> list[OutboxEvent]:

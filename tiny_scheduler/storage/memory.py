@@ -67,8 +67,8 @@ class MemoryStore:
         """From now on every write raises MemoryFault(fault); None heals the store."""
         self.fault = fault
 
-    def load(self) -> Loaded:
-        db = self.database
+    def load(self, compact: bool = False) -> Loaded:
+        db = self.database  # only `Job`s: they are in memory already
         with self._lock:
             return Loaded(
                 jobs=[db.jobs[seq] for seq in sorted(db.jobs)],

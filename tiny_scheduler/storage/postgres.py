@@ -207,7 +207,8 @@ class PostgresStore(sql.SqlStore):
 
     # --- the JobStore protocol ----------------------------------------------------------------
 
-    def load(self) -> Loaded:
+    def load(self, compact: bool = False) -> Loaded:
+        # Only `Job`s (compact is a start-up's saving, and this backend's start-ups are terms).
         with self._use:
             return self._load()
 

@@ -24,7 +24,18 @@ from typing import Any
 import orjson
 
 from ..domain import validation
-from ..domain.jobs import Attempt, Dependency, Job, JobType, Output, Reason, Status, Usage
+from ..domain.compact import Ended
+from ..domain.jobs import (
+    FINAL_STATUSES,
+    Attempt,
+    Dependency,
+    Job,
+    JobType,
+    Output,
+    Reason,
+    Status,
+    Usage,
+)
 from ..domain.schedules import Overlap, Schedule
 
 _FIELDS = dataclasses.fields(Job)
@@ -159,6 +170,8 @@ def _compile_load() -> Callable[[Iterable[Sequence[Any]]], list[Job]]:
         "_STATUSES": _STATUSES,
         "_attempts": _attempts,
         "_unpacked": _unpacked,
+        "Ended": Ended,
+        "_FINAL_CODES": frozenset(STATUS_CODES[status.value] for status in FINAL_STATUSES),
     }
     # The fields a loaded column needs converted, and how (as `from_row` does).
     converted = {
@@ -173,14 +186,19 @@ def _compile_load() -> Callable[[Iterable[Sequence[Any]]], list[Job]]:
         else:
             scope[f"_default_{field.name}"] = field.default
             arguments.append(f"_default_{field.name}")
+    # What an `Ended` holds, converted the same way (the nine fields it has are loaded ones).
+    ended = [converted.get(name, name) for name in Ended._fields]
     source = "\n".join(
         [
-            "def jobs_from_packed(found):",
+            "def jobs_from_packed(found, compact=False):",
             "    loaded = []",
             "    append = loaded.append",
             f"    for {', '.join(LOAD_COLUMNS)}, rare in found:",
             "        if rare is None:",
-            f"            append(Job({', '.join(arguments)}))",
+            "            if compact and attempts is None and status in _FINAL_CODES:",
+            f"                append(Ended({', '.join(ended)}))",
+            "            else:",
+            f"                append(Job({', '.join(arguments)}))",
             "        else:",
             f"            append(_unpacked(({', '.join(LOAD_COLUMNS)}), rare))",
             "    return loaded",
@@ -340,4 +358,6 @@ def schedule_from_row(row: Sequence[Any]) -> Schedule:
 jobs_from_packed = _compile_load()
 """Jobs without their output from rows of `LOAD_COLUMNS` values followed by the
 `RARE_COLUMNS` packed as a JSON array (NULL when all are at `stored_default`), in the rows'
-order; exactly what `from_row` makes of the same jobs' full rows."""
+order; exactly what `from_row` makes of the same jobs' full rows. With `compact`, a finished
+job that sets none of the rare columns and has no earlier attempts comes as an `Ended`
+(the start-up's: see `domain.compact`), whose `job()` is that Job."""

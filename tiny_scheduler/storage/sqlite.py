@@ -117,7 +117,7 @@ class SqliteStore(sql.SqlStore):
             self._lock.release()
             raise
 
-    def load(self) -> Loaded:
+    def load(self, compact: bool = False) -> Loaded:
         # The whole file is checked while the jobs are read: SQLite does the check without
         # the GIL, on another core, so a million-job start-up does not wait for it.
         checking = _QuickCheck(self._path, self.location)
@@ -126,7 +126,7 @@ class SqliteStore(sql.SqlStore):
         collecting = gc.isenabled()
         gc.disable()
         try:
-            loaded = rows.jobs_from_packed(self._conn.execute(self.SQL.load_jobs))
+            loaded = rows.jobs_from_packed(self._conn.execute(self.SQL.load_jobs), compact)
         except Exception as exc:  # one bad row: name it, rather than a traceback
             unreadable = self._unreadable(exc)
             # A damaged page is named as what it is, not as the row it broke.

@@ -116,14 +116,16 @@ class Writer:
         self._riders: list[_Ticket] = []  # `save_soon`'s: committed with the next group
         self._riding_since: float | None = None  # when the oldest rider came
         self._wake = threading.Event()  # the prober: stop, or a rider came
+        self._prober_until = 0.0  # when the prober wakes by itself next (monotonic)
 
     @property
     def location(self) -> str:
         return self._backend.location
 
-    def load(self) -> Loaded:
-        """Every stored job, without its output (start-up only, before `start`)."""
-        loaded = self._backend.load()
+    def load(self, compact: bool = False) -> Loaded:
+        """Every stored job, without its output (start-up only, before `start`); see
+        `JobStore.load` for `compact`."""
+        loaded = self._backend.load(compact)
         self.events_waiting = loaded.events
         return loaded
 
@@ -232,7 +234,11 @@ class Writer:
             first = self._riding_since is None
             if first:
                 self._riding_since = time.monotonic()
-        if first:
+            # Woken only when it would sleep past this rider's deadline: under a steady flow
+            # of changes each carries the last one's rider, and waking the prober for every
+            # one (a thread switch per submission) cost more than the record itself.
+            wake = first and self._prober_until > self._riding_since + RIDE_SECS
+        if wake:
             self._wake.set()
 
     def delete_audit(self, ids: Iterable[int]) -> None:
@@ -350,11 +356,13 @@ class Writer:
         that `health` is never older than that; and riders no commit took within
         `RIDE_SECS`."""
         while True:
-            now = time.monotonic()
-            due = self._last_attempt + STORE_PROBE_INTERVAL_SECS - now
-            riding = self._riding_since
-            if riding is not None:
-                due = min(due, riding + RIDE_SECS - now)
+            with self._idle:  # beside `save_soon`, which wakes it only if it sleeps too long
+                now = time.monotonic()
+                due = self._last_attempt + STORE_PROBE_INTERVAL_SECS - now
+                riding = self._riding_since
+                if riding is not None:
+                    due = min(due, riding + RIDE_SECS - now)
+                self._prober_until = now + max(due, 0.0)
             if due > 0:
                 self._wake.wait(due)
                 self._wake.clear()
