@@ -11,6 +11,8 @@
   the history shows (`observed_latency`).
 
 A change that cannot apply raises `ChangeError` naming the option and what is wrong.
+
+Tests: `tests/test_simulate.py`.
 """
 
 from __future__ import annotations

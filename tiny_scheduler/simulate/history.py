@@ -20,6 +20,8 @@ Read from three places, all read-only: a SQLite file (`file:…?mode=ro`, withou
 lock file, so a running daemon is not disturbed), a PostgreSQL database, or the job dicts a
 running scheduler's API gave (`from_wire`; the command line fetches them). A history that
 cannot be read raises `HistoryError` naming what is wrong.
+
+Tests: `tests/test_simulate.py`.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ nothing (`_Forgetful`): a replay never restarts, and nobody reads its jobs back 
 Every decision is the service's: placement at submission, the poll's order (priority, fair
 share, age), fit and backfill (`fit.Picker`), queue and user limits, dependencies and the idle
 node's take-over of waiting work. This module decides only when things happen.
+
+Tests: `tests/test_simulate.py` and `tests/test_simulate_cluster.py` (against real agents).
 """
 
 from __future__ import annotations

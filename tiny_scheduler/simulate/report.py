@@ -7,6 +7,8 @@ overall, per queue and per user, and each node's utilization (the CPU-seconds it
 over its CPUs times the makespan). Percentiles are nearest-rank: a figure some job really
 waited. `compare` puts two summaries together with the jobs whose wait changed most, as JSON
 for scripts (`--json`) and as text for people (`text`).
+
+Tests: `tests/test_simulate.py`.
 """
 
 from __future__ import annotations
