@@ -18,11 +18,12 @@ to the next event, never idling between:
    scheduler does the fitting: a job that does not is counted in `overfilled`, which stays
    0), and the job ends its past run time later.
 
-A node with no CPU free, a poll while nothing is pending, or a poll of a node nothing changed
-for since its last would get nothing: they are skipped, which makes a week of jobs a few
-polls per job. (Not quite nothing: an end also moves fair-share usage, which may reorder
-another node's queue; that node sees the new order at its next poll.) The store keeps
-nothing (`_Forgetful`): a replay never restarts, and nobody reads its jobs back from disk.
+A node with fewer CPUs free than every pending job needs, a poll while nothing is pending,
+or a poll of a node nothing changed for since its last would get nothing: they are skipped,
+which makes a week of jobs a few polls per job. (Not quite nothing: an end also moves
+fair-share usage, which may reorder another node's queue; that node sees the new order at
+its next poll.) The store keeps nothing (`_Forgetful`): a replay never restarts, and nobody
+reads its jobs back from disk.
 
 Every decision is the service's: placement at submission, the poll's order (priority, fair
 share, age), fit and backfill (`fit.Picker`), queue and user limits, dependencies and the idle
@@ -33,6 +34,7 @@ Tests: `tests/test_simulate.py` and `tests/test_simulate_cluster.py` (against re
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 from collections.abc import Mapping, Sequence
@@ -201,6 +203,7 @@ class _Replay:
         self.free = {node.node_id: capacity_of(node) for node in cluster.nodes}
         self.beaten: dict[str, int] = {}  # node id -> the time of its last heartbeat
         self.pending = 0  # jobs submitted and not started
+        self.needs: collections.Counter[int] = collections.Counter()  # their CPUs, counted
         self.touched: dict[str, None] = {}  # nodes to poll first: jobs ended or placed there
         self.arrived: set[str] = set()  # jobs submitted since the last polls, not started
         self.widely = False  # an end since the last polls may let a job start on any node
@@ -270,6 +273,7 @@ class _Replay:
         self.replayed[job.seq] = made.seq
         self.by_job_id[made.job_id] = job
         self.pending += 1
+        self.needs[fit.need_of(made).cpus] += 1
         self.touched[made.node_id] = None
         self.arrived.add(made.job_id)
 
@@ -284,11 +288,14 @@ class _Replay:
 
     def _rounds(self, order: list[str], now: int) -> None:
         while order and self.pending:
-            # Again only where a poll started something: starting frees nothing elsewhere.
+            # Again only where a poll started something: starting frees nothing elsewhere. A
+            # node with fewer CPUs free than every pending job needs would get nothing.
             order = [
                 node_id
                 for node_id in order
-                if self.pending and self.free[node_id].cpus > 0 and self._poll(node_id, now)
+                if self.pending
+                and self.free[node_id].cpus >= min(self.needs)
+                and self._poll(node_id, now)
             ]
 
     def _poll(self, node_id: str, now: int) -> bool:
@@ -306,6 +313,9 @@ class _Replay:
             heapq.heappush(self.ends, (end, claimed.seq, claimed, node_id))
             self.outcome.runs[past.seq] = Run(node_id, now, end)
             self.pending -= 1
+            self.needs[need.cpus] -= 1
+            if not self.needs[need.cpus]:
+                del self.needs[need.cpus]
             self.arrived.discard(job.job_id)
             started = True
         return started
