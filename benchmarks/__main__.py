@@ -5,6 +5,7 @@
     python -m benchmarks --only submit,cycle --runs 1 --profile
     python -m benchmarks --only placement --placement-scale 0.1   # issue 13's scenario, 10x faster
     python -m benchmarks --only fit --fit-scale 0.25   # issue 34's scenario, 4x faster
+    python -m benchmarks --only simulate   # issue 38: a week of 100k jobs replayed
 
 See benchmarks/README.md for what each figure means.
 """
@@ -37,6 +38,7 @@ from . import (
     profile,
     report,
     scenarios,
+    simulate,
     waiters,
     worker_floor,
 )
@@ -63,6 +65,7 @@ SCENARIOS = (
     "e2e",
     "cli",
     "idle_agents",
+    "simulate",
 )
 
 
@@ -83,6 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--warmup", type=float, help="seconds before each window; default 1, quick 0.5"
+    )
+    parser.add_argument(
+        "--simulate-jobs", type=int, default=simulate.JOBS, help="jobs of the simulate week"
     )
     parser.add_argument("--sizes", help="history sizes, comma list; default 10000,100000,1000000")
     parser.add_argument(
@@ -211,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             "cli": cli_figures.cli,
             # Issue 37: 5,000 agents waiting for work in their heartbeats, beside 50.
             "idle_agents": idle_agents.idle_agents,
+            # Issue 38: in this process, no daemon: the replay of a drawn week.
+            "simulate": lambda _: simulate.run(args.simulate_jobs),
         }
         for name in SCENARIOS:
             if name in args.only:

@@ -187,6 +187,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
     out += _e2e_rows(results.get("e2e"))
     out += _cli_rows(results.get("cli"))
     out += _idle_agents_rows(results.get("idle_agents"))
+    out += _simulate_rows(results.get("simulate"))
 
     restarts = sorted(int(key.split("_")[1]) for key in results if key.startswith("restart_"))
     for size in restarts:
@@ -840,4 +841,20 @@ def _cli_rows(case: dict[str, Any] | None) -> list[Row]:
             target=f">= {TARGET_FILE_JOBS_S:g}",
             met=case["file_jobs_s"] >= TARGET_FILE_JOBS_S,
         ),
+    ]
+
+
+def _simulate_rows(case: dict[str, Any] | None) -> list[Row]:
+    """Issue 38: a week of jobs replayed by `tiny-scheduler simulate`'s code."""
+    if not case:
+        return []
+    return [
+        Row(
+            f"simulate, a week of {case['jobs']:,} jobs",
+            "replay s (--nodes +2)",
+            _num(case["replay_s"], 1),
+            target=f"< {case['target_s']:g}",
+            met=case["met"],
+        ),
+        Row("", "jobs replayed/s", _num(case["jobs_per_s"])),
     ]

@@ -54,6 +54,18 @@ ELSEWHERE = {
     ): "tests/test_batch_submit.py::test_the_documented_pipe runs it against a daemon",
     "tiny-scheduler dev": "tests/test_front_door.py::test_the_dev_banner_names_the_dashboard",
     "tiny-scheduler dev --standby 2": "tests/test_ha.py: a dev cluster with standbys",
+    **{
+        command: "tests/test_simulate.py::test_the_commands_docs_simulate_shows_run_on_a_history"
+        for command in (
+            "tiny-scheduler simulate --db /var/lib/tiny-scheduler/scheduler.db --nodes +2",
+            "tiny-scheduler simulate --db /var/lib/tiny-scheduler/scheduler.db --since 7d"
+            " --placement binpack",
+            "tiny-scheduler simulate --db /var/lib/tiny-scheduler/scheduler.db --queue nightly=3"
+            " --json",
+            "tiny-scheduler simulate --db /var/lib/tiny-scheduler/scheduler.db --nodes nodes.json"
+            " --user ann=2",
+        )
+    },
     "tiny-scheduler --url http://sched-1:9001 agent --work-dir /var/lib/tiny-scheduler-agent": (
         "tests/test_agent_process.py runs `tiny-scheduler agent` with these options"
     ),

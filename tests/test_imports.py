@@ -123,6 +123,10 @@ MAY_USE_COLLABORATORS = {
     "tiny_scheduler.service",  # and its parts, tiny_scheduler.service.*
     "tiny_scheduler.server.gunicorn_conf",  # checks the database before the worker starts
 }
+MAY_USE_PREFIXES = (
+    "tiny_scheduler.service.",  # the service's parts
+    "tiny_scheduler.simulate.",  # builds a scheduler in memory and reads histories, read-only
+)
 
 
 def test_only_the_service_reaches_its_collaborators() -> None:
@@ -130,7 +134,7 @@ def test_only_the_service_reaches_its_collaborators() -> None:
         return any(name == c or name.startswith(c + ".") for c in COLLABORATORS)
 
     def may_use(name: str) -> bool:
-        return name in MAY_USE_COLLABORATORS or name.startswith("tiny_scheduler.service.")
+        return name in MAY_USE_COLLABORATORS or name.startswith(MAY_USE_PREFIXES)
 
     graph = import_graph()
     assert "tiny_scheduler.state.table" in graph["tiny_scheduler.service"]  # the reader works
@@ -160,7 +164,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("dev",),
     ("agent", "client", "display", "job_events", "plain_http"),
     ("server",),  # gunicorn's settings build the app: the worker is above it
-    ("",),  # `create_app`, the package itself
+    ("", "simulate"),  # `create_app`, the package itself; the replay wires one scheduler too
     ("api", "ui", "loops", "metrics"),
     ("service",),
     ("state", "storage", "cluster"),

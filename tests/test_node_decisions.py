@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from harness import Harness
 
-from tiny_scheduler.cluster.node_book import HEALTHY_BEATS
+from tiny_scheduler.clock import ManualClock
+from tiny_scheduler.cluster.node_book import HEALTHY_BEATS, Beat, BuiltinNodes, NodeBook
 from tiny_scheduler.domain import jobs
 from tiny_scheduler.domain.jobs import Reason
 from tiny_scheduler.errors import PlacementError
@@ -39,6 +40,23 @@ def test_a_node_is_healthy_for_three_heartbeats_unhealthy_then_gone() -> None:
     h.advance(60 - HEALTHY_BEATS * 5)
     assert health(h) == {"n1": "gone"}  # listed (it is known), but not in the node list
     assert h.service.reads.node_health().status == {}
+
+
+def test_the_node_list_is_made_again_after_a_beat_or_when_a_health_changes() -> None:
+    # Every poll asks for it: the same list until something it was made of changes.
+    clock = ManualClock(0)
+    book = NodeBook(clock, heartbeat_secs=5, lost_secs=60)
+    nodes = BuiltinNodes(book)
+    for node in ("n1", "n2"):
+        book.beat(node, Beat(clock.monotonic(), clock.now_us(), 1, frozenset()))
+    first = nodes.nodes()
+    clock.advance(1)
+    assert nodes.nodes() is first
+    book.beat("n2", Beat(clock.monotonic(), clock.now_us(), 1, frozenset()))
+    second = nodes.nodes()
+    assert second is not first and second.status == first.status
+    clock.advance(HEALTHY_BEATS * 5 - 1 + US)  # n1's last beat is just over three periods old
+    assert nodes.nodes().status == {"n1": "unhealthy", "n2": "healthy"}
 
 
 def test_no_heartbeats_no_placement() -> None:

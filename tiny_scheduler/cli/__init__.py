@@ -10,7 +10,8 @@ and their leader), `queue_commands` (`queues` and the `queue` group, a client of
 `schedule_commands` (the `schedule` group, a client of /schedules), `node_commands` (nodes,
 node drain|undrain, version), `dev_commands` (the local dev cluster and dev registry) and
 `token_commands` (`token create|list|revoke`, `whoami`, `audit`), `agent_command` (a node's
-compute agent); what they print is in `output`. Tables for people,
+compute agent), `simulate_command` (what if: the history replayed); what they print is in
+`output`. Tables for people,
 `--json` for scripts.
 
 Each command's module is imported only when that command runs (or `--help` lists it): a
@@ -45,6 +46,7 @@ _WHERE = {
     "release": "job_actions:release",
     "retry": "job_actions:retry",
     "history": "history_command:history",
+    "simulate": "simulate_command:simulate",
     "cluster": "cluster_command:cluster",
     "queues": "queue_commands:queues",
     "queue": "queue_commands:queue",
