@@ -72,7 +72,7 @@ def _run_until_interrupted(what: str, body: Callable[[], None], stop: Callable[[
 @click.option(
     "--poll-secs",
     type=click.FloatRange(min=0.05),
-    help="Seconds between two polls of an agent for work [3].",
+    help="Agents poll for work this often instead of waiting for it in their heartbeats.",
 )
 @click.option(
     "--heartbeat-secs",
@@ -209,7 +209,7 @@ def _print_cluster_banner(cluster: Any) -> None:
         "\n".join(lines) + "\n"
         f"dashboard  {cluster.scheduler_url}/ui/\n"
         f"registry   {cluster.registry_url}\n"
-        f"agents     {' '.join(cluster.node_ids)}  (poll every {config.poll_secs:g}s,"
+        f"agents     {' '.join(cluster.node_ids)}  ({_intake(config.poll_secs)},"
         f" logs in {cluster.work_dir})\n"
         "\n"
         f"export SCHEDULER_URL={cluster.scheduler_urls}\n"
@@ -298,3 +298,8 @@ def registry(host: str, port: int, nodes: list[tuple[str, int]]) -> None:
             time.sleep(3600)
 
     _run_until_interrupted("registry", run, server.stop)
+
+
+def _intake(poll_secs: float | None) -> str:
+    """How the dev cluster's agents get their work, for the banner."""
+    return f"poll every {poll_secs:g}s" if poll_secs else "waiting for work"

@@ -37,7 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import requests
 
-from ..agent.config import DEFAULT_POLL_SECS, DEFAULT_REGISTRY_HEARTBEAT_SECS
+from ..agent.config import DEFAULT_REGISTRY_HEARTBEAT_SECS
 from ..agent.groups import kill_groups, kill_recorded_children
 from ..client import session
 from .daemon import SchedulerProcess
@@ -83,7 +83,8 @@ class ClusterConfig:
     # registry (the tiny-aws registry's behaviour) lists the nodes, on this port (0: any).
     dev_registry: bool = False
     registry_port: int = 0
-    poll_secs: float = DEFAULT_POLL_SECS
+    # None: the agents wait for work in their heartbeats (their default); a number: they poll.
+    poll_secs: float | None = None
     # builtin: NODE_HEARTBEAT_SECS (the agents follow the period their heartbeats are
     # answered with); dev registry: the agents' heartbeats to it (None: 10 s).
     heartbeat_secs: float | None = None
@@ -328,8 +329,7 @@ class DevCluster:
         argv = [
             *(sys.executable, "-m", "tiny_scheduler.cli", "--url", self.scheduler_urls),
             *("agent", "--node-id", node_id, "--work-dir", work_dir),
-            "--poll-secs",
-            str(self.config.poll_secs),
+            *(("--poll-secs", str(self.config.poll_secs)) if self.config.poll_secs else ()),
             *("--drain-secs", str(AGENT_DRAIN_SECS)),
             *("--kill-grace-secs", str(AGENT_KILL_GRACE_SECS)),
             *self._agent_options(node_id),
