@@ -100,7 +100,28 @@ def write_atomically(folder: str, name: str, data: bytes) -> None:
 
 
 def _record(folder: str, name: str, pid: int) -> None:
-    write_atomically(folder, name, f"{pid} {start_time(pid)}\n".encode())
+    # Not fsynced: a record names a live process, and after a crash of the machine none is.
+    path = os.path.join(folder, name)
+    with open(f"{path}.tmp", "w") as f:
+        f.write(f"{pid} {start_time(pid)}\n")
+    os.replace(f"{path}.tmp", path)
+
+
+def claim(folder: str) -> bool:
+    """Record this process in `owner.pid` as the job's owner, unless a process already is
+    (or was): a job is started by one owner only, even when the agent, not hearing from its
+    spawner in time, started one of its own for a job the spawner then forked one for too."""
+    path = os.path.join(folder, OWNER_PID)
+    temporary = f"{path}.{os.getpid()}"
+    with open(temporary, "w") as f:
+        f.write(f"{os.getpid()} {start_time(os.getpid())}\n")
+    try:
+        os.link(temporary, path)  # fails where the name exists: whole, and only once
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(temporary)
+    return True
 
 
 def _read_text(folder: str, name: str) -> str | None:
@@ -168,9 +189,10 @@ def run(folder: str) -> int:
     signal.signal(signal.SIGTERM, _on_stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    if not claim(folder):
+        return 0  # the job has its owner: this process was a second one, and ends unused
     with open(os.path.join(folder, SPEC)) as f:
         spec = json.load(f)
-    _record(folder, OWNER_PID, os.getpid())
     group = cgroups.JobGroup.from_spec(spec.get("cgroup"))
     oom_before = group.oom_kills() if group is not None else None
     started = time.monotonic()
