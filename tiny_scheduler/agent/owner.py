@@ -1,8 +1,9 @@
 """The owner of one running job: a small process that outlives the agent.
 
-The agent starts one owner per job (`python -I -S owner.py JOB_DIR`: no site, no package, the
-standard library only, so it costs a few MiB and starts in milliseconds) and forgets nothing
-if it dies: the owner, not the agent, is the job's parent. It
+The agent's spawner forks one owner per job from an interpreter that has this module loaded
+already (`spawner.py`, `run()`); when the spawner does not answer, the agent starts one itself
+(`python -I -S owner.py JOB_DIR`: no site, no package, the standard library only). Either way
+the agent forgets nothing if it dies: the owner, not the agent, is the job's parent. It
 
 - starts the job (`sh -c …`, as `spec.json` in JOB_DIR says) in a session and process group of
   its own, its stdout and stderr going straight to the files `stdout` and `stderr` in JOB_DIR
@@ -21,6 +22,7 @@ if it dies: the owner, not the agent, is the job's parent. It
   (atomically, fsynced), the job's final result, which stays until the agent has had the
   scheduler acknowledge it.
 
+`owner.pid` is created once (`claim`): a second owner started for the same folder ends unused.
 `owner.pid` and `job.pid` hold "pid start-time" (the start time from /proc, in clock ticks since
 boot): a pid is only ever signalled after its start time was checked, so a pid the system has
 since given to another process is never mistaken for the job's.
