@@ -186,3 +186,12 @@ def test_the_spawner_ends_with_its_agent_and_jobs_run_through_it(
     done = wait_for(lambda: ended(api, job_id), timeout=30, message=agent.waiting("the end"))
     assert (done["status"], done["stdout"]) == ("done", "done\n")
     api.close()
+
+
+def test_a_job_that_cannot_start_ends_127_and_says_why(work_dir: Path, spawner: Spawner) -> None:
+    job = PolledJob(job_id="job-1", command="true", env_vars={"PATH": "/nonexistent"})
+    runner = Runner.new(job, 0, "node-a", str(work_dir), Groups(str(work_dir)), 4096, None)  # type: ignore[arg-type]
+    runner.start(0, 1.0, None, spawner=spawner)
+    outcome = runner.wait()
+    assert outcome.exit_code == 127
+    assert "cannot start the job" in outcome.stderr, outcome.stderr

@@ -147,38 +147,82 @@ def _on_stop(signum: int, frame: object) -> None:
     _stop_asked = True
 
 
-def _spawn(spec: dict, folder: str, group: cgroups.JobGroup | None) -> int:
-    """Fork the job in a session of its own (and in its control group, when it has one),
-    its output going to the files."""
+# What Python ignores (SIGPIPE, SIGXFSZ) and what the owner ignores or catches would be
+# inherited by the job: it gets the defaults, as from a shell.
+JOB_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGHUP, signal.SIGTERM)
+
+
+def _spawn(spec: dict, folder: str, group: cgroups.JobGroup | None) -> int | None:
+    """Start the job in a session of its own (and in its control group, when it has one),
+    its output going to the files; None when it could not start (said in its stderr)."""
     out = os.open(os.path.join(folder, STDOUT), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     err = os.open(os.path.join(folder, STDERR), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        if group is None:
+            return _spawn_plain(spec, out, err)
+        return _fork_into(group, spec, out, err)
+    finally:
+        os.close(out)
+        os.close(err)
+
+
+def _spawn_plain(spec: dict, out: int, err: int) -> int | None:
+    """posix_spawn (a vfork, not a copy of this process's memory: about 2 ms less CPU per
+    job than a fork). It cannot change the child's directory, so the owner moves there first:
+    everything it opens afterwards is named by absolute path."""
+    try:
+        os.chdir(spec["cwd"])
+        return os.posix_spawn(
+            _executable(spec["argv"][0], spec["env"]),
+            spec["argv"],
+            spec["env"],
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, out, 1),
+                (os.POSIX_SPAWN_DUP2, err, 2),
+            ],
+            setsid=True,
+            setsigdef=JOB_DEFAULT_SIGNALS,
+        )
+    except OSError as exc:
+        os.write(err, f"cannot start the job: {exc}\n".encode())
+        return None
+
+
+def _executable(name: str, env: dict[str, str]) -> str:
+    """`name` looked up in the job's PATH, as exec*p does with the job's environment
+    (posix_spawnp would look in the owner's)."""
+    if "/" in name:
+        return name
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(directory or ".", name)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+    raise FileNotFoundError(2, "No such file or directory", name)
+
+
+def _fork_into(group: cgroups.JobGroup, spec: dict, out: int, err: int) -> int:
+    """Fork, join the control group between fork and exec (so the job's first instruction
+    already runs within its limits), exec."""
     pid = os.fork()
     if pid == 0:  # the child: becomes the job
         try:
             os.setsid()
-            if group is not None:
-                try:
-                    group.join(os.getpid())
-                except OSError as exc:
-                    raise OSError(
-                        f"cannot join its cgroup {exc.filename}: {exc.strerror}"
-                    ) from None
+            try:
+                group.join(os.getpid())
+            except OSError as exc:
+                raise OSError(f"cannot join its cgroup {exc.filename}: {exc.strerror}") from None
             os.chdir(spec["cwd"])
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             os.dup2(out, 1)
             os.dup2(err, 2)
-            # What Python ignores (SIGPIPE, SIGXFSZ) and what the owner ignores or catches
-            # would be inherited by the job: it gets the defaults, as from a shell.
-            for number in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGHUP):
+            for number in JOB_DEFAULT_SIGNALS:
                 signal.signal(number, signal.SIG_DFL)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
         except BaseException as exc:
             os.write(2, f"cannot start the job: {exc}\n".encode())
         os._exit(127)
-    os.close(out)
-    os.close(err)
     return pid
 
 
@@ -188,6 +232,7 @@ def _kill_group(pgid: int, sig: int) -> None:
 
 
 def run(folder: str) -> int:
+    folder = os.path.abspath(folder)  # the owner moves to the job's directory to start it
     signal.signal(signal.SIGTERM, _on_stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -199,6 +244,11 @@ def run(folder: str) -> int:
     oom_before = group.oom_kills() if group is not None else None
     started = time.monotonic()
     pid = _spawn(spec, folder, group)
+    if pid is None:  # nothing ran: the code a shell gives a command it cannot run
+        usage = cgroups.usage(0.0, 0.0, 0.0, None)
+        result = {"exit_code": 127, "why": "exit", "note": "", "usage": usage}
+        write_atomically(folder, RESULT, json.dumps(result).encode())
+        return 0
     _record(folder, JOB_PID, pid)
     timeout = spec.get("timeout_secs") or 0
     grace = float(spec.get("kill_grace_secs", 10))
