@@ -19,11 +19,10 @@ as closed. Its argv names no job: only a job's `sh -c` carries the job's command
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
-import socket
 import sys
-import traceback
 
 if __package__:
     from . import owner
@@ -37,16 +36,21 @@ OWNER_LOG = "owner.log"
 NO_CHILD = b"0 0\n"
 
 
-def serve(channel: socket.socket, jobs_dir: str) -> int:
-    """Fork an owner for each folder the agent names, until the agent closes its end."""
+def serve(channel: int, jobs_dir: str) -> int:
+    """Fork an owner for each folder the agent names on the socket `channel` (a descriptor:
+    plain reads and writes need no `socket` module, nor the pages it takes in every owner),
+    until the agent closes its end."""
     signal.signal(signal.SIGCHLD, _reap)
     # Ctrl-C or a hangup meant for the agent's terminal is not ours: the agent ends us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     jobs_dir = os.path.realpath(jobs_dir) + os.sep
+    # What is loaded now, the garbage collector of each owner leaves alone: it would touch,
+    # and so copy, pages the owner otherwise shares with the spawner.
+    gc.freeze()
     pending = b""
     while True:
-        chunk = channel.recv(4096)
+        chunk = os.read(channel, 4096)
         if not chunk:
             return 0  # the agent is gone (or replaced us): the owners run on without us
         pending += chunk
@@ -55,12 +59,12 @@ def serve(channel: socket.socket, jobs_dir: str) -> int:
             folder = os.fsdecode(line)
             # Only the agent holds the other end; still, nothing outside its jobs is run.
             if not os.path.realpath(folder).startswith(jobs_dir):
-                channel.sendall(NO_CHILD)
+                os.write(channel, NO_CHILD)
                 continue
-            channel.sendall(_fork_owner(folder, channel))
+            os.write(channel, _fork_owner(folder, channel))  # a few bytes: written whole
 
 
-def _fork_owner(folder: str, channel: socket.socket) -> bytes:
+def _fork_owner(folder: str, channel: int) -> bytes:
     try:
         pid = os.fork()
     except OSError:
@@ -72,7 +76,7 @@ def _fork_owner(folder: str, channel: socket.socket) -> bytes:
     return f"{pid} {owner.start_time(pid) or 0}\n".encode()
 
 
-def become_owner(folder: str, channel: socket.socket) -> None:
+def become_owner(folder: str, channel: int) -> None:
     """In the forked child: shed what is the spawner's, then run the job's owner; never
     returns."""
     code = 1
@@ -82,7 +86,7 @@ def become_owner(folder: str, channel: socket.socket) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
         os.setsid()
-        channel.close()
+        os.close(channel)
         log = os.open(
             os.path.join(folder, OWNER_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
         )
@@ -95,7 +99,8 @@ def become_owner(folder: str, channel: socket.socket) -> None:
         code = owner.run(folder)
     except BaseException:
         with contextlib.suppress(BaseException):
-            os.write(2, traceback.format_exc().encode())
+            sys.excepthook(*sys.exc_info())  # the interpreter's own traceback, to owner.log
+            sys.stderr.flush()
     finally:
         os._exit(code)
 
@@ -107,4 +112,4 @@ def _reap(signum: int, frame: object) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(socket.socket(fileno=int(sys.argv[1])), sys.argv[2]))
+    sys.exit(serve(int(sys.argv[1]), sys.argv[2]))
