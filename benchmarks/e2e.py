@@ -22,9 +22,9 @@ and the agent with its spawner (`spawner.pid` in its work dir: the spawner's chi
 jobs' owners, theirs the jobs; an owner the agent starts itself is the agent's child); RQ's the
 two workers (their children are the work horses, theirs the jobs) and redis-server. The jobs'
 own processes are taken out the same way on both sides: the CPU of one `sh -c true`, measured
-here (JOB_COST_RUNS of them, from this process's children's rusage), times the jobs run. What is left is the
-scheduler's and the agent's (or the workers' and Redis') cost of getting each job run. The
-split of ours (daemon / agent / owners) is in the JSON and the table.
+here (JOB_COST_RUNS of them, from this process's children's rusage), times the jobs run. What
+is left is the scheduler's and the agent's (or the workers' and Redis') cost of getting each
+job run. The split of ours (daemon / agent / owners) is in the JSON and the table.
 """
 
 from __future__ import annotations
