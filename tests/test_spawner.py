@@ -195,3 +195,41 @@ def test_a_job_that_cannot_start_ends_127_and_says_why(work_dir: Path, spawner: 
     outcome = runner.wait()
     assert outcome.exit_code == 127
     assert "cannot start the job" in outcome.stderr, outcome.stderr
+
+
+def test_an_agent_whose_spawner_is_killed_runs_the_next_job_and_keeps_the_running_one(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    sched = scheduler_factory(FENCED_ENV)
+    api = Api(sched.url)
+    agent = start_node(agents, tmp_path, "node-a", sched.url)
+    first = owner.read_pid(str(agent.work_dir), PID_FILE)
+    assert first is not None
+    go, command = gate(tmp_path)
+    running = api.submit(command=command)["job_id"]
+    folders = agent.work_dir / "jobs"
+    wait_for(lambda: list(folders.glob("*/job.pid")), message=agent.waiting("the job to start"))
+    os.kill(first[0], signal.SIGKILL)
+    # A zombie until its parent, the agent, looks at it (at the next job's start).
+    wait_for(lambda: dead(first[0]), message="the spawner to die")
+    later = api.submit(command="echo later")["job_id"]
+    done = wait_for(lambda: ended(api, later), timeout=30, message=agent.waiting("the next job"))
+    assert (done["status"], done["stdout"]) == ("done", "later\n")
+    assert status_of(api, running) == "running", "the running job kept its owner"
+    go.touch()
+    done = wait_for(lambda: ended(api, running), timeout=30, message=agent.waiting("its end"))
+    assert (done["status"], done["stdout"]) == ("done", "done\n")
+    again = owner.read_pid(str(agent.work_dir), PID_FILE)
+    assert again is not None and again != first and owner.alive(again), "a new spawner"
+    api.close()
+
+
+def dead(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except OSError:
+        return True
+
+
+def status_of(api: Api, job_id: str) -> str:
+    return api.get(f"/jobs/{job_id}").json()["status"]
