@@ -162,9 +162,11 @@ def test_a_folder_already_owned_is_left_to_its_owner(work_dir: Path, spawner: Sp
     assert runner.wait().stdout == "done\n"
 
 
-def test_the_spawner_ends_with_its_agent_and_jobs_run_through_it(
+def node_running_a_job(
     tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
-) -> None:
+) -> tuple[str, Api, AgentProcess, tuple[int, int], Path, str]:
+    """A scheduler and its agent, running a job until `go` exists: (url, api, agent, the
+    agent's spawner, go, the job's id)."""
     sched = scheduler_factory(FENCED_ENV)
     api = Api(sched.url)
     agent = start_node(agents, tmp_path, "node-a", sched.url)
@@ -174,7 +176,14 @@ def test_the_spawner_ends_with_its_agent_and_jobs_run_through_it(
     job_id = api.submit(command=command)["job_id"]
     folders = agent.work_dir / "jobs"
     wait_for(lambda: list(folders.glob("*/job.pid")), message=agent.waiting("the job to start"))
-    (folder,) = folders.iterdir()
+    return sched.url, api, agent, record, go, job_id
+
+
+def test_the_spawner_ends_with_its_agent_and_jobs_run_through_it(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    url, api, agent, record, go, job_id = node_running_a_job(tmp_path, scheduler_factory, agents)
+    (folder,) = (agent.work_dir / "jobs").iterdir()
     owner_record = owner.read_pid(str(folder), owner.OWNER_PID)
     assert owner_record is not None and parent_of(owner_record[0]) == record[0]
     os.kill(agent.pid, signal.SIGKILL)
@@ -182,7 +191,7 @@ def test_the_spawner_ends_with_its_agent_and_jobs_run_through_it(
     wait_for(lambda: not owner.alive(record), message="the spawner to end with its agent")
     assert owner.alive(owner_record), "the owner outlives its agent and its spawner"
     go.touch()
-    start_node(agents, tmp_path, "node-a", sched.url)
+    start_node(agents, tmp_path, "node-a", url)
     done = wait_for(lambda: ended(api, job_id), timeout=30, message=agent.waiting("the end"))
     assert (done["status"], done["stdout"]) == ("done", "done\n")
     api.close()
@@ -200,15 +209,7 @@ def test_a_job_that_cannot_start_ends_127_and_says_why(work_dir: Path, spawner: 
 def test_an_agent_whose_spawner_is_killed_runs_the_next_job_and_keeps_the_running_one(
     tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
 ) -> None:
-    sched = scheduler_factory(FENCED_ENV)
-    api = Api(sched.url)
-    agent = start_node(agents, tmp_path, "node-a", sched.url)
-    first = owner.read_pid(str(agent.work_dir), PID_FILE)
-    assert first is not None
-    go, command = gate(tmp_path)
-    running = api.submit(command=command)["job_id"]
-    folders = agent.work_dir / "jobs"
-    wait_for(lambda: list(folders.glob("*/job.pid")), message=agent.waiting("the job to start"))
+    _, api, agent, first, go, running = node_running_a_job(tmp_path, scheduler_factory, agents)
     os.kill(first[0], signal.SIGKILL)
     # A zombie until its parent, the agent, looks at it (at the next job's start).
     wait_for(lambda: dead(first[0]), message="the spawner to die")
