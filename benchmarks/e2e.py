@@ -18,12 +18,13 @@ reason, when Redis does not answer or RQ cannot be installed.
 
 **CPU per job**: each side's processes, from /proc/<pid>/stat, user + system, themselves and
 their reaped children (`cutime`/`cstime`), over the run: ours the gunicorn master and worker
-and the agent (its children are the jobs' owners, theirs the jobs); RQ's the two workers (their
-children are the work horses, theirs the jobs) and redis-server. The jobs' own processes are
-taken out the same way on both sides: the CPU of one `sh -c true`, measured here (JOB_COST_RUNS
-of them, from this process's children's rusage), times the jobs run. What is left is the
-scheduler's and the agent's (or the workers' and Redis') cost of getting each job run. The
-split of ours (daemon / agent / owners) is in the JSON and the table.
+and the agent with its spawner (`spawner.pid` in its work dir: the spawner's children are the
+jobs' owners, theirs the jobs; an owner the agent starts itself is the agent's child); RQ's the
+two workers (their children are the work horses, theirs the jobs) and redis-server. The jobs'
+own processes are taken out the same way on both sides: the CPU of one `sh -c true`, measured
+here (JOB_COST_RUNS of them, from this process's children's rusage), times the jobs run. What
+is left is the scheduler's and the agent's (or the workers' and Redis') cost of getting each
+job run. The split of ours (daemon / agent / owners) is in the JSON and the table.
 """
 
 from __future__ import annotations
@@ -102,6 +103,9 @@ def _ours(workdir: Path, name: str, options: tuple[str, ...], job_cost: float) -
     try:
         _wait_for_node(server.addr, node)
         pids = {"master": server.master_pid, "worker": server.worker_pid, "agent": agent.pid}
+        spawner = _spawner_pid(agent_dir)
+        if spawner is not None:  # it forks the owners: they are its children, not the agent's
+            pids["spawner"] = spawner
         before = {key: _tree_cpu(pid) for key, pid in pids.items()}
         began = time.monotonic()
         status, _ = _call(server.addr, "POST", "/jobs/batch", [{"command": COMMAND}] * JOBS)
@@ -121,19 +125,29 @@ def _ours(workdir: Path, name: str, options: tuple[str, ...], job_cost: float) -
         _stop(agent)
         server.stop()
     used = {key: after[key][0] - before[key][0] for key in pids}
-    children = after["agent"][1] - before["agent"][1]  # the owners and, under them, the jobs
+    # The owners and, under them, the jobs: the agent's children, or the spawner's.
+    children = sum(after[key][1] - before[key][1] for key in ("agent", "spawner") if key in pids)
     daemon = used["master"] + used["worker"]
+    agent_own = used["agent"] + used.get("spawner", 0.0)
     owners = children - ended * job_cost
-    per_job = (daemon + used["agent"] + owners) / ended if ended else float("nan")
+    per_job = (daemon + agent_own + owners) / ended if ended else float("nan")
     return {
         "ended": ended,
         "seconds": round(seconds, 3),
         "jobs_s": round(ended / seconds, 2),
         "cpu_ms_per_job": round(per_job * 1000, 2),
         "daemon_ms_per_job": round(daemon / ended * 1000, 2) if ended else None,
-        "agent_ms_per_job": round(used["agent"] / ended * 1000, 2) if ended else None,
+        "agent_ms_per_job": round(agent_own / ended * 1000, 2) if ended else None,
         "owners_ms_per_job": round(owners / ended * 1000, 2) if ended else None,
     }
+
+
+def _spawner_pid(agent_dir: Path) -> int | None:
+    """The agent's spawner, as its work dir names it (an agent without one: None)."""
+    try:
+        return int((agent_dir / "spawner.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _wait_for_node(addr: tuple[str, int], node: str) -> None:

@@ -71,6 +71,7 @@ from .heartbeat import agent_version
 from .protocol import RUNNING_UPDATE, PolledJob, parse_poll_reply, report_update
 from .reporting import BACKOFF_FIRST_SECS, Reporting
 from .runner import NO_USAGE, Limits, Outcome, PrepareError, Runner
+from .spawning import Spawner
 from .spool import Report, Spool
 from .wire import Unreachable, Wire
 
@@ -100,6 +101,7 @@ class Agent(Reporting, Heartbeating):
         self.wire = Wire(config.urls, config.key)
         self.spool = Spool(config.spool_dir)
         self.groups = Groups(config.work_dir)
+        self.spawner = Spawner(config.work_dir)  # forks the jobs' owners (started by run())
         self.version = agent_version()
         self.registry = (
             DevRegistry(config.registry_url, config.node_id, config.slots, config.key)
@@ -172,6 +174,7 @@ class Agent(Reporting, Heartbeating):
             log.info("%d reports in the spool from an earlier run", len(self._held))
         self._adopt()
         self._remove_leftover_groups()
+        self.spawner.start()
         capacity = self.capacity
         log.info(
             "%s: %d slots, %s %s; %s MiB, %d GPUs%s",
@@ -258,6 +261,7 @@ class Agent(Reporting, Heartbeating):
             thread.join(DETACH_SECS)
         self._flush(DETACH_SECS)
         self.wire.close()
+        self.spawner.close()
         log.info(
             "stopped; %d jobs left running with their owners (the next agent takes them "
             "back; without one, they stop at the fence)",
@@ -290,6 +294,7 @@ class Agent(Reporting, Heartbeating):
             thread.join()
         self._flush(FLUSH_SECS)
         self.wire.close()
+        self.spawner.close()
         with self._lock:
             kept = len(self._held)
         log.info("stopped; %d reports left in the spool", kept)
@@ -532,7 +537,11 @@ class Agent(Reporting, Heartbeating):
             timeout = runner.job.timeout_secs or self._job_timeout_secs
             try:
                 runner.start(
-                    timeout, self.config.kill_grace_secs, self._fence_deadline, self.limits
+                    timeout,
+                    self.config.kill_grace_secs,
+                    self._fence_deadline,
+                    self.limits,
+                    self.spawner,
                 )
             except PrepareError as exc:
                 outcome = Outcome(-1, stderr=str(exc))

@@ -48,6 +48,8 @@ from . import cgroups, owner
 from .groups import Groups, signal_groups
 from .protocol import PolledJob
 from .resources import Grant, Need, grant_from_spec, grant_to_spec, job_environment
+from .spawner import OWNER_LOG
+from .spawning import Spawner
 
 DOWNLOAD_TIMEOUT = (5.0, 60.0)
 """(connect, read) seconds for fetching a `deploy_url` zip."""
@@ -162,6 +164,7 @@ class Runner:
         self.stdout = OutputFile(os.path.join(folder, owner.STDOUT), max_output_bytes, sent[0])
         self.stderr = OutputFile(os.path.join(folder, owner.STDERR), max_output_bytes, sent[1])
         self._proc: subprocess.Popen[bytes] | None = None  # the owner, when we started it
+        self._owner: tuple[int, int] | None = None  # the owner, when the spawner forked it
         self.live_output = not self.is_service  # false once the scheduler refused it
         # Its output goes live once it has run a while: a short job's goes with its report.
         self.created = time.monotonic()
@@ -215,10 +218,12 @@ class Runner:
         kill_grace_secs: float,
         fence: float | None,
         limits: Limits | None = None,
+        spawner: Spawner | None = None,
     ) -> None:
         """Prepare the job (and its control group, where `limits` has a layout) and start its
-        owner; raises PrepareError when it cannot start. `fence`: the deadline (monotonic) its
-        owner stops it at unless the agent moves it."""
+        owner (forked by `spawner` when it answers, else a process of its own); raises
+        PrepareError when it cannot start. `fence`: the deadline (monotonic) its owner stops
+        it at unless the agent moves it."""
         limits = limits or Limits()
         argv, cwd = self._prepare(os.path.join(self.folder, "work"))
         env = {**os.environ, "TINY_NODE_ID": self.node_id, "TINY_JOB_ID": self.job_id}
@@ -236,7 +241,7 @@ class Runner:
             except OSError as exc:
                 raise PrepareError(f"cannot make the job's cgroup: {exc}") from None
         try:
-            self._start_owner(argv, cwd, env, timeout_secs, kill_grace_secs, fence)
+            self._start_owner(argv, cwd, env, timeout_secs, kill_grace_secs, fence, spawner)
         except BaseException:
             if self.group is not None:
                 self.group.remove()  # nothing of the job ran in it
@@ -250,6 +255,7 @@ class Runner:
         timeout_secs: float,
         kill_grace_secs: float,
         fence: float | None,
+        spawner: Spawner | None,
     ) -> None:
         job = self.job
         spec = {
@@ -269,7 +275,11 @@ class Runner:
         if fence is not None:
             self.renew_fence(fence)
         owner.write_atomically(self.folder, owner.SPEC, json.dumps(spec).encode())
-        with open(os.path.join(self.folder, "owner.log"), "ab") as log:
+        self._owner = spawner.spawn(self.folder) if spawner is not None else None
+        if self._owner is not None:
+            self._groups.add(self._owner[0], self.job_id)
+            return
+        with open(os.path.join(self.folder, OWNER_LOG), "ab") as log:
             self._proc = subprocess.Popen(
                 # -I -S: the standard library only, nothing from the environment.
                 [sys.executable, "-I", "-S", owner.__file__, self.folder],
@@ -307,8 +317,11 @@ class Runner:
         if self._proc is not None:
             self._proc.wait()
             self._groups.remove(self._proc.pid)
-        else:
-            _wait_for(owner.read_pid(self.folder, owner.OWNER_PID))
+        # Also after our own owner ended: it may have found the job claimed by one the
+        # spawner forked too late (`owner.claim`), which is the one that runs it.
+        _wait_for(self._owner or owner.read_pid(self.folder, owner.OWNER_PID))
+        if self._owner is not None:
+            self._groups.remove(self._owner[0])
         result = read_result(self.folder)
         if result is None:
             result = self._owner_died()

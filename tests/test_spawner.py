@@ -1,0 +1,236 @@
+"""The spawner (issue 40), with real processes: the owner it forks is the owner `owner.py` is
+on its own (its own session, none of the spawner's descriptors or signal handlers, only the
+folder in its argv, the job's result); a spawner SIGKILLed or hung costs no job (the agent
+starts that job's owner itself, a new spawner serves the next) and no running owner; a folder
+is owned once, even when two owners are started for it; the spawner ends with its agent.
+The agent-level guarantees (jobs outlive the agent and are taken back) are test_agent_owner.py's,
+which run through the spawner too."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import SchedulerFactory
+from helpers import Api, wait_for
+from test_agent_owner import FENCED_ENV, start_node
+from test_agent_process import AgentProcess, ended
+
+from tiny_scheduler.agent import owner
+from tiny_scheduler.agent.groups import Groups
+from tiny_scheduler.agent.protocol import PolledJob
+from tiny_scheduler.agent.runner import Runner
+from tiny_scheduler.agent.spawning import PID_FILE, Spawner
+
+SIGCHLD_BIT = 1 << (signal.SIGCHLD - 1)
+
+
+@pytest.fixture
+def work_dir(tmp_path: Path) -> Path:
+    return tmp_path / "agent"
+
+
+@pytest.fixture
+def agents() -> Iterator[list[AgentProcess]]:
+    made: list[AgentProcess] = []
+    yield made
+    for agent in made:
+        agent.kill()
+
+
+@pytest.fixture
+def spawner(work_dir: Path) -> Iterator[Spawner]:
+    work_dir.mkdir()
+    made = Spawner(str(work_dir), timeout_secs=1.0)
+    made.start()
+    yield made
+    made.close()
+
+
+def new_runner(work_dir: Path, command: str, number: int = 1) -> Runner:
+    job = PolledJob(job_id=f"job-{number}", command=command)
+    groups = Groups(str(work_dir))
+    return Runner.new(job, 0, "node-a", str(work_dir), groups, 4096, None)  # type: ignore[arg-type]
+
+
+def gate(work_dir: Path) -> tuple[Path, str]:
+    """A file, and a job that waits for it to exist: the job runs until the test says."""
+    path = work_dir / f"go-{uuid.uuid4().hex}"
+    return path, f"while [ ! -e {path} ]; do sleep 0.02; done; echo done"
+
+
+def status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
+def parent_of(pid: int) -> int:
+    return int(status(pid)["PPid"])
+
+
+def gone(pid: int) -> bool:
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([handle], [], [], 0)[0])
+    finally:
+        os.close(handle)
+
+
+def test_the_forked_owner_is_an_owner_of_its_own(work_dir: Path, spawner: Spawner) -> None:
+    go, command = gate(work_dir)
+    mark = f"MARK{uuid.uuid4().hex}"
+    runner = new_runner(work_dir, f"{command} {mark}")
+    runner.start(0, 1.0, None, spawner=spawner)
+    wait_for(lambda: owner.read_pid(runner.folder, owner.JOB_PID), message="the job to start")
+    record = owner.read_pid(runner.folder, owner.OWNER_PID)
+    assert record is not None and owner.alive(record)
+    pid = record[0]
+    assert parent_of(pid) == spawner.pid, "forked by the spawner, not started by the agent"
+    assert os.getsid(pid) == pid, "a session of its own"
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert mark.encode() not in cmdline, "only the job's sh -c carries its command line"
+    links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    assert not [link for link in links if link.startswith("socket:")], links
+    assert int(status(pid)["SigCgt"], 16) & SIGCHLD_BIT == 0, "the spawner's reaper is gone"
+    go.touch()
+    outcome = runner.wait()
+    assert (outcome.exit_code, outcome.why, outcome.stdout) == (0, "exit", f"done {mark}\n")
+
+
+def test_a_sigkilled_spawner_leaves_its_owners_running_and_the_next_job_runs(
+    work_dir: Path, spawner: Spawner
+) -> None:
+    go, command = gate(work_dir)
+    running = new_runner(work_dir, command, 1)
+    running.start(0, 1.0, None, spawner=spawner)
+    first = spawner.pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: spawner.pid is None, message="the spawner to die")
+    later = new_runner(work_dir, "echo later", 2)
+    later.start(0, 1.0, None, spawner=spawner)
+    assert later.wait().stdout == "later\n"
+    assert spawner.pid not in (None, first), "a new spawner took the old one's place"
+    go.touch()
+    assert (running.wait().exit_code, running.wait().stdout) == (0, "done\n")
+
+
+def test_a_hung_spawner_is_replaced_and_the_job_starts_without_it(
+    work_dir: Path, spawner: Spawner
+) -> None:
+    hung = spawner.pid
+    assert hung is not None
+    os.kill(hung, signal.SIGSTOP)
+    try:
+        runner = new_runner(work_dir, "echo anyway")
+        runner.start(0, 1.0, None, spawner=spawner)
+        assert gone(hung), "the hung spawner was killed"
+        assert runner.wait().stdout == "anyway\n"
+        again = new_runner(work_dir, "echo served", 2)
+        again.start(0, 1.0, None, spawner=spawner)
+        assert again.wait().stdout == "served\n"
+        assert spawner.pid not in (None, hung)
+    finally:
+        if not gone(hung):
+            os.kill(hung, signal.SIGCONT)
+
+
+def test_a_folder_already_owned_is_left_to_its_owner(work_dir: Path, spawner: Spawner) -> None:
+    go, command = gate(work_dir)
+    runner = new_runner(work_dir, command)
+    runner.start(0, 1.0, None, spawner=spawner)
+    wait_for(lambda: owner.read_pid(runner.folder, owner.JOB_PID), message="the job to start")
+    first = owner.read_pid(runner.folder, owner.OWNER_PID)
+    # A second owner, as the agent starts one when the spawner answers too late.
+    second = subprocess.run(
+        [sys.executable, "-I", "-S", owner.__file__, runner.folder], timeout=30, check=True
+    )
+    assert second.returncode == 0
+    assert owner.read_pid(runner.folder, owner.OWNER_PID) == first
+    assert not os.path.exists(os.path.join(runner.folder, owner.RESULT)), "it ran nothing"
+    go.touch()
+    assert runner.wait().stdout == "done\n"
+
+
+def node_running_a_job(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> tuple[str, Api, AgentProcess, tuple[int, int], Path, str]:
+    """A scheduler and its agent, running a job until `go` exists: (url, api, agent, the
+    agent's spawner, go, the job's id)."""
+    sched = scheduler_factory(FENCED_ENV)
+    api = Api(sched.url)
+    agent = start_node(agents, tmp_path, "node-a", sched.url)
+    record = owner.read_pid(str(agent.work_dir), PID_FILE)
+    assert record is not None and owner.alive(record), agent.log()
+    go, command = gate(tmp_path)
+    job_id = api.submit(command=command)["job_id"]
+    folders = agent.work_dir / "jobs"
+    wait_for(lambda: list(folders.glob("*/job.pid")), message=agent.waiting("the job to start"))
+    return sched.url, api, agent, record, go, job_id
+
+
+def test_the_spawner_ends_with_its_agent_and_jobs_run_through_it(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    url, api, agent, record, go, job_id = node_running_a_job(tmp_path, scheduler_factory, agents)
+    (folder,) = (agent.work_dir / "jobs").iterdir()
+    owner_record = owner.read_pid(str(folder), owner.OWNER_PID)
+    assert owner_record is not None and parent_of(owner_record[0]) == record[0]
+    os.kill(agent.pid, signal.SIGKILL)
+    agent.wait_exit()
+    wait_for(lambda: not owner.alive(record), message="the spawner to end with its agent")
+    assert owner.alive(owner_record), "the owner outlives its agent and its spawner"
+    go.touch()
+    start_node(agents, tmp_path, "node-a", url)
+    done = wait_for(lambda: ended(api, job_id), timeout=30, message=agent.waiting("the end"))
+    assert (done["status"], done["stdout"]) == ("done", "done\n")
+    api.close()
+
+
+def test_a_job_that_cannot_start_ends_127_and_says_why(work_dir: Path, spawner: Spawner) -> None:
+    job = PolledJob(job_id="job-1", command="true", env_vars={"PATH": "/nonexistent"})
+    runner = Runner.new(job, 0, "node-a", str(work_dir), Groups(str(work_dir)), 4096, None)  # type: ignore[arg-type]
+    runner.start(0, 1.0, None, spawner=spawner)
+    outcome = runner.wait()
+    assert outcome.exit_code == 127
+    assert "cannot start the job" in outcome.stderr, outcome.stderr
+
+
+def test_an_agent_whose_spawner_is_killed_runs_the_next_job_and_keeps_the_running_one(
+    tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
+) -> None:
+    _, api, agent, first, go, running = node_running_a_job(tmp_path, scheduler_factory, agents)
+    os.kill(first[0], signal.SIGKILL)
+    # A zombie until its parent, the agent, looks at it (at the next job's start).
+    wait_for(lambda: dead(first[0]), message="the spawner to die")
+    later = api.submit(command="echo later")["job_id"]
+    done = wait_for(lambda: ended(api, later), timeout=30, message=agent.waiting("the next job"))
+    assert (done["status"], done["stdout"]) == ("done", "later\n")
+    assert status_of(api, running) == "running", "the running job kept its owner"
+    go.touch()
+    done = wait_for(lambda: ended(api, running), timeout=30, message=agent.waiting("its end"))
+    assert (done["status"], done["stdout"]) == ("done", "done\n")
+    again = owner.read_pid(str(agent.work_dir), PID_FILE)
+    assert again is not None and again != first and owner.alive(again), "a new spawner"
+    api.close()
+
+
+def dead(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except OSError:
+        return True
+
+
+def status_of(api: Api, job_id: str) -> str:
+    return api.get(f"/jobs/{job_id}").json()["status"]
