@@ -22,7 +22,7 @@ from typing import Any
 from .. import errors
 from ..cluster.node_book import Beat, NodeBook
 from ..cluster.node_requests import NODE_NOT_FOUND, Heartbeat
-from ..domain import fencing, jobs
+from ..domain import fencing, fit, jobs
 from ..domain.fit import NOTHING, Resources
 from ..domain.jobs import Job
 from ..domain.nodes import NodeRecord, Nodes
@@ -237,6 +237,31 @@ class NodeOps:
             settings.node_lost_secs,
             settings.job_timeout_secs,
         )
+
+    def woken_want(self, node_id: str, beat: Heartbeat) -> int | None:
+        """The free slots a woken waiting heartbeat is answered for: what its `want` said,
+        plus the CPUs of the jobs it listed that have ended on the node since (their reports
+        came in while it waited). Without this, a full node's wait (`want: 0`) woken by a
+        job's end would answer empty, and its agent would ask again for the slot that freed:
+        a round trip on every job's path. A listed job whose report was already on its way
+        when the agent counted its slot free is counted twice; what is handed out stays
+        within the node's free capacity as the scheduler counts it (a job the scheduler ended
+        while it runs keeps its slot, `holds_slot`), so that costs nothing."""
+        if beat.want is None:
+            return None
+        table = self._core.table
+        freed = 0
+        for job_id in beat.running:
+            seq = jobs.parse_job_id(job_id)
+            job = table.get(seq) if seq is not None else None
+            if (
+                job is not None
+                and job.node_id == node_id
+                and job.status in (jobs.DONE, jobs.FAILED)
+                and not job.holds_slot
+            ):
+                freed += fit.need_of(job).cpus
+        return beat.want + freed
 
     def has_news(self, orders: Orders, handed: Handed, woken: bool) -> bool:
         """Whether a waiting heartbeat answers now rather than wait on: it has jobs to hand
