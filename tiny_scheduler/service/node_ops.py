@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from .. import errors
@@ -240,27 +241,15 @@ class NodeOps:
 
     def woken_want(self, node_id: str, beat: Heartbeat) -> int | None:
         """The free slots a woken waiting heartbeat is answered for: what its `want` said,
-        plus the CPUs of the jobs it listed that have ended on the node since (their reports
-        came in while it waited). Without this, a full node's wait (`want: 0`) woken by a
-        job's end would answer empty, and its agent would ask again for the slot that freed:
-        a round trip on every job's path. A listed job whose report was already on its way
-        when the agent counted its slot free is counted twice; what is handed out stays
-        within the node's free capacity as the scheduler counts it (a job the scheduler ended
-        while it runs keeps its slot, `holds_slot`), so that costs nothing."""
+        plus the CPUs of the jobs it listed that its node's reports have ended since. Without
+        this, a full node's wait (`want: 0`) woken by a job's end would answer empty, and its
+        agent would ask again for the slot that freed: a round trip on every job's path. A
+        listed job whose report was already on its way when the agent counted its slot free
+        is counted twice; what is handed out stays within the node's free capacity as the
+        scheduler counts it, so that gives the node no more than it has."""
         if beat.want is None:
             return None
-        table = self._core.table
-        freed = 0
-        for job_id in beat.running:
-            seq = jobs.parse_job_id(job_id)
-            job = table.get(seq) if seq is not None else None
-            if (
-                job is not None
-                and job.node_id == node_id
-                and job.status in (jobs.DONE, jobs.FAILED)
-                and not job.holds_slot
-            ):
-                freed += fit.need_of(job).cpus
+        freed = sum(fit.need_of(job).cpus for job in self._reported(node_id, beat.running))
         return beat.want + freed
 
     def has_news(self, orders: Orders, handed: Handed, woken: bool) -> bool:
@@ -268,13 +257,42 @@ class NodeOps:
         out, a stop order, or a drain its agent was not told yet; or, woken by a change, the
         node could start more than the agent's `want` let through (a slot came free since
         it asked: it asks again with its new count). Not on arrival: an agent whose count
-        differs from ours would then ask again and again at once."""
+        differs from ours would then ask again and again at once.
+
+        A stop order for a job that its node's own report ended is no news: the agent
+        listed it because that report's answer had not reached it yet, and has nothing left
+        to stop (the order still goes with whatever answer comes)."""
+        reported = {job.job_id for job in self._reported(orders.node_id, orders.stop)}
         return bool(
             handed.jobs
-            or orders.stop
+            or any(job_id not in reported for job_id in orders.stop)
             or self.waits.drain_news(orders.node_id, orders.drain)
             or (woken and handed.more)
         )
+
+    def _reported(self, node_id: str, listed: Iterable[str]) -> list[Job]:
+        """The jobs of `listed` that a report from the node ended (done, or failed by its
+        exit or its memory limit), whose process is over as far as the scheduler knows: not
+        the ones it ended itself (timed out, cancelled, lost), which may still run."""
+        table = self._core.table
+        found = []
+        for job_id in listed:
+            seq = jobs.parse_job_id(job_id)
+            job = table.get(seq) if seq is not None else None
+            if (
+                job is not None
+                and job.node_id == node_id
+                and not job.holds_slot
+                and (
+                    job.status == jobs.DONE
+                    or (
+                        job.status == jobs.FAILED
+                        and job.reason in (jobs.Reason.EXIT, jobs.Reason.OUT_OF_MEMORY)
+                    )
+                )
+            ):
+                found.append(job)
+        return found
 
     def _reconcile(self, node_id: str, running: list[Job], listed: frozenset[str]) -> None:
         lost = self.book.missing([job.job_id for job in running], listed)
