@@ -604,9 +604,10 @@ def test_every_documented_answer_of_a_walk_through_the_states_matches(
     keyed = {"Idempotency-Key": f"walk-{node}"}
     first = call("POST", "/jobs", 201, {"command": "true"}, headers=keyed).json()
     assert call("POST", "/jobs", 200, {"command": "true"}, headers=keyed).json() == first
-    batch, batch_key = [{"command": "true"}, {"command": "true", "array": 2}], {
-        "Idempotency-Key": f"walk-batch-{node}"
-    }
+    batch, batch_key = (
+        [{"command": "true"}, {"command": "true", "array": 2}],
+        {"Idempotency-Key": f"walk-batch-{node}"},
+    )
     made = call("POST", "/jobs/batch", 201, batch, headers=batch_key).json()
     assert call("POST", "/jobs/batch", 200, batch, headers=batch_key).json() == made
     call("GET", "/jobs", 200, query={"node_id": node, "status": "pending"})

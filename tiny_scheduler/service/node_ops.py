@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .. import errors
@@ -274,11 +274,8 @@ class NodeOps:
         """The jobs of `listed` that a report from the node ended (done, or failed by its
         exit or its memory limit), whose process is over as far as the scheduler knows: not
         the ones it ended itself (timed out, cancelled, lost), which may still run."""
-        table = self._core.table
         found = []
-        for job_id in listed:
-            seq = jobs.parse_job_id(job_id)
-            job = table.get(seq) if seq is not None else None
+        for _, job in self._listed(listed):
             if (
                 job is not None
                 and job.node_id == node_id
@@ -293,6 +290,13 @@ class NodeOps:
             ):
                 found.append(job)
         return found
+
+    def _listed(self, listed: Iterable[str]) -> Iterator[tuple[str, Job | None]]:
+        """Each job id a heartbeat listed, with the job it names (None: unknown here)."""
+        table = self._core.table
+        for job_id in listed:
+            seq = jobs.parse_job_id(job_id)
+            yield job_id, table.get(seq) if seq is not None else None
 
     def _reconcile(self, node_id: str, running: list[Job], listed: frozenset[str]) -> None:
         lost = self.book.missing([job.job_id for job in running], listed)
@@ -310,11 +314,8 @@ class NodeOps:
         as the scheduler knows: ended by the scheduler while it ran (cancelled, timed out),
         failed as lost and retried elsewhere (or here: the agent runs an older attempt than
         the current one), or forgotten altogether."""
-        table = self._core.table
         stop = []
-        for job_id in listed:
-            seq = jobs.parse_job_id(job_id)
-            job = table.get(seq) if seq is not None else None
+        for job_id, job in self._listed(listed):
             if (
                 job is None
                 or job.node_id != node_id
