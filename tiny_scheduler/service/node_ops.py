@@ -271,23 +271,10 @@ class NodeOps:
         )
 
     def _reported(self, node_id: str, listed: Iterable[str]) -> list[Job]:
-        """The jobs of `listed` that a report from the node ended (done, or failed by its
-        exit or its memory limit), whose process is over as far as the scheduler knows: not
-        the ones it ended itself (timed out, cancelled, lost), which may still run."""
+        """The jobs of `listed` that a report from the node ended (`jobs.ended_by_report`)."""
         found = []
         for _, job in self._listed(listed):
-            if (
-                job is not None
-                and job.node_id == node_id
-                and not job.holds_slot
-                and (
-                    job.status == jobs.DONE
-                    or (
-                        job.status == jobs.FAILED
-                        and job.reason in (jobs.Reason.EXIT, jobs.Reason.OUT_OF_MEMORY)
-                    )
-                )
-            ):
+            if job is not None and job.node_id == node_id and jobs.ended_by_report(job):
                 found.append(job)
         return found
 
