@@ -457,3 +457,20 @@ def test_cap_tail_is_cap_output_of_the_whole_text() -> None:
         for cap in (256, 1000, 4096):
             if len(data) > cap:
                 assert jobs.cap_tail(data[-cap:], len(data), cap) == jobs.cap_output(text, cap)
+
+
+def test_only_an_end_its_node_reported_counts_as_ended_by_report() -> None:
+    # A waiting heartbeat counts such a job's slot as free and its stop order as no news;
+    # an end the scheduler made itself may leave the process running on the node.
+    running = jobs.start(new_job(), T0 + 1)
+    assert jobs.ended_by_report(jobs.finish(running, jobs.DONE, 0, "", "", T0 + 2))
+    assert jobs.ended_by_report(jobs.finish(running, jobs.FAILED, 1, "", "", T0 + 2))
+    oom = jobs.finish(running, jobs.FAILED, 137, "", "", T0 + 2, jobs.Reason.OUT_OF_MEMORY)
+    assert jobs.ended_by_report(oom)
+    assert not jobs.ended_by_report(running)
+    timed_out = jobs.fail_by_scheduler(running, jobs.Reason.TIMEOUT, T0 + 9)
+    assert not jobs.ended_by_report(timed_out)
+    assert not jobs.ended_by_report(jobs.release_slot(timed_out)), "its end was the scheduler's"
+    lost = jobs.fail_by_scheduler(running, jobs.Reason.NODE_LOST, T0 + 9)
+    assert not jobs.ended_by_report(lost)
+    assert not jobs.ended_by_report(jobs.cancel(running, T0 + 9))

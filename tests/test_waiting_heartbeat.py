@@ -204,3 +204,40 @@ def test_a_waiting_heartbeat_through_a_standby_is_woken_by_the_leaders_job(
         assert quiet["jobs"] == []
     finally:
         standby.close()
+
+
+def test_a_full_nodes_wait_woken_by_its_jobs_end_hands_the_next_job_at_once(
+    api: Api, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    # Both slots busy, a third job waiting: the agent waits with `want: 0`. The end of one
+    # of its jobs frees a slot, and the answer it wakes hands the third job out: the agent
+    # need not ask again for the slot (one heartbeat less on every job's path).
+    expect_json(beat(api, "n1"), 200)
+    first, second, third = (api.submit(command="true")["job_id"] for _ in range(3))
+    running = {"status": "running", "exit_code": None, "stdout": "", "stderr": ""}
+    for job_id in (first, second):
+        expect_json(api.patch(f"/jobs/{job_id}", running), 200)
+    answer = waiting(pool, api, "n1", running=[first, second], want=0)
+    done = {"status": "done", "exit_code": 0, "stdout": "", "stderr": ""}
+    expect_json(api.patch(f"/jobs/{first}", done), 200)
+    orders = answer.result(WOKEN_WITHIN)
+    assert [job["job_id"] for job in orders["jobs"]] == [third]
+
+
+def test_a_stop_order_for_a_job_its_own_report_ended_does_not_end_the_wait(
+    api: Api, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    # The agent lists a job whose report the scheduler has taken but whose answer has not
+    # reached the agent yet: its stop order is no news (nothing is left to stop), so the
+    # wait goes on, and only the drain below answers it, the order going with it. Answered
+    # at once, the answer would say `drain: false`.
+    expect_json(beat(api, "n1"), 200)
+    job_id = api.submit(command="true")["job_id"]
+    running = {"status": "running", "exit_code": None, "stdout": "", "stderr": ""}
+    expect_json(api.patch(f"/jobs/{job_id}", running), 200)
+    done = {"status": "done", "exit_code": 0, "stdout": "", "stderr": ""}
+    expect_json(api.patch(f"/jobs/{job_id}", done), 200)
+    answer = waiting(pool, api, "n1", running=[job_id], want=1)
+    expect_json(api.patch("/nodes/n1", {"drain": True}), 200)
+    orders = answer.result(WOKEN_WITHIN)
+    assert (orders["drain"], orders["stop"]) == (True, [job_id])

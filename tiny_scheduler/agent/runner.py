@@ -274,7 +274,12 @@ class Runner:
         }
         if fence is not None:
             self.renew_fence(fence)
-        owner.write_atomically(self.folder, owner.SPEC, json.dumps(spec).encode())
+        # Not fsynced (two fsyncs, ~16 ms, on every job's path to its start): the spec is
+        # what a restarted agent adopts a live job by, and after a crash of the machine no
+        # job runs; a folder whose spec did not survive holds no job (`read_spec`), is
+        # removed, and the scheduler fails the job as lost by its agent, as it would a job
+        # whose owner died with the machine.
+        owner.write_atomically(self.folder, owner.SPEC, json.dumps(spec).encode(), durable=False)
         self._owner = spawner.spawn(self.folder) if spawner is not None else None
         if self._owner is not None:
             self._groups.add(self._owner[0], self.job_id)

@@ -50,7 +50,8 @@ def heartbeat(node_id: str) -> Response:
     if beat.wait_secs is None:
         nodes.waits.told(node_id, orders.drain)
         return json_reply(orders.to_wire())
-    want = beat.want
+    # Woken: the slots its listed jobs freed since count too (`woken_want`).
+    want = beat.want if waited is None else nodes.woken_want(node_id, beat)
     handed = from_memory(
         lambda: service.dispatch.hand_in_memory(node_id, want),
         lambda: service.dispatch.hand(node_id, want),
@@ -72,7 +73,7 @@ def heartbeat(node_id: str) -> Response:
         finally:
             release()
         orders = nodes.orders(node_id, beat)
-        handed = service.dispatch.hand(node_id, want)
+        handed = service.dispatch.hand(node_id, nodes.woken_want(node_id, beat))
     nodes.waits.told(node_id, orders.drain)
     return json_reply(orders.to_wire(handed.jobs))
 

@@ -441,6 +441,17 @@ def is_late_report(job: Job, status: str) -> bool:
     return job.reason in (Reason.TIMEOUT, Reason.CANCELLED, Reason.NODE_LOST)
 
 
+def ended_by_report(job: Job) -> bool:
+    """Whether the job's attempt was ended by its node's report (done, or failed by its
+    exit or its memory limit) and its process is over as far as the scheduler knows: not an
+    end the scheduler made itself (timed out, cancelled, lost), whose process may still run."""
+    if job.holds_slot:
+        return False
+    return job.status == DONE or (
+        job.status == FAILED and job.reason in (Reason.EXIT, Reason.OUT_OF_MEMORY)
+    )
+
+
 def release_slot(job: Job) -> Job:
     """The timed-out attempt's process is over (late report) or gone (lost node)."""
     return job.evolve(holds_slot=False)

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .. import errors
 from ..cluster.node_book import Beat, NodeBook
 from ..cluster.node_requests import NODE_NOT_FOUND, Heartbeat
-from ..domain import fencing, jobs
+from ..domain import fencing, fit, jobs
 from ..domain.fit import NOTHING, Resources
 from ..domain.jobs import Job
 from ..domain.nodes import NodeRecord, Nodes
@@ -238,18 +239,51 @@ class NodeOps:
             settings.job_timeout_secs,
         )
 
+    def woken_want(self, node_id: str, beat: Heartbeat) -> int | None:
+        """The free slots a woken waiting heartbeat is answered for: what its `want` said,
+        plus the CPUs of the jobs it listed that its node's reports have ended since. Without
+        this, a full node's wait (`want: 0`) woken by a job's end would answer empty, and its
+        agent would ask again for the slot that freed: a round trip on every job's path. A
+        listed job whose report was already on its way when the agent counted its slot free
+        is counted twice; what is handed out stays within the node's free capacity as the
+        scheduler counts it, so that gives the node no more than it has."""
+        if beat.want is None:
+            return None
+        freed = sum(fit.need_of(job).cpus for job in self._reported(node_id, beat.running))
+        return beat.want + freed
+
     def has_news(self, orders: Orders, handed: Handed, woken: bool) -> bool:
         """Whether a waiting heartbeat answers now rather than wait on: it has jobs to hand
         out, a stop order, or a drain its agent was not told yet; or, woken by a change, the
         node could start more than the agent's `want` let through (a slot came free since
         it asked: it asks again with its new count). Not on arrival: an agent whose count
-        differs from ours would then ask again and again at once."""
+        differs from ours would then ask again and again at once.
+
+        A stop order for a job that its node's own report ended is no news: the agent
+        listed it because that report's answer had not reached it yet, and has nothing left
+        to stop (the order still goes with whatever answer comes)."""
+        reported = {job.job_id for job in self._reported(orders.node_id, orders.stop)}
         return bool(
             handed.jobs
-            or orders.stop
+            or any(job_id not in reported for job_id in orders.stop)
             or self.waits.drain_news(orders.node_id, orders.drain)
             or (woken and handed.more)
         )
+
+    def _reported(self, node_id: str, listed: Iterable[str]) -> list[Job]:
+        """The jobs of `listed` that a report from the node ended (`jobs.ended_by_report`)."""
+        found = []
+        for _, job in self._listed(listed):
+            if job is not None and job.node_id == node_id and jobs.ended_by_report(job):
+                found.append(job)
+        return found
+
+    def _listed(self, listed: Iterable[str]) -> Iterator[tuple[str, Job | None]]:
+        """Each job id a heartbeat listed, with the job it names (None: unknown here)."""
+        table = self._core.table
+        for job_id in listed:
+            seq = jobs.parse_job_id(job_id)
+            yield job_id, table.get(seq) if seq is not None else None
 
     def _reconcile(self, node_id: str, running: list[Job], listed: frozenset[str]) -> None:
         lost = self.book.missing([job.job_id for job in running], listed)
@@ -267,11 +301,8 @@ class NodeOps:
         as the scheduler knows: ended by the scheduler while it ran (cancelled, timed out),
         failed as lost and retried elsewhere (or here: the agent runs an older attempt than
         the current one), or forgotten altogether."""
-        table = self._core.table
         stop = []
-        for job_id in listed:
-            seq = jobs.parse_job_id(job_id)
-            job = table.get(seq) if seq is not None else None
+        for job_id, job in self._listed(listed):
             if (
                 job is None
                 or job.node_id != node_id
