@@ -80,3 +80,16 @@ def test_want_lets_through_the_first_jobs_that_fit_in_its_slots() -> None:
     assert moves.within_slots(found, 2) == [plain, service, last]
     assert moves.within_slots(found, 0) == [service]
     assert moves.within_slots(found[1:], 5, before=[plain]) == [wide, service]
+
+
+def test_a_jobs_end_wakes_the_nodes_of_the_dependents_it_makes_due() -> None:
+    h = Harness()
+    first = h.submit_on("node-a")
+    second = h.submit_on("node-b", depends_on=[first.job_id])
+    other = h.submit_on("node-c", depends_on=[first.job_id, h.submit_on("node-a").job_id])
+    h.claim(first.job_id)
+    before = counts(h, "node-b", "node-c")
+    h.report(first.job_id)
+    # node-b's job is due now; node-c's still waits for another job: nothing for node-c.
+    assert counts(h, "node-b", "node-c") == [before[0] + 1, before[1]]
+    assert h.poll("node-b") == [second.job_id] and other.job_id not in h.poll("node-c")

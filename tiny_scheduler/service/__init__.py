@@ -128,7 +128,7 @@ class Scheduler:
         self.jobs = Lifecycle(core)
         self.dispatch = Dispatch(core, self.jobs, book)
         self.schedules = ScheduleOps(core, self.jobs)
-        self.waits = NodeWaits(self._gives_work)
+        self.waits = NodeWaits(self._gives_work, core.table.take_released_nodes)
         self.listeners.append(self.waits.on_change)
         self.nodes = NodeOps(
             core, self.jobs, self.dispatch, book, settings.builtin_registry, self.waits

@@ -15,8 +15,10 @@ first, so that its heartbeat may take the job over as its poll would. One, not a
 waiting agents must not all run again for every job. Should that one not take it (it does
 not fit there), the job waits for the next heartbeat renewed, at most a heartbeat period.
 
-Jobs that become due without a change of their own (a `not_before` passing, a dependency
-met) wake nobody: the next renewal hands them out.
+A job's end also wakes the nodes of the dependents it made due (their dependencies met):
+a workflow's next step starts as soon as the step before it ends, not at the next renewal.
+A `not_before` passing wakes nobody: the next renewal hands the job out, within a heartbeat
+period.
 
 It also remembers the drain each node's agent was last told, so that a heartbeat woken by a
 drain change knows it has news.
@@ -27,7 +29,7 @@ Tests: `tests/test_node_waits.py`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ..domain.jobs import Job
 from ..notify import Signal
@@ -44,10 +46,17 @@ class NodeWaits:
     """Per node: the signal its waiting heartbeat parks on, whether it waits with free slots,
     and the drain its agent was last told."""
 
-    def __init__(self, gives_work: Callable[[str], bool]) -> None:
+    def __init__(
+        self,
+        gives_work: Callable[[str], bool],
+        released_nodes: Callable[[], Iterable[str]] = frozenset,
+    ) -> None:
         """`gives_work(node_id)`: whether the node's waiting jobs may go to an idle node
-        (it cannot start them itself): then a hungry node is woken too."""
+        (it cannot start them itself): then a hungry node is woken too. `released_nodes()`:
+        the nodes of the dependents made due since it was last asked
+        (`JobTable.take_released_nodes`)."""
         self._gives_work = gives_work
+        self._released_nodes = released_nodes
         self._lock = threading.Lock()
         self._signals: dict[str, Signal] = {}
         self._hungry: dict[str, None] = {}  # parked with want > 0, longest waiting first
@@ -99,6 +108,9 @@ class NodeWaits:
             return
         if event in ENDING_EVENTS:
             self.wake(job.node_id)
+            for node_id in self._released_nodes():
+                self.wake(node_id)
+                self._wake_a_taker(node_id)
         elif event in PENDING_EVENTS:
             self.wake(job.node_id)
             self._wake_a_taker(job.node_id)

@@ -119,6 +119,9 @@ class JobTable:
         self._busy: set[int] = set()
         self._busy_keys: set[str] = set()
         self._in_flight: set[int] = set()  # ids handed out whose job is not committed yet
+        # Nodes of dependents that an ended job made due, until `take_released_nodes`: a
+        # waiting heartbeat of theirs has work now, though nothing changed in the jobs.
+        self._released_nodes: set[str] = set()
         self._load(loaded)
         self._last_seq = max(last_seq, self._jobs.keys()[-1] if self._jobs else 0)
 
@@ -455,6 +458,13 @@ class JobTable:
         with self._lock:
             return self._finished.before(cutoff, limit, self._jobs.get, self._waits.is_awaited)
 
+    def take_released_nodes(self) -> set[str]:
+        """The nodes of the dependents made due (their dependencies met) since the last call:
+        their waiting agents have work that no change of the dependents' own announced."""
+        with self._lock:
+            found, self._released_nodes = self._released_nodes, set()
+            return found
+
     def dependents(self, seq: int) -> list[Job]:
         """The pending jobs that wait for job `seq` among their unmet dependencies, by id."""
         with self._lock:
@@ -665,6 +675,8 @@ class JobTable:
             if self._met(dependent):
                 self._unindex(dependent)
                 self._index(dependent, dependent)
+                if dependent.node_id:
+                    self._released_nodes.add(dependent.node_id)
 
     def _promote(self, now: int) -> None:
         """Move the delayed jobs that are due at `now` into their nodes' queues."""
