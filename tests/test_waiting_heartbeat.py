@@ -16,6 +16,7 @@ import orjson
 import pytest
 from conftest import SchedulerFactory
 from helpers import Api, expect_error, expect_json, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
 KEY = "wait-key"
 WAIT = 60
@@ -241,3 +242,27 @@ def test_a_stop_order_for_a_job_its_own_report_ended_does_not_end_the_wait(
     expect_json(api.patch("/nodes/n1", {"drain": True}), 200)
     orders = answer.result(WOKEN_WITHIN)
     assert (orders["drain"], orders["stop"]) == (True, [job_id])
+
+
+def heartbeats_timed(api: Api) -> float:
+    """The daemon's count of timed heartbeat requests (`/metrics`)."""
+    page = api.get("/metrics")
+    assert page.status_code == 200
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(page.text)
+        for sample in family.samples
+        if sample.name == "tiny_scheduler_http_request_duration_seconds_count"
+        and sample.labels.get("endpoint") == "nodes.heartbeat"
+    )
+
+
+def test_a_woken_wait_is_one_request_in_the_metrics(
+    api: Api, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    expect_json(beat(api, "n1"), 200)
+    before = heartbeats_timed(api)
+    answer = waiting(pool, api, "n1")
+    api.submit(command="echo hi")
+    assert len(answer.result(WOKEN_WITHIN)["jobs"]) == 1
+    assert heartbeats_timed(api) == before + 1  # parked, then run again once woken: one request

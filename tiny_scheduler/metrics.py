@@ -44,6 +44,7 @@ from .domain import jobs
 from .domain.jobs import Job
 from .domain.schedules import SkipCause
 from .server import inline
+from .server.waiting import WAITED_KEY
 from .service import Event, Move, Scheduler
 from .version import version
 
@@ -274,8 +275,13 @@ class Metrics:
 
     def request_finished(self, response: Response) -> Response:
         started = getattr(g, _STARTED, None)
-        # A request sent on to a thread (inline.py) is timed when it runs there.
-        if started is not None and response.response is not inline.NEEDS_THREAD:
+        # A request sent on to a thread (inline.py) is timed when it runs there; a parked
+        # wait (waiting.py) is timed when it parks, not again when it runs after its wake.
+        if (
+            started is not None
+            and response.response is not inline.NEEDS_THREAD
+            and request.environ.get(WAITED_KEY) is None
+        ):
             key = (request.endpoint or UNMATCHED_ENDPOINT, response.status_code)
             child = self._http_children.get(key)
             if child is None:
