@@ -266,3 +266,17 @@ def test_a_woken_wait_is_one_request_in_the_metrics(
     api.submit(command="echo hi")
     assert len(answer.result(WOKEN_WITHIN)["jobs"]) == 1
     assert heartbeats_timed(api) == before + 1  # parked, then run again once woken: one request
+
+
+def test_a_wait_ends_when_a_delayed_job_of_its_node_comes_due(
+    api: Api, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    expect_json(beat(api, "n1"), 200)
+    job = api.submit(command="echo later", delay_secs=3)
+    answer = waiting(pool, api, "n1")
+    # Answered at the job's not_before, not after the 60 s wait (with nothing yet, unless a
+    # busy machine sent the wait after that time already)...
+    handed = answer.result(WOKEN_WITHIN)["jobs"]
+    if not handed:  # ...and then the renewal hands the job out at once.
+        handed = expect_json(beat(api, "n1", wait_secs=WAIT, want=2), 200)["jobs"]
+    assert [one["job_id"] for one in handed] == [job["job_id"]]

@@ -58,6 +58,9 @@ def heartbeat(node_id: str) -> Response:
     )
     now = SYSTEM.monotonic()
     deadline = waited or now + beat.wait_secs
+    due_in = service.dispatch.next_due_in(node_id)  # a delayed job of the node comes due
+    if due_in is not None:
+        deadline = min(deadline, now + due_in)
     if now < deadline and not nodes.has_news(orders, handed, woken=waited is not None):
         release = nodes.waits.parked(node_id, want or 0)
         if request.environ.get(PARK_KEY):

@@ -71,6 +71,13 @@ class Dispatch:
         assert answer is not None
         return answer
 
+    def next_due_in(self, node_id: str) -> float | None:
+        """Seconds until the node's first delayed job comes due (its `not_before`), or None:
+        a waiting heartbeat answers by then, so that its renewal hands the job out."""
+        now = self._core.now()
+        due_at = self._core.table.next_due_on(node_id, now)
+        return None if due_at is None else (due_at - now) / 1_000_000
+
     def hand_in_memory(self, node_id: str, want: int | None) -> Handed | None:
         """`hand` from memory alone, or None (nothing changed) when it would move work."""
         return self._poll(node_id, False, in_memory=True, want=want)

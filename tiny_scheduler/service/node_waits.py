@@ -17,8 +17,8 @@ not fit there), the job waits for the next heartbeat renewed, at most a heartbea
 
 A job's end also wakes the nodes of the dependents it made due (their dependencies met):
 a workflow's next step starts as soon as the step before it ends, not at the next renewal.
-A `not_before` passing wakes nobody: the next renewal hands the job out, within a heartbeat
-period.
+A delayed job's `not_before` is a deadline of its node's wait instead (`api/nodes.py`): the
+wait answers then, and its renewal hands the job out.
 
 It also remembers the drain each node's agent was last told, so that a heartbeat woken by a
 drain change knows it has news.

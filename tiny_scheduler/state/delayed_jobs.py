@@ -41,6 +41,14 @@ class DelayedJobs:
         """Forget a delayed job (its heap entry is skipped later); False when it was not."""
         return self.by_node.discard(job)
 
+    def next_after(self, node_id: str, now: int) -> int | None:
+        """The earliest `not_before` after `now` among the node's delayed jobs, or None."""
+        waiting = self.by_node.get(node_id)
+        if not waiting:
+            return None
+        later = [job.not_before for job in waiting.values() if job.not_before > now]
+        return min(later) if later else None
+
     def due(self, now: int, lookup: Callable[[int], Job | None]) -> list[Job]:
         """Take out and return the delayed jobs whose time has come by `now` (`lookup` gives
         a job's current version): O(those), nothing at all when none is due."""

@@ -458,6 +458,11 @@ class JobTable:
         with self._lock:
             return self._finished.before(cutoff, limit, self._jobs.get, self._waits.is_awaited)
 
+    def next_due_on(self, node_id: str, now: int) -> int | None:
+        """When (µs) the node's first delayed job comes due after `now`, or None."""
+        with self._lock:
+            return self._delayed.next_after(node_id, now)
+
     def take_released_nodes(self) -> set[str]:
         """The nodes of the dependents made due (their dependencies met) since the last call:
         their waiting agents have work that no change of the dependents' own announced."""
