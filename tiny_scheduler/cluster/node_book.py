@@ -195,13 +195,12 @@ class BuiltinNodes:
     The list is made once and kept while it stays true: until the book counts a change
     (`NodeBook.changes`) or the first moment a node's health ages. Every heartbeat, poll and
     submission asks for it, and thousands of nodes made it a walk over all of them each time.
-    The cached list an agent's poll or heartbeat reads (`cached_nodes`) is made again at most
-    every REBUILD_SECS for changes alone (a burst of agents registering at once), so a node
-    new or back to health may wait that long to get work that way; placement's own list
-    (`nodes`) never waits.
+    Like a registry's cache (`REGISTRY_CACHE_SECS`), the cached list (`cached_nodes`) may lag
+    the book's changes by up to CACHED_LAG_SECS (a burst of agents registering at once makes
+    it again once, not once each); `nodes` is always as fresh as the book.
     """
 
-    REBUILD_SECS = 0.1
+    CACHED_LAG_SECS = 0.1
 
     def __init__(self, book: NodeBook) -> None:
         self._book = book
@@ -210,18 +209,20 @@ class BuiltinNodes:
         self._made: tuple[int, int, float, float, Nodes] | None = None
 
     def nodes(self) -> Nodes:
-        return self._list(changes_may_wait=False)
+        return self._list(lag_secs=0.0)
 
     def cached_nodes(self) -> Nodes | None:
-        return self._list(changes_may_wait=True)  # made from memory at once
+        return self._list(lag_secs=self.CACHED_LAG_SECS)  # made from memory at once
 
-    def _list(self, changes_may_wait: bool) -> Nodes:
+    def _list(self, lag_secs: float) -> Nodes:
+        """The list, made again when the book changed more than `lag_secs` after it was
+        made, or when a node's health in it has aged."""
         book = self._book
         now = book.clock.monotonic()
         made = self._made
         if made is not None and now < made[3] and made[1] == book.resets:
             changes, _, at, _, nodes = made
-            if changes == book.changes or (changes_may_wait and now < at + self.REBUILD_SECS):
+            if changes == book.changes or now < at + lag_secs:
                 return nodes
         with self._lock:
             # Read before the beats: a change meanwhile makes the list again.
