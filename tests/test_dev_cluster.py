@@ -75,7 +75,12 @@ def test_cluster_runs_50_jobs_and_survives_a_killed_node(tmp_path: pathlib.Path)
     # them there only while the other nodes' agents are slower to run jobs than the test is
     # to submit them, which a busy machine can turn around.
     env = {**SCHEDULER_ENV, "PLACEMENT": "round-robin"}
-    config = ClusterConfig.quick(agents=3, work_dir=str(work), scheduler_env=env)
+    # Heartbeats every second (healthy for 3 s): the quick 0.3 s let a loaded CI machine see
+    # two nodes unhealthy at once, and a retry then went back to the only healthy node, the
+    # one it had failed on (placement's documented fallback), which the checks below refuse.
+    config = ClusterConfig.quick(
+        agents=3, work_dir=str(work), scheduler_env=env, heartbeat_secs=1.0
+    )
     with DevCluster(config) as cluster:
         api = Api(cluster.scheduler_url)
 

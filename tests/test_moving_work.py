@@ -96,6 +96,22 @@ def test_a_retry_is_not_moved_back_to_the_node_it_failed_on() -> None:
     assert h.poll(third) == [job_id]
 
 
+def test_a_retry_whose_node_goes_down_is_not_placed_back_on_the_node_it_failed_on() -> None:
+    """The scan re-places the waiting jobs of a down node (`move_pending`): a retry there goes
+    to a third node while one is healthy, not back to the node its attempt failed on."""
+    h = Harness(("a", "b", "c"), max_job_retries=1, max_jobs_per_node=1)
+    job_id = h.submit_on("a", "flaky").job_id
+    h.claim(job_id)
+    retried = h.report(job_id, exit_code=3)
+    elsewhere = retried.node_id
+    assert retried.status == jobs.PENDING and elsewhere != "a"
+    third = ({"b", "c"} - {elsewhere}).pop()
+    busy(h, third)  # by load alone the idle node "a" would be chosen
+    h.set_nodes(healthy=["a", third], unhealthy=[elsewhere])
+    moved = h.service.dispatch.move_pending(h.job(job_id).seq)
+    assert moved is not None and moved.node_id == third
+
+
 def test_the_answer_is_the_nodes_own_queue_first_then_moved_jobs_oldest_first() -> None:
     h = stealing("first", "second", "idle", max_jobs_per_node="auto")
     busy(h, "first")

@@ -79,6 +79,17 @@ def test_a_retry_avoids_the_node_it_failed_on() -> None:
     assert placement.place(avoid="node-a") == "node-b"
 
 
+def test_rather_not_is_left_out_only_while_a_third_node_remains() -> None:
+    """A re-placed retry (its node went down) leaves out the down node and, while it can,
+    the node it failed on as well."""
+    nodes = StaticNodes(healthy(*NODES))
+    placement = placement_for(nodes)
+    picks = {placement.place(avoid="node-a", rather_not="node-b") for _ in range(6)}
+    assert picks == {"node-c"}
+    nodes.set(healthy("node-a", "node-b"))
+    assert placement.place(avoid="node-a", rather_not="node-b") == "node-b"
+
+
 def test_no_healthy_nodes() -> None:
     nodes = StaticNodes({})
     placement = placement_for(nodes)

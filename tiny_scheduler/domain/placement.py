@@ -118,7 +118,11 @@ class Placement:
     # --- choosing a node ---------------------------------------------------------------------
 
     def place(
-        self, instance_id: str = "", avoid: str | None = None, wants: Wants | None = None
+        self,
+        instance_id: str = "",
+        avoid: str | None = None,
+        wants: Wants | None = None,
+        rather_not: str | None = None,
     ) -> str:
         """The node for a new (or retried, or re-placed) job that `wants` what it says (a
         job or a request: its needs, `node_selector` and `node_ids`; None: one plain CPU);
@@ -126,7 +130,8 @@ class Placement:
 
         `avoid` is the node a retried job failed on (or a re-placed job's lost node): another
         node that can run it is preferred, but when it is the only one the job goes back to
-        it.
+        it. `rather_not` is a second node left out only while a third one remains: the node a
+        re-placed retry failed on, which its first placement already left out on purpose.
         """
         if instance_id:
             return self.source.instance_node(instance_id)
@@ -134,7 +139,7 @@ class Placement:
         with self._turn_lock:
             # Read the loads and move the rotation together: two submissions at once must
             # see each other's turn, or both would take the same "next" node.
-            chosen = self._choose(nodes, wants, avoid)
+            chosen = self._choose(nodes, wants, avoid, rather_not=rather_not)
             self._previous = chosen
         return chosen
 
@@ -204,6 +209,7 @@ class Placement:
         wants: Wants | None,
         avoid: str | None,
         placed: Mapping[str, Resources] | None = None,
+        rather_not: str | None = None,
     ) -> str:
         """The node for one job (`placed`: what copies of it placed just now need, by node:
         not in the table's counts yet)."""
@@ -219,7 +225,7 @@ class Placement:
             )
             if not eligible:
                 raise PlacementError(NONE_THAT_FITS)
-        eligible = _candidates(eligible, avoid)
+        eligible = _candidates(_candidates(eligible, avoid), rather_not)
         if self._round_robin:
             return self._next_after(eligible)
         counts = self._loads.node_resources(eligible, self._clock.now_us())

@@ -148,7 +148,9 @@ class Dispatch:
         with core.table.changing(seq) as job:
             if job.status != jobs.PENDING or job.instance_id:
                 return None
-            node_id = core.placement.place(avoid=job.node_id, wants=job)
+            # A retry does not go back to the node it failed on while a third node can take it.
+            failed_on = job.attempts[-1].node_id if job.attempts else None
+            node_id = core.placement.place(avoid=job.node_id, wants=job, rather_not=failed_on)
             if node_id == job.node_id:
                 return None
             new = job.evolve(node_id=node_id, moved_from=job.node_id)
