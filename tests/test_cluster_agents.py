@@ -318,21 +318,24 @@ FROZEN_HEARTBEAT_SECS = 2.0
 an agent's heartbeat must cross from the frozen leader to the new one."""
 
 
+@pytest.mark.parametrize("poll_secs", [None, 0.5], ids=["waiting", "polling"])
 def test_agents_leave_a_frozen_leader_and_the_new_leader_refuses_no_submission(
-    work: pathlib.Path, postgres_url: str
+    work: pathlib.Path, postgres_url: str, poll_secs: float | None
 ) -> None:
     """The leader SIGSTOPped past its lease: the kernel still accepts connections for it, and
     the agents' heartbeats once hung 15 s there, so the new leader saw no healthy node and
     answered 361 submissions with 503. Now each agent call gives a frozen daemon seconds
     (agent/wire.py) and asks the next URL: once the new leader serves, and one heartbeat
-    period has passed, it refuses nothing. The 503s before then are counted and printed."""
+    period has passed, it refuses nothing. The 503s before then are counted and printed.
+    Both agent modes: a waiting heartbeat (the default) gives the daemon its wait, one period,
+    before its deadline, which must still leave the frozen daemon in time."""
     config = ClusterConfig(
         agents=2,
         standbys=1,
         postgres_url=postgres_url,
         work_dir=str(work),
         heartbeat_secs=FROZEN_HEARTBEAT_SECS,
-        poll_secs=0.5,
+        poll_secs=poll_secs,
         node_lost_secs=60.0,
         scheduler_env={**BASE_ENV, "LEADER_LEASE_SECS": "3"},
     )
