@@ -345,6 +345,26 @@ def test_others_env_values_are_masked_for_users_and_viewers(world: World) -> Non
     assert jobs_env[world.bob_schedule] == {"S": "x"}
 
 
+def test_a_viewer_named_like_the_jobs_owner_sees_its_env_values_masked(world: World) -> None:
+    """A viewer token of alice's is not alice's user token: it reads alice's job, in the API
+    and on the dashboard, with every env value masked."""
+    made = world.call("key", "POST", "/tokens", {"user": "alice", "role": "viewer"})
+    assert made.status_code == 201, made.data
+    world.secrets["alice-viewer"] = made.json["token"]
+    assert env_of(world, "alice-viewer", world.alice_job) == {"SECRET": "***"}
+    listed = world.call("alice-viewer", "GET", "/jobs?owner=alice&limit=1000").json
+    envs = {job["job_id"]: job.get("env_vars") for job in listed}
+    assert envs[world.alice_job] == {"SECRET": "***"}
+    schedules = world.call("alice-viewer", "GET", "/schedules").json
+    jobs_env = {s["schedule_id"]: s["job"]["env_vars"] for s in schedules}
+    assert jobs_env[world.alice_schedule] == {"S": "***"}
+    page = world.client.get(
+        f"/ui/jobs/{world.alice_job}?show_env=1",
+        headers={"Authorization": f"Bearer {world.secrets['alice-viewer']}"},
+    ).get_data(as_text=True)
+    assert "alice-s" not in page and "***" in page
+
+
 def test_the_dashboard_masks_them_too_and_says_who_is_signed_in(world: World) -> None:
     page = world.client.get(
         f"/ui/jobs/{world.bob_job}?show_env=1",
@@ -390,6 +410,8 @@ def test_sees_env() -> None:
     assert roles.sees_env(alice, "alice")
     assert not roles.sees_env(alice, "bob") and not roles.sees_env(alice, "")
     assert not roles.sees_env(Principal(Role.VIEWER, "alice"), "bob")
+    # A viewer's env values are masked for every job: even one whose owner bears its name.
+    assert not roles.sees_env(Principal(Role.VIEWER, "alice"), "alice")
     assert roles.sees_env(roles.SHARED_KEY, "bob")
 
 

@@ -11,7 +11,7 @@ record of what it changed: the HTTP side of `domain/roles.py`, in one place.
   `check_target` themselves after parsing it, and views that take a job request call
   `check_request` (a user's priority). No view asks which role a caller has.
 - `shown`: a job's JSON as the caller may see it (`roles.sees_env`: others' env values
-  masked).
+  masked, and a viewer's for every job).
 - `record`: after the answer, the audit record of an operation the table names an action for
   (`created`: a view names the id it made, so the answer need not be read back for it).
 

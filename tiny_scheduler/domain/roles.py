@@ -244,10 +244,12 @@ def submit_refusal(who: Principal, priority: int) -> str | None:
 
 def sees_env(who: Principal, owner: str) -> bool:
     """Whether `who` may see the values of the `env_vars` of a job owned by `owner`: the admin
-    always, an agent for the jobs it is handed, a user or viewer only its own."""
+    always, an agent for the jobs it is handed, a user only its own, a viewer never."""
     if who.role in (Role.ADMIN, Role.AGENT):
         return True
-    return bool(who.user) and owner == who.user
+    # A viewer never submits, so no job is its own: a job owned by a user of the same name
+    # belongs to that user's `user` token, whose secrets a read-only token must not show.
+    return who.role == Role.USER and bool(who.user) and owner == who.user
 
 
 MASK = "***"
