@@ -16,7 +16,8 @@ placement (resources, `node_selector`, `node_ids`) and the rule of backfill.
   time: running jobs, and those this poll starts before the head, counted as ending at their
   deadlines), or if it takes only what will be spare beyond the head's needs even then. So a
   big job is never passed forever by a stream of small ones, and what is started ahead never
-  delays it past that time (Slurm's EASY backfill).
+  delays it past that time (Slurm's EASY backfill). `Picker.explain` says which jobs it held
+  back behind the head, for `waiting_for`.
 
 Pure: given jobs, capacities and times, never the table, a node source or a clock.
 
@@ -178,6 +179,19 @@ class Ending:
     frees: Resources
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeldBack:
+    """What backfill keeps waiting on one node now (`Picker.explain`), for `waiting_for`."""
+
+    head: Job | None  # the first job that does not fit yet (None: none is blocked)
+    refused: frozenset[int]  # seqs that fit what is free but would outlast the head's start
+    looked_at: frozenset[int]  # seqs the picker was offered
+    too_deep: bool  # it stopped BACKFILL_DEPTH jobs past the head, before the order ended
+
+
+NOT_HELD = HeldBack(None, frozenset(), frozenset(), False)
+
+
 class Picker:
     """Chooses, in a node's order, the jobs that start now on it (see the module's notes).
 
@@ -272,3 +286,24 @@ class Picker:
             if self.offer(job):
                 taken.append(job)
         return taken
+
+    def explain(self, candidates: Iterable[Job], limit: int | None = None) -> HeldBack:
+        """`take` (the same candidates and `limit` as the poll's), saying which jobs backfill
+        held back: those that fit in what was free when offered but were refused once a head
+        was blocked. A read: what it takes is only counted, nothing starts."""
+        refused: set[int] = set()
+        looked_at: set[int] = set()
+        taken = 0
+        for job in candidates:
+            if (limit is not None and taken >= limit) or self.exhausted:
+                too_deep = self.head is not None and self._passed >= BACKFILL_DEPTH
+                return HeldBack(self.head, frozenset(refused), frozenset(looked_at), too_deep)
+            looked_at.add(job.seq)
+            fitted = self.free.covers(need_of(job))
+            if self.offer(job):
+                taken += 1
+            elif fitted and self.head not in (None, job) and could_run(job, self.capacity):
+                # It fitted and could run here (`offer` passes over one that cannot at all
+                # before it looks at what is free): only backfill's rule kept it back.
+                refused.add(job.seq)
+        return HeldBack(self.head, frozenset(refused), frozenset(looked_at), False)

@@ -99,7 +99,7 @@ class Dispatch:
         stealing = core.settings.job_stealing
         limit = capacity.total.cpus if want is None else min(want, capacity.total.cpus)
         # Remembering the offer is a memory cache: a second look on a thread renews it.
-        own, picker = table.poll(capacity, now, self._deadline, remember=stealing)
+        own, picker = table.poll(capacity, now, core.expected_end, remember=stealing)
         found = own if want is None else moves.within_slots(own, want)
         if stealing and nodes is not None and placement.may_take(node_id, nodes):
             wanted = limit - len(found)
@@ -115,13 +115,6 @@ class Dispatch:
                 found += taken if want is None else moves.within_slots(taken, want, found)
         core.emit(Event.POLLED, None, node_id)
         return Handed(found, more=len(found) < len(own))
-
-    def _deadline(self, job: Job, start: int) -> int | None:
-        """When a job started at `start` ends by its timeout (backfill's expectation)."""
-        if job.job_type == jobs.SERVICE:
-            return None
-        timeout = job.timeout_secs or self._core.settings.job_timeout_secs
-        return start + timeout * 1_000_000
 
     def _fail_disproved(self, node_id: str, disproved: list[Job]) -> None:
         for job in disproved:

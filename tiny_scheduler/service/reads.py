@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from .. import errors
-from ..domain import jobs
+from ..domain import fit, jobs
 from ..domain.jobs import Job, Output
 from ..domain.nodes import Nodes
 from ..domain.placement import NodeLoad
@@ -116,6 +116,16 @@ class Reads:
         loads = {load.node_id: load for load in placement.loads(node_ids, nodes)}
         capacities = {node: placement.capacity(node, nodes) for node in node_ids}
         now = core.now()
+        # Backfill is asked only about nodes where a waiting job fits what is free now (only
+        # there can it be what holds a job back): one picker's walk per such node.
+        held_back = {
+            node_id: table.held_back(capacities[node_id], now, core.expected_end)
+            for node_id in {
+                job.node_id
+                for job in waiting
+                if loads[job.node_id].available.covers(fit.need_of(job))
+            }
+        }
         why: dict[int, str] = {}
         for job in waiting:
             unmet = dependencies.unmet(job, {seq: table.get(seq) for seq in job.depends_on})
@@ -131,6 +141,7 @@ class Reads:
                 now,
                 user,
                 user_running,
+                held_back.get(job.node_id, fit.NOT_HELD),
             )
             if text is not None:
                 why[job.seq] = text

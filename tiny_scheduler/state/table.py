@@ -60,7 +60,7 @@ from sortedcontainers import SortedDict
 from .. import errors
 from ..config import DEFAULT_FAIRSHARE_HALF_LIFE_SECS, OFFER_HOLD_SECS
 from ..domain import fair_share, jobs
-from ..domain.fit import NOTHING, Capacity, Ending, Picker, Resources, need_of
+from ..domain.fit import NOTHING, Capacity, Ending, HeldBack, Picker, Resources, need_of
 from ..domain.jobs import Job
 from ..domain.queues import QueueSettings
 from ..domain.users import UserSettings
@@ -223,6 +223,23 @@ class JobTable:
             if remember:
                 self._offers.remember(node_id, answer, now)
             return answer, picker
+
+    def held_back(
+        self, capacity: Capacity, now: int, deadline: Callable[[Job, int], int | None]
+    ) -> HeldBack:
+        """What backfill keeps waiting on the node at `now` (`fit.Picker.explain`): the same
+        candidates, order and cap as `poll`, nothing remembered or handed out."""
+        node_id = capacity.node_id
+        with self._lock:
+            self._promote(now)  # as the poll does: a job that came due is in its order
+            free = capacity.total - self._nodes.allocated.get(node_id, NOTHING)
+            picker = Picker(
+                capacity, free, lambda: self._endings(node_id, now, deadline), now, deadline
+            )
+            found = self._nodes.handed_out(
+                node_id, self._limits.room, self._user_limits.room, self._key(now)
+            )
+            return picker.explain(self._within_user_limits(found), limit=free.cpus)
 
     def _key(self, now: int) -> Key:
         """(Lock held.) The order due jobs are handed out in at `now`: priority, then the
