@@ -278,6 +278,38 @@ def test_a_users_priority_above_50_needs_an_admin(world: World) -> None:
     world.h.set_nodes([NODE, OTHER_NODE])
 
 
+def test_a_users_priority_above_50_is_refused_in_a_batch_and_a_schedule_patch(
+    world: World,
+) -> None:
+    """The same rule where a job request comes another way: an item of `POST /jobs/batch`
+    (named by its index, and nothing of the batch made) and the job of a schedule's PATCH
+    (the schedule left as it was)."""
+    world.h.set_nodes([NODE])
+    before = len(world.call("key", "GET", "/jobs?owner=alice&limit=10000").json)
+    batch = [{"command": "true", "priority": 50}, {"command": "true", "priority": 51}]
+    refused = world.call("user", "POST", "/jobs/batch", batch)
+    assert (refused.status_code, refused.data) == (
+        403,
+        b"job 1: forbidden: priority above 50 needs an admin\n",
+    )
+    assert len(world.call("key", "GET", "/jobs?owner=alice&limit=10000").json) == before
+    assert world.call("user", "POST", "/jobs/batch", batch[:1]).status_code == 201
+    assert world.call("admin", "POST", "/jobs/batch", batch).status_code == 201
+    world.h.set_nodes([NODE, OTHER_NODE])
+    # A schedule of its own: the ownership check passes, so the refusal is the priority's.
+    path = f"/schedules/{world.schedule('user', 'alices-priority')}"
+    was = world.call("key", "GET", path).json["job"]
+    job = {"command": "true", "env_vars": {"S": "x"}}  # as `World.schedule` made it
+    high = world.call("user", "PATCH", path, {"job": {**job, "priority": 51}})
+    assert (high.status_code, high.data) == (
+        403,
+        b"forbidden: priority above 50 needs an admin\n",
+    )
+    assert world.call("key", "GET", path).json["job"] == was
+    lower = world.call("user", "PATCH", path, {"job": {**job, "priority": 40}})
+    assert lower.status_code == 200 and lower.json["job"]["priority"] == 40
+
+
 def test_an_agent_reports_only_on_jobs_claimed_on_its_node(world: World) -> None:
     world.h.set_nodes([OTHER_NODE])
     on_b = world.call("key", "POST", "/jobs", {"command": "true"}).json["job_id"]
@@ -383,6 +415,25 @@ def test_the_dashboard_masks_them_too_and_says_who_is_signed_in(world: World) ->
     revoked = base64.b64encode(f"x:{world.secrets['revoked']}".encode()).decode()
     refused = world.client.get("/ui/", headers={"Authorization": f"Basic {revoked}"})
     assert refused.status_code == 401 and "Basic" in refused.headers["WWW-Authenticate"]
+
+
+def test_the_dashboards_owner_filter_lists_only_that_owners_jobs(world: World) -> None:
+    """`/ui/jobs?owner=alice` (the "My jobs" link) lists alice's jobs and nobody else's,
+    where the unfiltered list shows bob's and the shared key's too."""
+    key = {"Authorization": f"Bearer {KEY}"}
+
+    def listed(query: str) -> set[str]:
+        page = world.client.get(f"/ui/jobs{query}", headers=key)
+        assert page.status_code == 200
+        return set(re.findall(r'href="/ui/jobs/(job-\d+)"', page.get_data(as_text=True)))
+
+    everyone = listed("?limit=200")
+    assert {world.alice_job, world.bob_job, world.key_job} <= everyone
+    alices = listed("?owner=alice&limit=200")
+    assert world.alice_job in alices
+    assert world.bob_job not in alices and world.key_job not in alices
+    owners = {world.call("key", "GET", f"/jobs/{job_id}").json.get("owner") for job_id in alices}
+    assert owners == {"alice"}
 
 
 def test_job_events_carry_no_env_values(world: World) -> None:
