@@ -11,7 +11,8 @@ import pytest
 from harness import Harness
 
 from tiny_scheduler import errors
-from tiny_scheduler.domain import tokens
+from tiny_scheduler.cli.delays import parse_duration
+from tiny_scheduler.domain import jobs, tokens
 from tiny_scheduler.domain.roles import Principal, Role
 from tiny_scheduler.domain.tokens import TokenRequest
 
@@ -42,6 +43,29 @@ def test_expiry_and_revocation_count_at_once() -> None:
     assert h.service.tokens.identify(kept) is None
     with pytest.raises(errors.NotFound, match="token not found"):
         h.service.tokens.revoke(other.token_id)
+
+
+def test_a_token_made_with_the_clis_expiry_is_refused_over_http_from_that_instant() -> None:
+    """`token create --expires-in 90s` sends `expires_in_secs` as `parse_duration` reads it
+    (its daemon test, `test_access_http.py`, checks what the CLI sends and shows): the token
+    is listed with that expiry and is refused from the microsecond it is reached."""
+    h = Harness(api_key="k")
+    client = h.app().test_client()
+    key = {"Authorization": "Bearer k"}
+    body = {"user": "ci", "role": "viewer", "expires_in_secs": parse_duration("90s")}
+    made = client.post("/tokens", data=orjson.dumps(body), headers=key)
+    assert made.status_code == 201, made.data
+    expires_at = jobs.parse_time(made.json["expires_at"])
+    assert expires_at - jobs.parse_time(made.json["created_at"]) == 90 * 1_000_000
+    [listed] = client.get("/tokens", headers=key).json
+    assert listed["expires_at"] == made.json["expires_at"]
+    bearer = {"Authorization": f"Bearer {made.json['token']}"}
+    h.advance(89.999999)
+    assert client.get("/whoami", headers=bearer).status_code == 200
+    h.advance(0.000001)
+    refused = client.get("/whoami", headers=bearer)
+    assert (refused.status_code, refused.data) == (401, b"unauthorized\n")
+    assert h.clock.now_us() == expires_at
 
 
 def test_tokens_survive_a_restart_and_ids_are_never_reused() -> None:
