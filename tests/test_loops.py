@@ -27,7 +27,9 @@ from tiny_scheduler.dev.registry import FakeRegistry
 from tiny_scheduler.dev.sns import FakeSns
 from tiny_scheduler.dev.sqs import FakeSqs
 from tiny_scheduler.domain import jobs
+from tiny_scheduler.domain.validation import JobQuery
 from tiny_scheduler.loops.sns import PAGE_SIZE, event_message
+from tiny_scheduler.loops.sqs import SqsIngest
 
 US = 0.000_001  # one microsecond, in seconds
 
@@ -201,6 +203,35 @@ def test_sqs_message_waits_for_a_node(make_cluster) -> None:
     [job] = wait_for(lambda: cluster.jobs(), timeout=15)
     assert job["node_id"] == "node-late"
     wait_for(lambda: message in cluster.sqs.deleted)
+
+
+def test_an_sqs_message_of_a_job_no_node_could_run_is_logged_and_deleted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Resources and fit: such a message is refused as POST /jobs would refuse it, and a
+    redelivery would change nothing, so it is deleted, not kept; its neighbours still make
+    their jobs. On the harness (one tick called by the test) against the SQS stand-in."""
+    caplog.set_level(logging.INFO)
+    sqs = FakeSqs().start()
+    try:
+        h = Harness(builtin=True, max_jobs_per_node="auto", sqs_url=sqs.url)
+        h.heartbeat("n1", cpu_count=2, memory_mb=4096, labels=(("zone", "a"),))
+        too_big = sqs.send("jobs", json.dumps({"command": "big", "cpus": 8}))
+        unlabelled = sqs.send("jobs", json.dumps({"command": "x", "node_selector": {"gpu": "a"}}))
+        fits = sqs.send("jobs", json.dumps({"command": "fits", "cpus": 2, "memory_mb": 4096}))
+        assert SqsIngest(h.service).tick() == 1
+        assert sqs.deleted == [too_big, unlabelled, fits] and sqs.messages("jobs") == []
+        found = h.service.reads.list_jobs(JobQuery(limit=10)).jobs
+        assert [(job.command, job.cpus, job.node_id) for job in found] == [("fits", 2, "n1")]
+        for message, why in (
+            (too_big, "needs 8 cpus, the largest node has 2"),
+            (unlabelled, "no node has gpu=a"),
+        ):
+            assert (
+                f"SQS message {message} refused (no node can run this job: {why}), deleting it"
+            ) in caplog.text
+    finally:
+        sqs.stop()
 
 
 def test_sqs_redelivery_after_failed_delete_creates_no_duplicate(make_cluster) -> None:

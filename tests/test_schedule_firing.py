@@ -5,7 +5,9 @@ on an in-memory store, with a clock that is set, not waited for. Nothing here sl
 What is checked: a fire is a submission exactly like POST /jobs with `schedule_id`; one job per
 fire time, also when a crash took the schedule's update after its job was committed; a fire
 that finds no node is tried again until the next fire time, then skipped with its cause and
-logged; overlap, catch-up and pause; the metrics of fires and skips; the dashboard's view.
+logged; overlap, catch-up and pause; the metrics of fires and skips; the dashboard's view;
+a job's resources kept in the schedule and its fires, a job no node could run refused when the
+schedule is made and a fire of one skipped.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 from flask import Flask
 from harness import Harness
 
+from tiny_scheduler import errors
 from tiny_scheduler.clock import ManualClock
 from tiny_scheduler.domain import jobs, schedules, validation
 from tiny_scheduler.domain.schedules import ScheduleChange
@@ -254,3 +257,104 @@ def test_the_dashboard_shows_schedules_and_the_job_page_links_its_schedule() -> 
     job_page = client.get(f"/ui/jobs/{job.job_id}").get_data(as_text=True)
     assert f'href="/ui/schedules/{fired.schedule_id}" id="job-schedule"' in job_page
     assert 'id="job-not-before"' in job_page
+
+
+# --- what a schedule's job needs (Resources and fit) --------------------------------------------
+
+
+def fitted_at(text: str) -> Harness:
+    """A scheduler whose clock reads `text`, with our agents' nodes (builtin registry, CPUs as
+    slots): cpu (8 CPUs, 32 GiB) and gpu (4 CPUs, 16 GiB, 2 GPUs, gpu=a100)."""
+    h = Harness(clock=ManualClock(us(text)), builtin=True, max_jobs_per_node="auto")
+    beat(h)
+    return h
+
+
+def beat(h: Harness, gpus: int = 2) -> None:
+    """Both nodes' heartbeats now; `gpus`: what the gpu node's agent reports having."""
+    h.heartbeat("cpu", cpu_count=8, memory_mb=32768)
+    h.heartbeat("gpu", cpu_count=4, memory_mb=16384, gpus=gpus, labels=(("gpu", "a100"),))
+
+
+def fire_at(h: Harness, text: str, gpus: int = 2) -> int:
+    """The schedules loop's look at `text`, the nodes having just beaten (as they would)."""
+    h.clock.set_us(us(text))
+    beat(h, gpus)
+    return h.firing.tick()
+
+
+def wire(value: dict[str, Any]) -> Any:
+    """What a client reads of `to_wire()`: as JSON (a tuple is a list there)."""
+    return validation.orjson.loads(validation.orjson.dumps(value))
+
+
+NEEDS = {
+    "cpus": 2,
+    "memory_mb": 512,
+    "gpus": 1,
+    "node_selector": {"gpu": "a100"},
+    "node_ids": ["gpu"],
+}
+
+
+def test_a_schedules_job_keeps_what_it_needs_stored_and_in_every_job_it_fires() -> None:
+    h = fitted_at("2026-11-30T10:20:30Z")
+    schedule = create(h, job={"command": "train", **NEEDS})
+    shown = wire(schedule.to_wire())["job"]
+    assert {name: shown[name] for name in NEEDS} == NEEDS
+    # Stored with them: a new scheduler on the same database reads the same schedule back.
+    assert h.restart().service.schedules.get(schedule.schedule_id) == schedule
+
+    assert fire_at(h, "2026-11-30T10:21:00Z") == 1
+    (job,) = jobs_of(h, schedule)
+    made = (job.cpus, job.memory_mb, job.gpus, job.node_selector, job.node_ids, job.node_id)
+    assert made == (2, 512, 1, {"gpu": "a100"}, ("gpu",), "gpu")
+    assert {name: wire(job.to_wire())[name] for name in NEEDS} == NEEDS
+    stored = h.stored(job.job_id)
+    assert (stored.cpus, stored.gpus, stored.node_ids) == (2, 1, ("gpu",))
+
+
+def test_a_schedule_whose_job_no_node_could_run_is_refused_when_made_or_changed() -> None:
+    h = fitted_at("2026-11-30T10:20:30Z")
+    with pytest.raises(errors.BadRequest) as refused:
+        create(h, job={"command": "train", "gpus": 4})
+    assert refused.value.message == "no node can run this job: needs 4 gpus, the largest node has 2"
+    assert h.service.schedules.listing() == []
+    # Over HTTP, the same 400.
+    client = h.app().test_client()
+    body = {"name": "big", "cron": "@daily", "job": {"command": "train", "cpus": 16}}
+    answer = client.post("/schedules", json=body)
+    assert (answer.status_code, answer.get_data(as_text=True)) == (
+        400,
+        "no node can run this job: needs 16 cpus, the largest node has 8\n",
+    )
+    # A change of its job is checked the same way, and changes nothing when refused.
+    kept = create(h, job={"command": "train", **NEEDS})
+    body = validation.orjson.dumps({"job": {"command": "train", "node_selector": {"gpu": "h100"}}})
+    change = schedules.parse_schedule_request(body, partial=True)
+    with pytest.raises(errors.BadRequest) as refused:
+        h.service.schedules.update(kept.schedule_id, change)
+    assert refused.value.message == "no node can run this job: no node has gpu=h100"
+    assert h.service.schedules.listing() == [kept]
+
+
+def test_a_fire_whose_job_no_node_can_run_any_more_is_logged_and_skipped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    h = fitted_at("2026-11-30T10:20:30Z")
+    schedule = create(h, job={"command": "train", "gpus": 1})
+    # Since it was made, the gpu node's agent has come to report no GPU.
+    assert fire_at(h, "2026-11-30T10:21:00Z", gpus=0) == 0
+    assert jobs_of(h, schedule) == []
+    assert (
+        f"schedule {schedule.schedule_id} (s): fire at 2026-11-30T10:21:00.000000Z skipped: "
+        "no node can run this job: needs 1 gpus, the largest node has 0"
+    ) in caplog.text
+    # That fire time is given up (not tried again on every look), the next one is not.
+    later = h.service.schedules.get(schedule.schedule_id)
+    assert later.next_run_at == us("2026-11-30T10:22:00Z") and later.last_job_id is None
+    assert fire_at(h, "2026-11-30T10:21:30Z", gpus=2) == 0
+    assert fire_at(h, "2026-11-30T10:22:00Z", gpus=2) == 1
+    (job,) = jobs_of(h, schedule)
+    assert (job.gpus, job.node_id) == (1, "gpu")
