@@ -88,6 +88,25 @@ def test_jobs_are_taken_in_order_while_they_fit_and_a_head_that_does_not_blocks_
     assert chosen.head is not None and chosen.head.seq == 2
 
 
+def test_explain_says_which_jobs_backfill_held_back_behind_the_head() -> None:
+    """`explain` (for waiting_for) takes as `take` does, and names the jobs that fitted what
+    was free but were refused behind the head; not the head, nor a job that did not fit."""
+    # 4 CPUs, 3 free; one job runs until T + 100 s, and so does the first one taken.
+    ends = [Ending(T + 100 * SEC, Resources(1))]
+    queue = [
+        job(1, timeout_secs=100),
+        job(2, cpus=4),  # the head: all four are free at T + 100 s
+        job(3, timeout_secs=600),  # fits in what is free, but would delay the head: held back
+        job(4, cpus=3, timeout_secs=60),  # does not fit in the two CPUs free: not backfill's doing
+        job(5, timeout_secs=60),  # ends before the head can start: backfills
+    ]
+    held = picker(Resources(3, 1 << 40), endings=ends).explain(queue)
+    assert held.head is not None and held.head.seq == 2
+    assert (held.refused, held.too_deep) == ({3}, False)
+    assert held.looked_at == {1, 2, 3, 4, 5}
+    assert fit.NOT_HELD.head is None  # what a node with nothing blocked says
+
+
 def test_a_job_taken_before_the_head_counts_as_making_room_for_it() -> None:
     # An empty 4-CPU node: the first job starts now and ends by T + 100 s, when the head can
     # start; nothing running makes room for it before, but that job will.
