@@ -17,7 +17,7 @@ import pytest
 from tiny_scheduler.clock import SYSTEM
 from tiny_scheduler.domain import jobs
 from tiny_scheduler.domain.audit import AuditRecord
-from tiny_scheduler.domain.jobs import Attempt, Job, Output
+from tiny_scheduler.domain.jobs import Attempt, Job, Output, Usage
 from tiny_scheduler.domain.nodes import NodeRecord
 from tiny_scheduler.domain.queues import QueueSettings
 from tiny_scheduler.domain.roles import Role
@@ -109,8 +109,16 @@ def full_job(seq: int = 1) -> Job:
         stderr="err ✗",
         running_at=T0 + 999_999,
         finished_at=T0 + 1_000_001,
+        # What it needs and where it may run (Resources and fit), and what each attempt used
+        # (the latest on the job; an attempt without it, as an old agent's, has none).
+        cpus=4,
+        memory_mb=16_777_216,
+        gpus=64,
+        node_selector={"gpu": "a100", "zone": "ü", "empty": ""},
+        node_ids=("node-c", "gpu.rack-1_a"),
+        usage=Usage(cpu_secs=12.125, max_rss_mb=512.5, wall_secs=3600.001),
         attempts=(
-            Attempt("node-a", 1, "o1", "e1", T0 + 2, T0 + 3),
+            Attempt("node-a", 1, "o1", "e1", T0 + 2, T0 + 3, Usage(0.0, 0.125, 1.0)),
             Attempt("node-b", None, "", "", None, None),
         ),
         dedupe_key="http:key-1",
@@ -127,11 +135,23 @@ def test_every_field_survives_a_round_trip(open_store: OpenStore) -> None:
     store = open_store()
     minimal = Job(seq=2, node_id="node-b", command="", created_at=T0, deploy_url="http://x")
     zero_exit = Job(seq=3, node_id="n", command="true", created_at=T0, exit_code=0)
-    saved = [full_job(1), minimal, zero_exit]
+    oom = Job(
+        seq=4,
+        node_id="n",
+        command="x",
+        created_at=T0,
+        status=jobs.FAILED,
+        reason=jobs.Reason.OUT_OF_MEMORY,
+        exit_code=-9,
+        cpus=1,
+        memory_mb=64,
+        usage=Usage(0.5, 64.0, 2.0),
+    )
+    saved = [full_job(1), minimal, zero_exit, oom]
     store.save(*saved)
     loaded, last_seq = reopen(store, open_store)
     assert loaded == [job.without_output() for job in saved]
-    assert last_seq == 3
+    assert last_seq == 4
     # Equal is not enough: "timeout" == Reason.TIMEOUT and 1 == True.
     assert type(loaded[0].reason) is jobs.Reason and type(loaded[0].holds_slot) is bool
     assert (loaded[1].reason, loaded[1].holds_slot, loaded[1].moved_from) == (None, False, "")
@@ -142,6 +162,20 @@ def test_every_field_survives_a_round_trip(open_store: OpenStore) -> None:
         50,
         "default",
     )
+    # Resources: unset is unset (no request, no usage), and the types are the job's own.
+    full, unset = loaded[0], loaded[1]
+    assert (unset.cpus, unset.memory_mb, unset.gpus, unset.node_selector, unset.node_ids) == (
+        0,
+        0,
+        0,
+        None,
+        (),
+    )
+    assert unset.usage is None and unset.attempts == ()
+    assert type(full.node_ids) is tuple and type(full.node_selector) is dict
+    assert list(full.node_selector or {}) == ["gpu", "zone", "empty"]  # the order given
+    assert type(full.usage) is Usage and full.attempts[1].usage is None
+    assert type(loaded[3].reason) is jobs.Reason
     store = open_store()
     assert [job.with_output(store.read_outputs(job.seq) or {}) for job in loaded] == saved
 
@@ -258,29 +292,56 @@ def test_schedules_survive_a_restart_and_their_ids_are_never_reused(open_store: 
     store = open_store()
     nightly = _schedule(1, "nightly", next_run_at=T0 + 7, catch_up=True)
     hourly = _schedule(2, "hourly", paused=True, overlap=Overlap.ALLOW)
+    # A schedule's job may say what it needs and where it may run, as any job.
+    needs = JobRequest(
+        command="train",
+        cpus=4,
+        memory_mb=8192,
+        gpus=1,
+        node_selector={"gpu": "a100", "zone": "ü"},
+        node_ids=("node-c", "gpu.rack-1_a"),
+    )
+    gpu = _schedule(3, "gpu", job=needs)
     fired = Job(seq=1, node_id="n", command="x", created_at=T0, dedupe_key="sched:1:7")
     store.save_schedule(nightly)
     store.save_schedule(hourly.evolve(last_run_at=T0 + 1, last_job_seq=1), fired)
+    store.save_schedule(gpu)
     store.delete_schedule(2)
     store.close()
     loaded = open_store().load()
-    assert loaded.schedules == [nightly]
-    assert loaded.last_schedule_seq == 2
+    assert loaded.schedules == [nightly, gpu]
+    assert loaded.last_schedule_seq == 3
     assert loaded.jobs == [fired]
+    assert type(loaded.schedules[1].job.node_ids) is tuple
 
 
 def test_nodes_survive_a_restart_and_a_later_record_replaces_an_earlier(
     open_store: OpenStore,
 ) -> None:
     store = open_store()
-    labelled = NodeRecord("node-b", 8, (("rack", "r1"), ("zone", "ü")), "1.2", False, T0)
+    labelled = NodeRecord(
+        "node-b",
+        8,
+        (("gpu", "a100"), ("rack", "r1"), ("zone", "ü")),
+        "1.2",
+        False,
+        T0,
+        memory_mb=16_777_216,
+        gpus=64,
+        enforcement="cgroup-v1",
+    )
     store.save_nodes(NodeRecord("node-a", 2, (), "", False, T0), labelled)
-    store.save_nodes(NodeRecord("node-a", 4, (), "1.3", True, T0 + 5))
+    # A later heartbeat's record: memory 0 is a number (not "unreported"), and its agent
+    # could enforce nothing.
+    later = NodeRecord("node-a", 4, (), "1.3", True, T0 + 5, 0, 0, "none")
+    store.save_nodes(later)
+    # A registry node's: nobody reported memory.
+    plain = NodeRecord("node-c", 1, (), "", False, T0)
+    store.save_nodes(plain)
     store.close()
-    assert open_store().load().nodes == [
-        NodeRecord("node-a", 4, (), "1.3", True, T0 + 5),
-        labelled,
-    ]
+    loaded = open_store().load().nodes
+    assert loaded == [later, labelled, plain]
+    assert (loaded[0].memory_mb, loaded[2].memory_mb, loaded[2].enforcement) == (0, None, "")
 
 
 def test_timestamps_keep_every_microsecond(open_store: OpenStore) -> None:
