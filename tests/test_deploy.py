@@ -95,7 +95,8 @@ def test_the_units_make_a_cluster_with_auth_and_the_builtin_node_list(
             message=lambda: (tmp_path / "a.log").read_text(),
         )
         assert [(node["node_id"], node["health"]) for node in nodes] == [("node-1", "healthy")]
-        # Auth is on and agents are not exempt: the agent's own calls carry the key.
+        # Auth is on and agents are not exempt (the example's AUTH_AGENT_EXEMPT=0): a keyless
+        # poll is refused, and the agent's own calls carry its node's token, not the key.
         assert (
             Api(url).get("/jobs", params={"node_id": "x", "status": "pending"}).status_code == 401
         )
