@@ -22,8 +22,8 @@ A node with fewer CPUs free than every pending job needs, a poll while nothing i
 or a poll of a node nothing changed for since its last would get nothing: they are skipped,
 which makes a week of jobs a few polls per job. (Not quite nothing: an end also moves
 fair-share usage, which may reorder another node's queue; that node sees the new order at
-its next poll.) The store keeps nothing (`_Forgetful`): a replay never restarts, and nobody
-reads its jobs back from disk.
+its next poll.) The store keeps nothing (`_Forgetful`) and is written without turns
+(`_NoTurns`): a replay never restarts, and nobody reads its jobs back from disk.
 
 Every decision is the service's: placement at submission, the poll's order (priority, fair
 share, age), fit and backfill (`fit.Picker`), queue and user limits, dependencies and the idle
@@ -37,7 +37,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -56,7 +56,7 @@ from ..domain.validation import JobUpdate
 from ..service import Scheduler
 from ..state.schedule_table import ScheduleTable
 from ..state.table import JobTable
-from ..storage import Batch, Writer
+from ..storage import Batch, JobStore, Writer
 from ..storage.memory import MemoryDatabase, MemoryStore
 from .history import Node, PastJob
 
@@ -108,6 +108,18 @@ class _Forgetful(MemoryStore):
         pass
 
 
+class _NoTurns(Writer):
+    """The writer of a replay: one thread, and a store that keeps nothing, so a commit has no
+    turn to take (the daemon's writer queues each change, makes its waiter and hands the turn
+    on: a tenth of a replay's time) and nothing rides with a later one."""
+
+    def _submit(self, batch: Batch, read: Callable[[JobStore], Any] | None = None) -> Any:
+        return read(self._backend) if read is not None else None
+
+    def save_soon(self, batch: Batch) -> None:
+        pass
+
+
 class VirtualCluster:
     """One scheduler in memory at `start_us`, its nodes the agents of `setup` (heartbeats it
     is told of); `settings` are Settings fields."""
@@ -132,7 +144,7 @@ class VirtualCluster:
         placement = Placement(Drains(BuiltinNodes(book), book), self.settings, table, self.clock)
         self.service = Scheduler(
             self.settings,
-            Writer(_Forgetful(MemoryDatabase())),
+            _NoTurns(_Forgetful(MemoryDatabase())),
             table,
             placement,
             ScheduleTable(),
