@@ -107,6 +107,10 @@ class Placement:
         self._binpack = settings.placement == BINPACK
         self._turn_lock = threading.Lock()
         self._previous: str | None = None  # the node this rule chose last
+        # The capacities of the last node list asked about. A node source keeps its list
+        # until something in it changes (a new one then), and every placement, poll and load
+        # asks for each node's capacity: made once per list, not on every call.
+        self._capacities: tuple[Nodes | None, dict[str, Capacity]] = (None, {})
 
     def count_loads_in(self, loads: Loads) -> None:
         """Read the load counts from `loads` from now on (a new leader's term builds a new job
@@ -304,6 +308,19 @@ class Placement:
     def capacity(self, node_id: str, nodes: Nodes | None) -> Capacity:
         """What the node has: its CPUs (its slots), and the memory, GPUs and labels its agent
         reported (a node nobody reported memory for fits any `memory_mb`)."""
+        if nodes is None:
+            return self._capacity(node_id, None)
+        known, capacities = self._capacities
+        if known is not nodes:
+            # Swapped whole, so a thread that read the old pair keeps a consistent one.
+            capacities = {}
+            self._capacities = (nodes, capacities)
+        found = capacities.get(node_id)
+        if found is None:
+            found = capacities[node_id] = self._capacity(node_id, nodes)
+        return found
+
+    def _capacity(self, node_id: str, nodes: Nodes | None) -> Capacity:
         facts = nodes.facts_of(node_id) if nodes is not None else None
         if facts is None:
             return Capacity(node_id, Resources(self.slots(node_id, nodes), UNREPORTED_MEMORY))
