@@ -34,7 +34,7 @@ from sortedcontainers import SortedDict
 from ..domain import jobs
 from ..domain.fit import NOTHING, Resources, need_of
 from ..domain.jobs import Job
-from .jobs_by_node import JobsByNode
+from .jobs_by_node import JobsByNode, fresh_index, retire_index
 
 
 def order(job: Job) -> tuple[int, int]:
@@ -223,10 +223,10 @@ def _merged(streams: list[Iterator[Job]], key: Key) -> Iterator[Job]:
 
 def _queue(index: dict[Any, SortedDict], key: Any) -> SortedDict:
     """The index's entry for `key`, made when it has none (not made on every call, as
-    `setdefault`'s argument would be: a SortedDict costs microseconds to build)."""
+    `setdefault`'s argument would be), from an emptied one when there is one."""
     queue = index.get(key)
     if queue is None:
-        queue = index[key] = SortedDict()
+        queue = index[key] = fresh_index()
     return queue
 
 
@@ -251,3 +251,4 @@ def _discard(index: dict[Any, SortedDict], key: Any, member: object) -> None:
     del queue[member]
     if not queue:
         del index[key]
+        retire_index(queue)
