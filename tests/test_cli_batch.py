@@ -18,10 +18,13 @@ from click.testing import CliRunner, Result
 from helpers import Agent, Api
 
 from tiny_scheduler.cli import main
+from tiny_scheduler.cli.output import print_status
 from tiny_scheduler.dev.daemon import SchedulerProcess
 
 KEY = "batch-cli-key"
-SCHEDULER_ENV = {"TINYAWS_API_KEY": KEY, "REGISTRY_CACHE_SECS": "0", "MAX_JOB_RETRIES": "1"}
+# MAX_JOB_RETRIES not at its default of 1, so a number `status` shows is the daemon's own, not
+# one the command line assumed.
+SCHEDULER_ENV = {"TINYAWS_API_KEY": KEY, "REGISTRY_CACHE_SECS": "0", "MAX_JOB_RETRIES": "3"}
 
 
 def cli(url: str, *args: str) -> Result:
@@ -80,19 +83,31 @@ def test_name_an_array_and_list_it_by_array_and_by_name(
     assert f"array        {first}, index 2 (its jobs: tiny-scheduler list --array {first})" in (
         status
     )
-    assert "up to MAX_JOB_RETRIES after a failed attempt" in status
+    assert "up to 3 after a failed attempt (the scheduler's default, MAX_JOB_RETRIES)" in status
     bad = cli(url, "submit", "--array", "3", "--wait", "true")
     assert bad.exit_code == 2 and "--wait follows one job" in bad.stderr
 
 
 def test_retries_of_a_job_of_its_own(scheduler: SchedulerProcess, node: str) -> None:
     url = scheduler.url
-    job_id = ok(cli(url, "submit", "-q", "--retries", "3", "false")).strip()
-    assert "up to 3 after a failed attempt (its own --retries)" in ok(cli(url, "status", job_id))
+    job_id = ok(cli(url, "submit", "-q", "--retries", "2", "false")).strip()
+    assert "up to 2 after a failed attempt (its own --retries)" in ok(cli(url, "status", job_id))
     as_json = json.loads(ok(cli(url, "status", "--json", job_id)))
-    assert as_json["max_retries"] == 3
+    assert as_json["max_retries"] == 2
     refused = cli(url, "submit", "--retries", "11", "false")
     assert refused.exit_code == 2 and "0<=x<=10" in refused.stderr
+
+
+def test_status_names_the_variable_when_the_scheduler_does_not_say_its_number(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A scheduler from before `/health` said `max_job_retries`: a guessed number could be
+    # wrong (it runs with whatever it was given), so the variable is named instead.
+    job = {"job_id": "job-1", "node_id": "node-a", "command": "false", "job_type": "run"}
+    job |= {"status": "pending", "retry_count": 0, "created_at": "2026-12-07T07:00:00Z"}
+    print_status(job, default_retries=None)
+    shown = capsys.readouterr().out
+    assert "up to MAX_JOB_RETRIES after a failed attempt (the scheduler's default)\n" in shown
 
 
 def test_hold_release_and_retry(scheduler: SchedulerProcess, node: str) -> None:

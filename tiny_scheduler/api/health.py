@@ -1,6 +1,6 @@
 """GET /health (and /health/scheduler, the path the API gateway forwards): whether the scheduler
-can take work (its store can be written), its version; with PostgreSQL also its role; and
-`"agent_exempt":true` while the tiny-aws agent's calls go without the key."""
+can take work (its store can be written), its version, its `MAX_JOB_RETRIES`; with PostgreSQL
+also its role; and `"agent_exempt":true` while the tiny-aws agent's calls go without the key."""
 
 from __future__ import annotations
 
@@ -27,4 +27,8 @@ def health() -> Response:
         # Whoever watches the daemon sees that keyless agent calls are let in.
         body["agent_exempt"] = True
     body["version"] = version()
+    # The retries a job without its own `max_retries` gets: a plain job's wire form leaves
+    # that field out (the spec keeps it to the seven always-present fields), so this is where
+    # `tiny-scheduler status` reads the number instead of naming the variable.
+    body["max_job_retries"] = service.settings.max_job_retries
     return json_reply(body, 200 if body["status"] == "healthy" else 503)

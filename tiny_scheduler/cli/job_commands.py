@@ -326,7 +326,21 @@ def status(
     if as_json:
         echo_json(job)
     else:
-        print_status(job, show_env)
+        print_status(job, show_env, _default_retries(client, job))
+
+
+def _default_retries(client: Client, job: dict[str, Any]) -> int | None:
+    """The scheduler's MAX_JOB_RETRIES as its `/health` states it, when `status` shows it: for
+    a job that can still fail and has no `max_retries` of its own (only then the extra call).
+    None when the scheduler does not say (one older than the field) or cannot be asked: the
+    job is still shown, without the number."""
+    if job["status"] in (DONE, FAILED) or "max_retries" in job:
+        return None
+    try:
+        said = client.json("GET", "/health").get("max_job_retries")
+    except ClientError:
+        return None
+    return said if isinstance(said, int) and not isinstance(said, bool) else None
 
 
 def _wait_and_exit(
@@ -340,7 +354,7 @@ def _wait_and_exit(
     if as_json:
         echo_json(job)  # it carries stdout and stderr already
     else:
-        print_status(job, show_env)
+        print_status(job, show_env, _default_retries(client, job))
         # What `logs` would show of the latest attempt, so a failure needs no second command.
         if logs:
             print_streams(job)

@@ -52,9 +52,12 @@ def attempts_of(job: dict[str, Any]) -> int:
     return int(job["retry_count"]) + 1
 
 
-def print_status(job: dict[str, Any], show_env: bool = False) -> None:
+def print_status(
+    job: dict[str, Any], show_env: bool = False, default_retries: int | None = None
+) -> None:
     """One job as aligned `name  value` lines, empty fields left out; the environment's values
-    hidden unless `show_env` (they are often secrets, and terminals get shared)."""
+    hidden unless `show_env` (they are often secrets, and terminals get shared).
+    `default_retries`: the scheduler's MAX_JOB_RETRIES (its `/health`), None when unknown."""
     env = " ".join(
         f"{k}={shlex.quote(v) if show_env else HIDDEN}"
         for k, v in (job.get("env_vars") or {}).items()
@@ -91,7 +94,7 @@ def print_status(job: dict[str, Any], show_env: bool = False) -> None:
             if attempts > 1
             else "1",
         ),
-        ("retries", _retries(job)),
+        ("retries", _retries(job, default_retries)),
     ]
     rows = [(name, value) for name, value in fields if value]
     width = max(len(name) for name, _ in rows)
@@ -137,14 +140,18 @@ def _array(job: dict[str, Any]) -> str:
     )
 
 
-def _retries(job: dict[str, Any]) -> str:
+def _retries(job: dict[str, Any], default: int | None) -> str:
     """How often a failed attempt of this job is tried again, while it can still fail: its
-    own `max_retries`, or the scheduler's default, which people are otherwise never told."""
+    own `max_retries`, or the scheduler's default (`default`), which people are otherwise
+    never told. A scheduler too old to say its default gets the variable's name, not a guess:
+    the number it runs with may be anything."""
     if job["status"] in ("done", "failed"):
         return ""
     if "max_retries" in job:
         return f"up to {job['max_retries']} after a failed attempt (its own --retries)"
-    return "up to MAX_JOB_RETRIES after a failed attempt (the scheduler's default, 1 unless set)"
+    if default is None:
+        return "up to MAX_JOB_RETRIES after a failed attempt (the scheduler's default)"
+    return f"up to {default} after a failed attempt (the scheduler's default, MAX_JOB_RETRIES)"
 
 
 def _dependencies(job: dict[str, Any]) -> str:
