@@ -3,7 +3,9 @@ against a real scheduler: Hold, Release and Retry on the job page and on each ro
 list; an array as one row with a summary of its jobs, and its own page by index; the list
 searchable, newest first and paged; a node id that never wraps; a title on every list page;
 "live" on every page that follows the job events, and a tab in the background letting its
-stream go; the output's first line inside its box, off the top edge."""
+stream go; the output's first line inside its box, off the top edge; the retries a job gets,
+with the scheduler's own number; a job's name in the list; cancelled and timed-out jobs read
+as such on the schedule pages, the overview's recent failures and the job's attempts."""
 
 from __future__ import annotations
 
@@ -11,13 +13,16 @@ from typing import Any
 
 import pytest
 import test_ui_browser
-from helpers import Agent, Api, wait_for
+from helpers import Agent, Api, expect_json, wait_for
 from selenium.webdriver.common.by import By
 from test_ui_browser import Page
 
 chromium = test_ui_browser.chromium
 browser = test_ui_browser.browser
 page = test_ui_browser.page
+
+# MAX_JOB_RETRIES not at its default of 1, so a number the job page shows is the daemon's own.
+SCHEDULER_ENV = {"MAX_JOB_RETRIES": "3"}
 
 
 def rows(page: Page) -> list[dict[str, Any]]:
@@ -177,3 +182,70 @@ def test_the_first_output_line_is_inside_its_box(page: Page, api: Api, node: str
         "return range.getClientRects()[0].top - pre.getBoundingClientRect().top"
     )
     assert gap >= 8, f"the first line is {gap} px from the box's top edge"
+
+
+def time_out(api: Api, node: str, job_id: str) -> None:
+    """The job ends as its agent reports a timeout (the agent stops a job at its
+    `timeout_secs`): `failed` on the wire, with reason `timeout`."""
+    agent = Agent(api.base_url, node)
+    assert agent.claim(job_id).status_code == 200
+    report = {"status": "failed", "exit_code": -1, "stdout": "", "stderr": "", "reason": "timeout"}
+    assert agent.api.patch(f"/jobs/{job_id}", report).status_code == 200
+    agent.close()
+    ended = api.job(job_id)
+    assert (ended["status"], ended["reason"]) == ("failed", "timeout")
+
+
+def test_the_job_page_says_how_many_retries_a_job_gets(page: Page, api: Api, node: str) -> None:
+    plain = api.submit(command="./flaky.sh")
+    own = api.submit(command="./once.sh", max_retries=0)
+    page.open(f"/ui/jobs/{plain['job_id']}")
+    assert page.words("#job-retries") == "up to 3 (the scheduler's MAX_JOB_RETRIES)"
+    page.open(f"/ui/jobs/{own['job_id']}")
+    assert page.words("#job-retries") == "up to 0 (its own)"
+
+
+def test_the_jobs_list_shows_each_job_s_name(page: Page, api: Api, node: str) -> None:
+    named = api.submit(command="./backup.sh", name="nightly-backup")
+    unnamed = api.submit(command="./other.sh")
+    page.open(f"/ui/jobs?node_id={node}")
+    assert page.text(f"tr[data-job='{named['job_id']}'] td.cell-name") == "nightly-backup"
+    assert page.text(f"tr[data-job='{unnamed['job_id']}'] td.cell-name") == "\u2013"  # a dash
+    page.click(f"tr[data-job='{named['job_id']}'] td.cell-name a")
+    wait_for(lambda: "name=nightly-backup" in page.driver.current_url, message="by its name")
+    assert [row["job"] for row in rows(page)] == [named["job_id"]]
+
+
+def test_a_schedule_s_jobs_read_cancelled_and_timed_out_as_such(
+    page: Page, api: Api, node: str
+) -> None:
+    body = {"name": f"nightly-{node}", "cron": "0 0 1 1 *", "job": {"command": "./report.sh"}}
+    schedule_id = expect_json(api.post("/schedules", body), 201)["schedule_id"]
+
+    def run() -> str:
+        return str(expect_json(api.post(f"/schedules/{schedule_id}/run"), 201)["job_id"])
+
+    cancelled = run()
+    assert api.post(f"/jobs/{cancelled}/cancel").status_code == 200
+    timed = run()
+    time_out(api, node, timed)
+
+    page.open(f"/ui/schedules/{schedule_id}")
+    states = {job: page.words(f"tr[data-job='{job}'] td.cell-status") for job in (cancelled, timed)}
+    assert states == {cancelled: "cancelled", timed: "timed out"}
+    assert page.words("#schedule-last-job") == f"{timed} timed out"
+    page.open("/ui/schedules")
+    assert page.words(f"tr[data-schedule='{schedule_id}'] td.last-job") == f"{timed} timed out"
+    page.open(f"/ui/jobs/{cancelled}")
+    assert page.words("tr[data-attempt='1'] td:nth-child(3)") == "cancelled"
+
+
+def test_a_timed_out_job_reads_as_such_in_recent_failures_and_its_attempts(
+    page: Page, api: Api, node: str
+) -> None:
+    job_id = api.submit(command="./slow.sh", timeout_secs=5)["job_id"]
+    time_out(api, node, job_id)
+    page.open("/ui/")
+    assert page.words(f"tr[data-failure='{job_id}'] td:last-child") == "timed out"
+    page.open(f"/ui/jobs/{job_id}")
+    assert page.words("tr[data-attempt='1'] td:nth-child(3)") == "timed out"

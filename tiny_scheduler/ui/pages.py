@@ -70,6 +70,10 @@ class Failure:
     last_line: str  # the last line of its stderr, for a first idea of what went wrong
     finished_at: int
     retried: bool
+    # The state people read of a job that failed for good (`failed`, `timed out`: the jobs
+    # list's `formatting.job_state`), so its badge never says `failed` of a timeout; "" when
+    # the attempt was retried (the job is not over).
+    state: str
 
 
 class RecentFailures:
@@ -102,6 +106,7 @@ class RecentFailures:
             last_line=lines[-1][:200] if lines else "",
             finished_at=ended.finished_at or self._clock.now_us(),
             retried=retried,
+            state="" if retried else formatting.job_state(job),
         )
         with self._lock:
             self._ring.append(failure)
@@ -517,7 +522,7 @@ def _page_size(text: str) -> int:
 class AttemptRow:
     number: int
     node_id: str
-    status: str
+    status: str  # the state people read (`cancelled`, `timed out` apart from `failed`)
     exit_code: int | None
     stdout: str
     stderr: str
@@ -562,7 +567,9 @@ def job_detail(
         _attempt_row(number, attempt, jobs.FAILED, current=False)
         for number, attempt in enumerate(job.attempts, start=1)
     ]
-    attempts.append(_attempt_row(len(attempts) + 1, job, job.status, current=True))
+    # The current attempt's end reads as the header does (`cancelled`, `timed out`); the
+    # earlier ones were retried, so each of them simply failed.
+    attempts.append(_attempt_row(len(attempts) + 1, job, formatting.job_state(job), current=True))
     env = [(name, value if show_env else None) for name, value in visible.items()]
     return JobDetail(
         now=service.clock.now_us(),
