@@ -147,6 +147,13 @@ def test_dependencies_outside_the_window_are_dropped_and_arrivals_follow_depende
     assert past.nodes == [Node("a", 1)]  # no facts: the most CPUs it ran at once
 
 
+def test_jobs_without_a_node_make_no_node_of_their_own() -> None:
+    """Jobs drawn rather than run (no node yet, as the bench's week before its first replay)
+    are sized onto the nodes given, not onto a node called "" as large as all of them."""
+    drawn = [PastJob(n, T0, T0, T0 + US, "", cpus=4) for n in range(1, 11)]
+    assert history.build(drawn, equal_nodes(2)).nodes == equal_nodes(2)
+
+
 def test_a_summary_has_waits_per_queue_and_user_and_utilization() -> None:
     jobs = [
         PastJob(1, T0, T0, T0 + 2 * US, "a", queue="nightly", owner="ann"),

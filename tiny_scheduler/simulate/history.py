@@ -154,10 +154,12 @@ def build(
 
 
 def _peak_cpus(past: Sequence[PastJob]) -> dict[str, int]:
-    """The most CPUs each node was running at once."""
+    """The most CPUs each node was running at once (a job without a node, drawn rather than
+    run, names none: it must not make a node called "" of everything at once)."""
     changes = sorted(
         (moment, delta, job.node_id)
         for job in past
+        if job.node_id
         for moment, delta in ((job.start, max(job.cpus, 1)), (job.end, -max(job.cpus, 1)))
     )
     now: dict[str, int] = {}
