@@ -100,6 +100,34 @@ class Outcome:
     overfilled: int = 0
 
 
+class _Shapes:
+    """Jobs not started yet, counted by what decides where they could start (what they
+    need, their `node_selector` and `node_ids`), with one job of each shape to ask
+    `fit.could_run` with: a queue's backlog is hundreds of jobs of a few shapes."""
+
+    def __init__(self) -> None:
+        self._count: collections.Counter[Any] = collections.Counter()
+        self._example: dict[Any, Job] = {}
+
+    @staticmethod
+    def _shape(job: Job) -> Any:
+        return (fit.need_of(job), tuple(sorted((job.node_selector or {}).items())), job.node_ids)
+
+    def add(self, job: Job) -> None:
+        shape = self._shape(job)
+        self._count[shape] += 1
+        self._example.setdefault(shape, job)
+
+    def remove(self, job: Job) -> None:
+        shape = self._shape(job)
+        self._count[shape] -= 1
+        if not self._count[shape]:
+            del self._count[shape], self._example[shape]
+
+    def examples(self) -> list[Job]:
+        return list(self._example.values())
+
+
 class _Forgetful(MemoryStore):
     """A store that commits into thin air: a `MemoryStore` would keep every batch and check
     each one against every job it holds, which a week of jobs makes quadratic."""
@@ -204,7 +232,6 @@ class _Replay:
         self.past = past
         self.latency = setup.claim_latency_us
         self.limited = (set(setup.queue_limits), set(setup.user_limits))
-        self.depended_on = {dep for job in past for dep in job.depends_on}
         self.heartbeat_us = int(cluster.settings.node_heartbeat_secs * US)
         self.outcome = Outcome({}, {})
         self.by_job_id: dict[str, PastJob] = {}  # the replay's job id -> the past job
@@ -217,8 +244,21 @@ class _Replay:
         self.pending = 0  # jobs submitted and not started
         self.needs: collections.Counter[int] = collections.Counter()  # their CPUs, counted
         self.touched: dict[str, None] = {}  # nodes to poll first: jobs ended or placed there
-        self.arrived: set[str] = set()  # jobs submitted since the last polls, not started
-        self.widely = False  # an end since the last polls may let a job start on any node
+        self.arrived: dict[str, Job] = {}  # jobs submitted since the last polls, not started
+        self.capacities = {
+            node.node_id: fit.Capacity(node.node_id, capacity_of(node), dict(node.labels))
+            for node in cluster.nodes
+        }
+        # Ends since the last polls that made room in a limit (its group, below) or met a
+        # dependency (the past seqs of the jobs that waited for it).
+        self.opened: set[tuple[str, str]] = set()
+        self.released: list[int] = []
+        self.dependents: dict[int, list[int]] = collections.defaultdict(list)
+        for job in past:
+            for dep in job.depends_on:
+                self.dependents[dep].append(job.seq)
+        self.unstarted: dict[int, Job] = {}  # past seq -> its job, submitted and not started
+        self.shapes: dict[tuple[str, str], _Shapes] = collections.defaultdict(_Shapes)
 
     def run(self) -> Outcome:
         clock = self.cluster.clock
@@ -246,7 +286,8 @@ class _Replay:
                     self._poll_rounds(now)
                 self.touched.clear()
                 self.arrived.clear()
-                self.widely = False
+                self.opened.clear()
+                self.released.clear()
         return self.outcome
 
     def _heartbeats(self, now: int) -> None:
@@ -264,11 +305,16 @@ class _Replay:
             self.running[node_id].discard(job.job_id)
             self.touched[node_id] = None
             past = self.by_job_id[job.job_id]
-            queues, users = self.limited
-            if past.queue in queues or past.owner in users or past.seq in self.depended_on:
-                self.widely = True  # room in a limit, or a dependency met: for any node
+            self.opened.update(self._limits_of(past))
+            self.released.extend(self.dependents.get(past.seq, ()))
             ended = True
         return ended
+
+    def _limits_of(self, job: PastJob) -> list[tuple[str, str]]:
+        """The limited groups the job counts in: its queue's, its owner's."""
+        queues, users = self.limited
+        found = [("queue", job.queue)] if job.queue in queues else []
+        return [*found, ("owner", job.owner)] if job.owner in users else found
 
     def _submit(self, job: PastJob) -> None:
         missing = [dep for dep in job.depends_on if dep not in self.replayed]
@@ -287,16 +333,42 @@ class _Replay:
         self.pending += 1
         self.needs[fit.need_of(made).cpus] += 1
         self.touched[made.node_id] = None
-        self.arrived.add(made.job_id)
+        self.arrived[made.job_id] = made
+        self.unstarted[job.seq] = made
+        for group in self._limits_of(job):
+            self.shapes[group].add(made)
 
     def _poll_rounds(self, now: int) -> None:
-        """The touched nodes poll; then every node with CPUs free, but only when that may
-        start something more: a job that arrived is still pending (another node may take it
-        over), or a job that ended made room in a limit or met a dependency. A plain end
-        changes nothing for the other nodes: their last polls' answers stand."""
+        """The touched nodes poll; then the other nodes whose answer may have changed: those
+        where a job that may newly start could start now (`fit.could_run`, in what the node
+        has free), which may take it over. Such a job arrived and is still pending (its own
+        node is full), or waited for a dependency an end met, or is of a queue or user whose
+        limit an end made room in (any such job still pending, by its shape). For any other
+        node nothing changed since its last poll (what it has free, and the jobs it could
+        take), so that answer stands; nor does a plain end change anything for the other
+        nodes."""
         self._rounds([node_id for node_id in self.touched if node_id in self.free], now)
-        if self.pending and (self.widely or self.arrived):
-            self._rounds([node.node_id for node in self.cluster.nodes], now)
+        if not self.pending:
+            return
+        maybe = [*self.arrived.values()]
+        maybe += [self.unstarted[seq] for seq in self.released if seq in self.unstarted]
+        for group in self.opened:
+            maybe += self.shapes[group].examples()
+        if not maybe:
+            return
+        newly = [(job, fit.need_of(job)) for job in maybe]
+        self._rounds(
+            [
+                node.node_id
+                for node in self.cluster.nodes
+                if any(
+                    self.free[node.node_id].covers(need)
+                    and fit.could_run(job, self.capacities[node.node_id])
+                    for job, need in newly
+                )
+            ],
+            now,
+        )
 
     def _rounds(self, order: list[str], now: int) -> None:
         while order and self.pending:
@@ -328,6 +400,9 @@ class _Replay:
             self.needs[need.cpus] -= 1
             if not self.needs[need.cpus]:
                 del self.needs[need.cpus]
-            self.arrived.discard(job.job_id)
+            self.arrived.pop(job.job_id, None)
+            del self.unstarted[past.seq]
+            for group in self._limits_of(past):
+                self.shapes[group].remove(job)
             started = True
         return started
