@@ -264,15 +264,19 @@ class Placement:
         of slots, comparing (queued + used) compares the loads; and with any node idle, the
         lowest load is 0, which exactly the idle nodes have (thousands of nodes made a
         Fraction each the larger part of a submission)."""
-        loads: dict[str, int] | dict[str, Fraction]
         loads = {node: queued.cpus + used.cpus for node, (queued, used) in counts.items()}
-        if self._max_jobs == AUTO_SLOTS and 0 not in loads.values():
-            loads = {
-                node: _load(queued.cpus, used.cpus, self.slots(node, nodes))
-                for node, (queued, used) in counts.items()
-            }
-        lowest = min(loads.values())
-        return [node for node in healthy if loads[node] == lowest]
+        if self._max_jobs != AUTO_SLOTS or 0 in loads.values():
+            lowest = min(loads.values())
+            return [node for node in healthy if loads[node] == lowest]
+        # Loads of nodes of different sizes, (queued + used) / slots, compared exactly (equal
+        # loads must tie) by cross-multiplying: a Fraction a node was most of a busy
+        # cluster's submission.
+        slots = {node: self.slots(node, nodes) for node in loads}
+        top, bottom = 1, 0  # the lowest load so far, as a fraction: none yet (infinite)
+        for node, load in loads.items():
+            if load * bottom < top * slots[node]:
+                top, bottom = load, slots[node]
+        return [node for node in healthy if loads[node] * bottom == top * slots[node]]
 
     def _tightest(
         self,
