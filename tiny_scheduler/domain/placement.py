@@ -36,11 +36,10 @@ Tests: `tests/test_placement.py`, `tests/test_fit.py`.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ..clock import SYSTEM, Clock
 from ..config import AUTO_SLOTS, BINPACK, ROUND_ROBIN, Settings
@@ -66,9 +65,9 @@ class Loads(Protocol):
         ...
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class NodeLoad:
-    """One node's load as placement sees it."""
+class NodeLoad(NamedTuple):
+    """One node's load as placement sees it (a named tuple: every poll that may move work
+    makes one per node)."""
 
     node_id: str
     slots: int  # its CPUs
