@@ -110,6 +110,7 @@ class Placement:
         # until something in it changes (a new one then), and every placement, poll and load
         # asks for each node's capacity: made once per list, not on every call.
         self._capacities: tuple[Nodes | None, dict[str, Capacity]] = (None, {})
+        self._never_fits: tuple[Nodes | None, dict[tuple, str | None]] = (None, {})
 
     def count_loads_in(self, loads: Loads) -> None:
         """Read the load counts from `loads` from now on (a new leader's term builds a new job
@@ -204,7 +205,20 @@ class Placement:
             nodes = self.source.nodes()
         except PlacementError:
             return None
-        return fit.never_fits(wants, [self.capacity(node, nodes) for node in sorted(nodes.status)])
+        known, answers = self._never_fits
+        if known is not nodes:
+            answers = {}
+            self._never_fits = (nodes, answers)
+        # Jobs ask for a few shapes, and the answer is the same for one node list.
+        shape = (
+            fit.need_of(wants),
+            tuple(sorted((wants.node_selector or {}).items())),
+            tuple(wants.node_ids),
+        )
+        if shape not in answers:
+            capacities = [self.capacity(node, nodes) for node in sorted(nodes.status)]
+            answers[shape] = fit.never_fits(wants, capacities)
+        return answers[shape]
 
     def _choose(
         self,

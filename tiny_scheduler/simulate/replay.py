@@ -40,8 +40,6 @@ import heapq
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import orjson
-
 from .. import errors
 from ..clock import ManualClock
 from ..cluster.node_book import BuiltinNodes, Drains, NodeBook
@@ -203,7 +201,7 @@ class VirtualCluster:
         self.service.nodes.heartbeat(node.node_id, beat)
 
     def submit(self, body: dict[str, Any], owner: str = "") -> Job:
-        request = validation.parse_job_request(orjson.dumps(body))
+        request = validation.job_request_from(body)  # checked as a POST's decoded body is
         job, _ = self.service.jobs.submit(request, owner=owner)
         return job
 
@@ -248,6 +246,7 @@ class _Replay:
         self.running: dict[str, set[str]] = {node.node_id: set() for node in cluster.nodes}
         self.free = {node.node_id: capacity_of(node) for node in cluster.nodes}
         self.beaten: dict[str, int] = {}  # node id -> the time of its last heartbeat
+        self.next_beat = 0  # no node beats before then
         self.pending = 0  # jobs submitted and not started
         self.needs: collections.Counter[int] = collections.Counter()  # their CPUs, counted
         self.touched: dict[str, None] = {}  # nodes to poll first: jobs ended or placed there
@@ -298,6 +297,9 @@ class _Replay:
         return self.outcome
 
     def _heartbeats(self, now: int) -> None:
+        if now < self.next_beat:
+            return
+        self.next_beat = now + self.heartbeat_us
         for node in self.cluster.nodes:
             if now - self.beaten.get(node.node_id, -self.heartbeat_us) >= self.heartbeat_us:
                 self.cluster.heartbeat(node, sorted(self.running[node.node_id]))
