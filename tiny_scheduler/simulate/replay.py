@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 import heapq
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -226,7 +227,14 @@ def replay(past: Sequence[PastJob], setup: Setup, **settings: Any) -> Outcome:
     """Run the past jobs (in arrival order) again on a new virtual cluster (see the module's
     notes); `settings` are Settings fields."""
     start = past[0].arrival if past else 0
-    return _Replay(VirtualCluster(setup, start, **settings), past, setup).run()
+    # A replay makes millions of short-lived objects beside the week it keeps: collecting
+    # less often (young objects 20,000 at a time, not 700) spares rescanning what it keeps.
+    thresholds = gc.get_threshold()
+    gc.set_threshold(20_000, 50, 100)
+    try:
+        return _Replay(VirtualCluster(setup, start, **settings), past, setup).run()
+    finally:
+        gc.set_threshold(*thresholds)
 
 
 class _Replay:
