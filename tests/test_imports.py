@@ -98,7 +98,7 @@ def test_the_graph_is_read_right() -> None:
     # would pass every test below.
     graph = import_graph()
     assert "tiny_scheduler.client" in graph["tiny_scheduler.cli.job_commands"]
-    assert "tiny_scheduler.cli.output" in graph["tiny_scheduler.cli"]
+    assert "tiny_scheduler.cli.output" in graph["tiny_scheduler.cli.group"]
     assert "tiny_scheduler.server.daemon_command" in graph["tiny_scheduler.dev.daemon"]
     assert "tiny_scheduler.dev.cluster" in graph["tiny_scheduler.cli.dev_commands"]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]

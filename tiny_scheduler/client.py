@@ -12,17 +12,16 @@ CLI do), and it repeats no rule of the scheduler.
 
 from __future__ import annotations
 
-import random
+import os
 import time
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urljoin, urlsplit
 
 from . import plain_http
 from .display import describe, waiting_for, waiting_text
-from .domain.jobs import FINAL_STATUSES, JOB_ID_PREFIX, RUNNING, SERVICE
 from .domain.limits import MAX_PAGE
+from .domain.states import FINAL_STATUSES, JOB_ID_PREFIX, RUNNING, SERVICE
 from .errors import JOB_NOT_FOUND
 from .plain_http import NoAnswer
 
@@ -190,6 +189,8 @@ class Client:
             wait = retry_after(response)
             if wait is None or not follow or time.monotonic() + wait > follow_until:
                 break
+            import random  # only here: a command that never waits does not pay for it
+
             time.sleep(wait * random.uniform(1.0, 1.5))  # spread the clients that come back
         if response.ok:
             return response
@@ -302,7 +303,8 @@ class Client:
         """POST /jobs, always with an Idempotency-Key (a new one unless given): the same on
         every daemon and every retry, so a submission repeated after a deadline, on another
         daemon or after a takeover, makes one job."""
-        headers = {"Idempotency-Key": idempotency_key or f"cli-{uuid.uuid4().hex}"}
+        # 128 random bits, as a uuid4's (uuid itself costs a command line's start-up more).
+        headers = {"Idempotency-Key": idempotency_key or f"cli-{os.urandom(16).hex()}"}
         try:
             return self.json("POST", "/jobs", json=body, headers=headers)
         except ApiError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .domain.jobs import DONE, FAILED, PENDING, RUNNING, state_of
+from .domain.states import DONE, FAILED, PENDING, RUNNING, state_of
 
 HELD = "held"
 """What a held job waits for (the scheduler's `waiting_for` says the same)."""

@@ -19,8 +19,9 @@ import click
 
 from ..client import Client, ClientError
 from ..display import describe, waiting_text
-from .job_commands import as_job_id, client_from
+from .job_commands import client_from
 from .output import echo_json
+from .submission import as_job_id
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
 _ids_argument = click.argument("job_ids", nargs=-1, required=True, metavar="ID...")

@@ -31,12 +31,13 @@ from ..client import (
     wait_for_job,
 )
 from ..display import describe, waiting_text
-from ..domain.jobs import DONE, FAILED, JOB_ID_PREFIX, RUN, RUNNING, SERVICE, STATUSES
+from ..domain.jobs import DONE, FAILED, RUNNING, STATUSES
 from ..domain.limits import MAX_ARRAY, MAX_JOB_RETRIES_ASKED, MAX_PAGE
 from .delays import delay_fields, delay_options
 from .follow import follow_output, live_output
 from .output import CliError, echo_json, jobs_table, print_attempts, print_status, print_streams
 from .resources import resource_options
+from .submission import as_job_id, env_pair, job_body
 
 DEFAULT_LIMIT = 100
 """Jobs `list` shows unless --limit says otherwise."""
@@ -55,11 +56,6 @@ def client_from(ctx: click.Context, plain: bool = False) -> Client:
     except ValueError as exc:
         raise CliError(f"SCHEDULER_URL / --url: {exc}") from None
     return Client(url, os.environ.get("TINYAWS_API_KEY") or None, plain)
-
-
-def as_job_id(text: str) -> str:
-    """Accept `7` as well as `job-7`."""
-    return f"{JOB_ID_PREFIX}{text}" if text.isdigit() else text
 
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
@@ -239,27 +235,24 @@ def submit(
         raise click.UsageError(
             "--wait follows one job; follow an array with: tiny-scheduler list --array ID --watch"
         )
-    body: dict[str, Any] = {
-        "command": command[0] if len(command) == 1 else shlex.join(command),
-        "job_type": SERVICE if service else RUN,
-        "env_vars": _parse_env(env),
-    }
+    body = job_body(
+        command,
+        _parse_env(env),
+        service,
+        instance_id=instance_id,
+        port=port,
+        deploy_url=deploy_url,
+        timeout_secs=timeout_secs,
+        priority=priority,
+        queue=queue,
+        depends_on=_job_ids(after) if after else None,
+        dependency="any" if after_any else None,
+        name=name,
+        max_retries=max_retries,
+        array=array,
+    )
     if from_file is not None:
         del body["command"]
-    optional = {
-        "instance_id": instance_id,
-        "port": port,
-        "deploy_url": deploy_url,
-        "timeout_secs": timeout_secs,
-        "priority": priority,
-        "queue": queue,
-        "depends_on": _job_ids(after) if after else None,
-        "dependency": "any" if after_any else None,
-        "name": name,
-        "max_retries": max_retries,
-        "array": array,
-    }
-    body.update({name: value for name, value in optional.items() if value is not None})
     body.update(delay_fields(at, delay))
     body.update(resources)
     # A plain submit is often one of many in a shell loop: its start-up is most of its time.
@@ -293,10 +286,10 @@ def _job_ids(text: str) -> list[str]:
 def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
     env = {}
     for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
+        found = env_pair(pair)
+        if found is None:
             raise click.BadParameter(f"{pair!r} is not K=V", param_hint="--env")
-        env[name] = value
+        env[found[0]] = found[1]
     return env
 
 

@@ -30,7 +30,12 @@ from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any, NamedTuple
 
+from . import states
+from .limits import MAX_PRIORITY as MAX_PRIORITY  # the bounds people write, kept with the others
+from .limits import MIN_PRIORITY as MIN_PRIORITY
 from .queues import DEFAULT_QUEUE
+from .states import CANCEL, JOB_ID_PREFIX, TIMED_OUT
+from .states import state_of as state_of  # the state people read: defined there, read here too
 
 
 class WireEnum(str, Enum):
@@ -44,19 +49,19 @@ class WireEnum(str, Enum):
 class Status(WireEnum):
     """A job's status. A typo in a member name is an AttributeError, not a silent miss."""
 
-    PENDING = "pending"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
+    PENDING = states.PENDING
+    RUNNING = states.RUNNING
+    DONE = states.DONE
+    FAILED = states.FAILED
 
 
 class Reason(WireEnum):
     """Why a job is `failed` for good (set only on a failure that will not be retried)."""
 
     EXIT = "exit"  # a non-zero exit, or an error the agent reported before the command ran
-    TIMEOUT = "timeout"
+    TIMEOUT = states.TIMEOUT
     NODE_LOST = "node_lost"
-    CANCELLED = "cancelled"
+    CANCELLED = states.CANCELLED
     DEPENDENCY_FAILED = "dependency_failed"  # a job it depends on (`ok`) failed for good
     OUT_OF_MEMORY = "out_of_memory"  # its node's agent saw it killed for its memory limit
 
@@ -69,8 +74,8 @@ class Dependency(WireEnum):
 
 
 class JobType(WireEnum):
-    RUN = "run"
-    SERVICE = "service"
+    RUN = states.RUN
+    SERVICE = states.SERVICE
 
 
 PENDING, RUNNING, DONE, FAILED = Status
@@ -89,9 +94,7 @@ UPDATE_STATUSES = (RUNNING, DONE, FAILED)
 _ALLOWED_FROM = {RUNNING: PENDING, DONE: RUNNING, FAILED: RUNNING}
 
 DEFAULT_PRIORITY = 50
-MIN_PRIORITY, MAX_PRIORITY = 0, 100
 
-JOB_ID_PREFIX = "job-"
 TIMED_OUT_STDERR = "job timed out"
 NODE_LOST_STDERR = "node lost"
 CANCELLED_STDERR = "job cancelled"
@@ -99,8 +102,6 @@ OUT_OF_MEMORY_STDERR = "job killed: out of memory"
 """The last stderr line of an attempt its node killed for its memory limit."""
 LOST_BY_AGENT = "lost by its agent"
 """The stderr of an attempt failed because its own agent's reports show it runs it no more."""
-CANCEL = "cancelled"
-"""What a cancel asks a job to become, as 409 texts name it (`… cannot become cancelled`)."""
 
 # The stderr the scheduler writes when it ends an attempt itself (exit code -1).
 _SCHEDULER_STDERR = {
@@ -571,25 +572,14 @@ def run_deadline(job: Job, default_timeout_secs: int) -> int | None:
 
 # --- the state people read ----------------------------------------------------------------
 
-TIMED_OUT = "timed out"
 STATES = (*STATUSES, CANCEL, TIMED_OUT)
 """What people read as a job's state, in the order the dashboard counts them: the four
 statuses, and the two ways of ending `failed` that are nobody's failure to fix in the job
 itself (Slurm's CANCELLED and TIMEOUT). The wire status of those stays `failed`."""
 
-_STATE_OF_REASON = {Reason.CANCELLED.value: CANCEL, Reason.TIMEOUT.value: TIMED_OUT}
-STATE_REASONS = {state: reason for reason, state in _STATE_OF_REASON.items()}
+STATE_REASONS = {state: reason for reason, state in states.STATE_OF_REASON.items()}
 """The reason each state apart from `failed` stands for (a filter by state is a filter by
 status `failed` and that reason)."""
-
-
-def state_of(status: str, reason: str | None) -> str:
-    """The state people read for a job's status and reason: `cancelled` and `timed out` for
-    the failures they name, the status otherwise (a lost node or a failed dependency is still
-    a failure, shown with its reason beside it)."""
-    if status == FAILED and reason:
-        return _STATE_OF_REASON.get(str(reason), FAILED)
-    return str(status)
 
 
 # --- ids, times and output ------------------------------------------------------------------

@@ -15,6 +15,9 @@ DEFAULT_PAGE = 1000
 MAX_PAGE = 10000
 """The most jobs one page of a listing answers."""
 
+MIN_PRIORITY, MAX_PRIORITY = 0, 100
+"""A job's `priority`, lowest and highest (higher first; 50 unless it says)."""
+
 MAX_JOB_RETRIES_ASKED = 10
 """The most retries a job may ask for (`max_retries`)."""
 
