@@ -220,11 +220,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             if j.node == node and j.job_type == "run" and (j.status == "running" or j.holds_slot)
         )
 
-    def choose(self, avoid: str | None = None) -> str:
-        """The contract's least-loaded rule, as the model applies it; moves the rotation."""
+    def choose(self, avoid: str | None = None, rather_not: str | None = None) -> str:
+        """The contract's least-loaded rule, as the model applies it; moves the rotation.
+        `avoid` is left out while another node is healthy, then `rather_not` while a third is
+        (a retry moved off a lost node does not go back to the node it failed on)."""
         healthy = sorted(self.healthy)
-        if avoid is not None and len(healthy) > 1 and avoid in healthy:
-            healthy.remove(avoid)
+        for unwanted in (avoid, rather_not):
+            if unwanted is not None and len(healthy) > 1 and unwanted in healthy:
+                healthy.remove(unwanted)
         assert healthy, "the model never places without a healthy node"
 
         def load(node: str) -> Fraction:
@@ -455,7 +458,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         for lost in down:
             for job in self.on(lost, "pending"):
                 if self.healthy:
-                    job.node = self.choose(avoid=lost)
+                    failed_on = job.attempts[-1]["node_id"] if job.attempts else None
+                    job.node = self.choose(avoid=lost, rather_not=failed_on)
         # Gone for more than NODE_LOST_SECS (0) by the second scan: the monotonic clock the
         # scan measures absences with moves on between them; the stamps' clock stands still.
         self.clock.monotonic_extra += 0.001
