@@ -564,10 +564,18 @@ def can_move(job: Job) -> bool:
 
 def run_deadline(job: Job, default_timeout_secs: int) -> int | None:
     """When a running `run` job times out, in microseconds; None for services."""
-    if job.job_type == SERVICE or job.running_at is None:
+    if job.running_at is None:
+        return None
+    return deadline_from(job, job.running_at, default_timeout_secs)
+
+
+def deadline_from(job: Job, start: int, default_timeout_secs: int) -> int | None:
+    """When the job times out if it starts at `start` (microseconds); None for a service,
+    which never ends by itself."""
+    if job.job_type == SERVICE:
         return None
     timeout = job.timeout_secs or default_timeout_secs
-    return job.running_at + timeout * 1_000_000
+    return start + timeout * 1_000_000
 
 
 # --- the state people read ----------------------------------------------------------------

@@ -98,10 +98,7 @@ class Core:
     def expected_end(self, job: Job, start: int) -> int | None:
         """When a job started at `start` ends by its timeout (backfill's expectation; None
         for a service, which never ends by itself)."""
-        if job.job_type == jobs.SERVICE:
-            return None
-        timeout = job.timeout_secs or self.settings.job_timeout_secs
-        return start + timeout * 1_000_000
+        return jobs.deadline_from(job, start, self.settings.job_timeout_secs)
 
     # --- committing ----------------------------------------------------------------------
 
