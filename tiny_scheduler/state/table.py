@@ -207,19 +207,11 @@ class JobTable:
         """
         node_id = capacity.node_id
         with self._lock:
-            self._promote(now)
-            free = capacity.total - self._nodes.allocated.get(node_id, NOTHING)
-            picker = Picker(
-                capacity, free, lambda: self._endings(node_id, now, deadline), now, deadline
-            )
+            picker = self._picker(capacity, now, deadline)
             if picker.exhausted:
                 return [], picker
-            found = self._nodes.handed_out(
-                node_id, self._limits.room, self._user_limits.room, self._key(now)
-            )
-            if remember:
-                found = (job for job in found if job.seq not in self._busy)
-            answer = picker.take(self._within_user_limits(found), limit=free.cpus)
+            found = self._handed_out(node_id, now, skip_busy=remember)
+            answer = picker.take(found, limit=picker.free.cpus)
             if remember:
                 self._offers.remember(node_id, answer, now)
             return answer, picker
@@ -229,17 +221,31 @@ class JobTable:
     ) -> HeldBack:
         """What backfill keeps waiting on the node at `now` (`fit.Picker.explain`): the same
         candidates, order and cap as `poll`, nothing remembered or handed out."""
-        node_id = capacity.node_id
         with self._lock:
-            self._promote(now)  # as the poll does: a job that came due is in its order
-            free = capacity.total - self._nodes.allocated.get(node_id, NOTHING)
-            picker = Picker(
-                capacity, free, lambda: self._endings(node_id, now, deadline), now, deadline
-            )
-            found = self._nodes.handed_out(
-                node_id, self._limits.room, self._user_limits.room, self._key(now)
-            )
-            return picker.explain(self._within_user_limits(found), limit=free.cpus)
+            picker = self._picker(capacity, now, deadline)
+            found = self._handed_out(capacity.node_id, now)
+            return picker.explain(found, limit=picker.free.cpus)
+
+    def _picker(
+        self, capacity: Capacity, now: int, deadline: Callable[[Job, int], int | None]
+    ) -> Picker:
+        """(Lock held.) The node's picker at `now`, over what it has free then (the jobs that
+        came due by `now` promoted first, so they are in its order)."""
+        node_id = capacity.node_id
+        self._promote(now)
+        free = capacity.total - self._nodes.allocated.get(node_id, NOTHING)
+        return Picker(capacity, free, lambda: self._endings(node_id, now, deadline), now, deadline)
+
+    def _handed_out(self, node_id: str, now: int, skip_busy: bool = False) -> Iterator[Job]:
+        """(Lock held.) The node's due jobs in the order they are handed out at `now`, within
+        the queues' and users' limits; with `skip_busy`, none a change holds busy (left out
+        before the users' limits count them)."""
+        found = self._nodes.handed_out(
+            node_id, self._limits.room, self._user_limits.room, self._key(now)
+        )
+        if skip_busy:
+            found = (job for job in found if job.seq not in self._busy)
+        return self._within_user_limits(found)
 
     def _key(self, now: int) -> Key:
         """(Lock held.) The order due jobs are handed out in at `now`: priority, then the
