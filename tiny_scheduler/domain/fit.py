@@ -108,6 +108,16 @@ def _amount(cpus: int, memory_mb: int, gpus: int) -> Resources:
     return Resources(cpus, memory_mb, gpus)
 
 
+Shape = tuple[Resources, tuple[tuple[str, str], ...], tuple[str, ...]]
+
+
+def shape_of(job: Wants) -> Shape:
+    """What decides where a job could run (what it needs, its `node_selector`, its
+    `node_ids`): jobs of one shape fit the same nodes."""
+    selector = tuple(sorted((job.node_selector or {}).items()))
+    return (need_of(job), selector, tuple(job.node_ids))
+
+
 def is_particular(job: Wants) -> bool:
     """Whether the job asks for more than one plain CPU anywhere (every node fits the rest)."""
     return bool(job.cpus > 1 or job.memory_mb or job.gpus or job.node_selector or job.node_ids)

@@ -36,6 +36,7 @@ Tests: `tests/test_placement.py`, `tests/test_fit.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
@@ -106,11 +107,7 @@ class Placement:
         self._binpack = settings.placement == BINPACK
         self._turn_lock = threading.Lock()
         self._previous: str | None = None  # the node this rule chose last
-        # The capacities of the last node list asked about. A node source keeps its list
-        # until something in it changes (a new one then), and every placement, poll and load
-        # asks for each node's capacity: made once per list, not on every call.
-        self._capacities: tuple[Nodes | None, dict[str, Capacity]] = (None, {})
-        self._never_fits: tuple[Nodes | None, dict[tuple, str | None]] = (None, {})
+        self._known = _PerList(None)
 
     def count_loads_in(self, loads: Loads) -> None:
         """Read the load counts from `loads` from now on (a new leader's term builds a new job
@@ -205,16 +202,8 @@ class Placement:
             nodes = self.source.nodes()
         except PlacementError:
             return None
-        known, answers = self._never_fits
-        if known is not nodes:
-            answers = {}
-            self._never_fits = (nodes, answers)
-        # Jobs ask for a few shapes, and the answer is the same for one node list.
-        shape = (
-            fit.need_of(wants),
-            tuple(sorted((wants.node_selector or {}).items())),
-            tuple(wants.node_ids),
-        )
+        answers = self._per_list(nodes).never_fits
+        shape = fit.shape_of(wants)  # jobs ask for a few shapes
         if shape not in answers:
             capacities = [self.capacity(node, nodes) for node in sorted(nodes.status)]
             answers[shape] = fit.never_fits(wants, capacities)
@@ -327,15 +316,19 @@ class Placement:
         reported (a node nobody reported memory for fits any `memory_mb`)."""
         if nodes is None:
             return self._capacity(node_id, None)
-        known, capacities = self._capacities
-        if known is not nodes:
-            # Swapped whole, so a thread that read the old pair keeps a consistent one.
-            capacities = {}
-            self._capacities = (nodes, capacities)
+        capacities = self._per_list(nodes).capacities
         found = capacities.get(node_id)
         if found is None:
             found = capacities[node_id] = self._capacity(node_id, nodes)
         return found
+
+    def _per_list(self, nodes: Nodes) -> _PerList:
+        """What is worked out once per node list (see `_PerList`)."""
+        known = self._known
+        if known.nodes is not nodes:
+            # Swapped whole, so a thread that read the old one keeps a consistent one.
+            known = self._known = _PerList(nodes)
+        return known
 
     def _capacity(self, node_id: str, nodes: Nodes | None) -> Capacity:
         facts = nodes.facts_of(node_id) if nodes is not None else None
@@ -384,6 +377,18 @@ class Placement:
             or not load.available.covers(load.waiting)
             or not nodes.accepts(load.node_id)
         )
+
+
+@dataclasses.dataclass(slots=True)
+class _PerList:
+    """The answers placement keeps for one node list. A node source keeps its list until
+    something in it changes (a new one then), and every placement, poll and load asks for
+    each node's capacity, every submission whether its job could ever fit: worked out once
+    per list, not on every call."""
+
+    nodes: Nodes | None
+    capacities: dict[str, Capacity] = dataclasses.field(default_factory=dict)
+    never_fits: dict[fit.Shape, str | None] = dataclasses.field(default_factory=dict)
 
 
 def _candidates(healthy: tuple[str, ...], avoid: str | None) -> tuple[str, ...]:

@@ -105,20 +105,16 @@ class _Shapes:
     `fit.could_run` with: a queue's backlog is hundreds of jobs of a few shapes."""
 
     def __init__(self) -> None:
-        self._count: collections.Counter[Any] = collections.Counter()
-        self._example: dict[Any, Job] = {}
-
-    @staticmethod
-    def _shape(job: Job) -> Any:
-        return (fit.need_of(job), tuple(sorted((job.node_selector or {}).items())), job.node_ids)
+        self._count: collections.Counter[fit.Shape] = collections.Counter()
+        self._example: dict[fit.Shape, Job] = {}
 
     def add(self, job: Job) -> None:
-        shape = self._shape(job)
+        shape = fit.shape_of(job)
         self._count[shape] += 1
         self._example.setdefault(shape, job)
 
     def remove(self, job: Job) -> None:
-        shape = self._shape(job)
+        shape = fit.shape_of(job)
         self._count[shape] -= 1
         if not self._count[shape]:
             del self._count[shape], self._example[shape]
