@@ -90,6 +90,12 @@ def base_url(text: str) -> str:
     return url
 
 
+def base_urls(text: str) -> list[str]:
+    """Several daemons' base URLs, comma-separated (a leader and its standbys), each as
+    `base_url` reads it; raises ValueError for one that is not an http(s) URL."""
+    return [base_url(part) for part in text.split(",") if part.strip()]
+
+
 def _is_no_leader(response: Response) -> bool:
     """A standby's answer while no leader is known (a takeover under way)."""
     return response.text.strip() == "no leader"

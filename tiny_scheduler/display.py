@@ -101,3 +101,9 @@ def ago(seconds: float) -> str:
         if seconds >= size:
             return f"{int(seconds // size)}{unit} ago"
     return f"{int(seconds)}s ago"
+
+
+def job_line(job: dict[str, Any]) -> str:
+    """A job in one line, as a command that made or changed it says: `job-7 pending on
+    node-1, held`."""
+    return f"{job['job_id']} {describe(job)}{waiting_text(job)}"

@@ -16,7 +16,7 @@ import sys
 import click
 
 from ..agent import config as defaults
-from ..client import base_url
+from ..client import base_urls
 from .output import CliError
 
 
@@ -245,7 +245,7 @@ def agent(
     from ..agent.resources import labels_of
 
     try:
-        urls = tuple(base_url(part) for part in (ctx.obj or "").split(",") if part.strip())
+        urls = tuple(base_urls(ctx.obj or ""))
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if not urls:

@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from ..client import Client, ClientError
-from ..display import describe, waiting_text
+from ..display import describe, job_line
 from .job_commands import client_from
 from .output import echo_json
 from .submission import as_job_id
@@ -28,11 +28,6 @@ _ids_argument = click.argument("job_ids", nargs=-1, required=True, metavar="ID..
 
 Call = Callable[[Client], Callable[[str], dict[str, Any]]]
 """Which client call a command makes, for one job id."""
-
-
-def _state_line(job: dict[str, Any]) -> str:
-    """`job-7 pending on node-1, held`."""
-    return f"{job['job_id']} {describe(job)}{waiting_text(job)}"
 
 
 def _retry_line(job: dict[str, Any]) -> str:
@@ -46,7 +41,7 @@ def _retry_line(job: dict[str, Any]) -> str:
 @click.pass_context
 def hold(ctx: click.Context, job_ids: tuple[str, ...], as_json: bool) -> None:
     """Hold pending jobs: they stay pending but no node gets them until `release`."""
-    _act(ctx, job_ids, as_json, lambda client: client.hold, _state_line)
+    _act(ctx, job_ids, as_json, lambda client: client.hold, job_line)
 
 
 @click.command()
@@ -55,7 +50,7 @@ def hold(ctx: click.Context, job_ids: tuple[str, ...], as_json: bool) -> None:
 @click.pass_context
 def release(ctx: click.Context, job_ids: tuple[str, ...], as_json: bool) -> None:
     """Release held jobs: they wait for a node like any other again."""
-    _act(ctx, job_ids, as_json, lambda client: client.release, _state_line)
+    _act(ctx, job_ids, as_json, lambda client: client.release, job_line)
 
 
 @click.command()

@@ -27,10 +27,10 @@ from ..client import (
     WAIT_INTERVAL_SECS,
     Client,
     ClientError,
-    base_url,
+    base_urls,
     wait_for_job,
 )
-from ..display import describe, waiting_text
+from ..display import describe, job_line
 from ..domain.jobs import DONE, FAILED, RUNNING, STATUSES
 from ..domain.limits import MAX_ARRAY, MAX_JOB_RETRIES_ASKED, MAX_PAGE
 from .delays import delay_fields, delay_options
@@ -52,7 +52,7 @@ def client_from(ctx: click.Context, plain: bool = False) -> Client:
     given = ctx.find_root().obj or DEFAULT_URL
     try:
         # Several daemons, comma-separated: a leader and its standbys (PostgreSQL).
-        url = ",".join(base_url(part) for part in given.split(",") if part.strip())
+        url = ",".join(base_urls(given))
     except ValueError as exc:
         raise CliError(f"SCHEDULER_URL / --url: {exc}") from None
     return Client(url, os.environ.get("TINYAWS_API_KEY") or None, plain)
@@ -275,7 +275,7 @@ def submit(
             f" (list them: tiny-scheduler list --array {job['job_id']})"
         )
     else:
-        click.echo(f"{job['job_id']} {describe(job)}{waiting_text(job)}")
+        click.echo(job_line(job))
 
 
 def _job_ids(text: str) -> list[str]:

@@ -120,11 +120,10 @@ def quick_submit(argv: Sequence[str]) -> int | None:
     given = parse(argv[1:])
     if given is None:
         return None
-    from ..client import DEFAULT_URL, Client, ClientError, base_url
+    from ..client import DEFAULT_URL, Client, ClientError, base_urls
 
     try:
-        parts = (url or DEFAULT_URL).split(",")
-        urls = ",".join(base_url(part) for part in parts if part.strip())
+        urls = ",".join(base_urls(url or DEFAULT_URL))
     except ValueError:
         return None  # click's `submit` says what is wrong with it
     env = dict(given.pop("env", ()))
@@ -140,7 +139,7 @@ def quick_submit(argv: Sequence[str]) -> int | None:
     if quiet:
         print(job["job_id"])
     else:
-        from ..display import describe, waiting_text
+        from ..display import job_line
 
-        print(f"{job['job_id']} {describe(job)}{waiting_text(job)}")
+        print(job_line(job))
     return 0
