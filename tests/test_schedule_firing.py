@@ -16,6 +16,7 @@ import dataclasses
 import logging
 from typing import Any
 
+import orjson
 import pytest
 from flask import Flask
 from harness import Harness
@@ -40,7 +41,7 @@ def at(text: str) -> Harness:
 
 def create(h: Harness, **fields: Any) -> schedules.Schedule:
     body = {"name": "s", "cron": "* * * * *", "job": {"command": "backup"}, **fields}
-    change = schedules.parse_schedule_request(validation.orjson.dumps(body), partial=False)
+    change = schedules.parse_schedule_request(orjson.dumps(body), partial=False)
     return h.service.schedules.create(change, now=h.clock.now_us())
 
 
@@ -285,7 +286,7 @@ def fire_at(h: Harness, text: str, gpus: int = 2) -> int:
 
 def wire(value: dict[str, Any]) -> Any:
     """What a client reads of `to_wire()`: as JSON (a tuple is a list there)."""
-    return validation.orjson.loads(validation.orjson.dumps(value))
+    return orjson.loads(orjson.dumps(value))
 
 
 NEEDS = {
@@ -330,7 +331,7 @@ def test_a_schedule_whose_job_no_node_could_run_is_refused_when_made_or_changed(
     )
     # A change of its job is checked the same way, and changes nothing when refused.
     kept = create(h, job={"command": "train", **NEEDS})
-    body = validation.orjson.dumps({"job": {"command": "train", "node_selector": {"gpu": "h100"}}})
+    body = orjson.dumps({"job": {"command": "train", "node_selector": {"gpu": "h100"}}})
     change = schedules.parse_schedule_request(body, partial=True)
     with pytest.raises(errors.BadRequest) as refused:
         h.service.schedules.update(kept.schedule_id, change)
