@@ -349,15 +349,28 @@ class BrokenSpool:
 def test_a_spool_that_cannot_be_written_stops_new_work_and_loses_nothing(
     how: str, tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
 ) -> None:
-    sched = scheduler_factory(FENCED_ENV)
+    """A report no scheduler takes at once goes to the spool. When the spool cannot take
+    it, the agent takes no new work and says why; the report still goes out (its job's
+    folder keeps it), and once the spool can be written again, work resumes."""
+    sched = scheduler_factory({**FENCED_ENV, "NODE_LOST_SECS": "120"})
     api = Api(sched.url)
+    path = SilentProxy(sched.url)
     broken = BrokenSpool(tmp_path / "agent-node-a" / "spool", how)
     broken.prepare()
+    go = tmp_path / "go"
     try:
-        agent = start_node(agents, tmp_path, "node-a", sched.url)
+        agent = start_node(agents, tmp_path, "node-a", path.url, "--fence-secs", "30")
+        first = api.submit(command=f"while [ ! -e {go} ]; do sleep 0.05; done; echo one")
+        wait_for(lambda: status_is(api, first["job_id"], "running"), message="the job to run")
         broken.brake()
-        # A job whose report cannot be spooled: the agent says why it takes no more work.
-        first = api.submit(command="echo one")
+        path.cut()
+        go.touch()
+        wait_for(
+            lambda: "cannot write the spool" in agent.log(),
+            timeout=30,
+            message=agent.waiting("the report to find the spool broken"),
+        )
+        path.heal()
         wait_for(
             lambda: "spool not writable" in json.dumps(expect_json(api.get("/nodes/node-a"), 200)),
             timeout=30,
@@ -368,7 +381,6 @@ def test_a_spool_that_cannot_be_written_stops_new_work_and_loses_nothing(
         # The only node takes no work: a submission is refused, as when every node drains.
         refused = api.post("/jobs", {"command": "echo two"})
         assert refused.status_code == 503, refused.text
-        assert "cannot write the spool" in agent.log()
         broken.mend()
         wait_for(
             lambda: "refusing_work" not in expect_json(api.get("/nodes/node-a"), 200),
@@ -379,6 +391,7 @@ def test_a_spool_that_cannot_be_written_stops_new_work_and_loses_nothing(
         done = wait_for(lambda: ended(api, second["job_id"]), timeout=30, message="work again")
         assert done["stdout"] == "two\n"
     finally:
+        path.close()
         broken.close()
     api.close()
 

@@ -9,6 +9,7 @@ deadline. Each test also checks that nothing it started outlives the cluster.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shlex
@@ -21,7 +22,7 @@ import pytest
 import requests
 from helpers import Api, wait_for
 
-from tiny_scheduler.agent.groups import CHILDREN_FILE
+from tiny_scheduler.agent.owner import JOB_PID, SPEC
 from tiny_scheduler.dev import demo
 from tiny_scheduler.dev.cluster import ClusterConfig, ClusterError, DevCluster
 from tiny_scheduler.domain.jobs import FINAL_STATUSES
@@ -239,13 +240,12 @@ def test_dev_command_leaves_no_process_behind(
 
 
 def recorded_jobs(work: pathlib.Path) -> set[str]:
-    """The jobs whose processes the agents of the dev cluster in `work` have recorded: what its
-    watchdog kills should the cluster die."""
+    """The jobs whose processes the agents of the dev cluster in `work` have recorded (each
+    job's folder names its process, `job.pid`, and its owner): what its watchdog kills should
+    the cluster die."""
     return {
-        line.split()[1]
-        for path in work.glob(f"*/{CHILDREN_FILE}")
-        for line in path.read_text().splitlines()
-        if line.strip()
+        json.loads((record.parent / SPEC).read_text())["job_id"]
+        for record in work.glob(f"*/jobs/*/{JOB_PID}")
     }
 
 

@@ -31,11 +31,13 @@ starts elsewhere is the only one.
 Each job runs within its limits where the machine allows (`cgroups`: a control group per job
 attempt, detected once at start; the heartbeat's `enforcement` says which, or `none`).
 
-Reports are never lost: a job's result stays in its folder until a scheduler has it, and each
-final report is also written to the spool (fsynced) before it is sent, and removed once a
-scheduler answers it 2xx, or refuses it for good (4xx such as 409 `stale report`: the job is
-no longer that attempt's). Otherwise it is retried with backoff, across every URL, at once
-when a scheduler answers again after an outage, and after a restart of the agent. Reports,
+Reports are never lost: a job's result (fsynced by its owner) stays in its folder until a
+scheduler answers its report 2xx, or refuses it for good (4xx such as 409 `stale report`: the
+job is no longer that attempt's). A report no scheduler takes at once is also written to the
+spool (fsynced), as is one the agent made itself (a job that never started, or whose owner
+died), which no folder holds; it is retried with backoff, across every URL, at once when a
+scheduler answers again after an outage, and after a restart of the agent (from the spool, or
+from the job's folder). Reports,
 claims and live output name their attempt (`node_id`, `attempt`). An agent that cannot write
 its spool, or whose spool is full, takes no new work and says why in its heartbeat.
 
@@ -566,7 +568,11 @@ class Agent(Reporting, Heartbeating):
         body.update(self._names(attempt))
         body["usage"] = outcome.usage or NO_USAGE
         report = Report(runner.job_id, body, attempt, runner.folder)
-        self._spool(report)
+        if not outcome.kept:
+            # Its folder does not hold it: the spool keeps it until a scheduler has it. One
+            # that its folder holds is spooled only when no scheduler takes it at once
+            # (`_later`); after a crash it is reported from its folder (`_adopt`).
+            self._spool(report)
         # Held before the runner goes, so that every heartbeat lists the job one way or the
         # other until a scheduler has its report.
         self._hold(report, next_try=math.inf)

@@ -1,9 +1,10 @@
-"""The owner of one running job: a small process that outlives the agent.
+"""The owner of a running job: a process apart from the agent, which outlives it.
 
-The agent's spawner forks one owner per job from an interpreter that has this module loaded
-already (`spawner.py`, `run()`); when the spawner does not answer, the agent starts one itself
-(`python -I -S owner.py JOB_DIR`: no site, no package, the standard library only). Either way
-the agent forgets nothing if it dies: the owner, not the agent, is the job's parent. It
+`OwnedJob` is what owning one job means; two kinds of process do it. The agent's spawner
+(`spawner.py`) owns every job it starts; when the spawner does not answer, the agent starts a
+single owner for the job (`python -I -S owner.py JOB_DIR`: no site, no package, the standard
+library only; `run()`). Either way the agent forgets nothing if it dies: the owner, not the
+agent, is the job's parent. It
 
 - starts the job (`sh -c …`, as `spec.json` in JOB_DIR says) in a session and process group of
   its own, its stdout and stderr going straight to the files `stdout` and `stderr` in JOB_DIR
@@ -19,10 +20,11 @@ the agent forgets nothing if it dies: the owner, not the agent, is the job's par
   accounting, which counts every process the job started), kills what the job left in its
   process group and its control group, tells an out-of-memory end (the group's OOM-kill count
   rose) from an ordinary one, removes the control group, and writes `result.json`
-  (atomically, fsynced), the job's final result, which stays until the agent has had the
-  scheduler acknowledge it.
+  (atomically, fsynced, after the output files it points to), the job's final result, which
+  stays until the agent has had the scheduler acknowledge it.
 
-`owner.pid` is created once (`claim`): a second owner started for the same folder ends unused.
+`owner.pid` is created once (`claim`): a second owner started for the same folder ends unused
+(it names the spawner when the spawner owns the job).
 `owner.pid` and `job.pid` hold "pid start-time" (the start time from /proc, in clock ticks since
 boot): a pid is only ever signalled after its start time was checked, so a pid the system has
 since given to another process is never mistaken for the job's.
@@ -58,14 +60,19 @@ _stop_asked = False
 
 def start_time(pid: int) -> int | None:
     """The start time of process `pid` (clock ticks since boot), or None when there is none."""
+    fields = _stat(pid)
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def _stat(pid: int) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command name (the state first), or []."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
-        return None
+        return []
     # The command name (field 2) may hold spaces and parentheses: count from its last ')'.
-    fields = stat.rsplit(b")", 1)[-1].split()
-    return int(fields[19]) if len(fields) > 19 else None
+    return stat.rsplit(b")", 1)[-1].split()
 
 
 def read_pid(folder: str, name: str) -> tuple[int, int] | None:
@@ -79,8 +86,12 @@ def read_pid(folder: str, name: str) -> tuple[int, int] | None:
 
 
 def alive(record: tuple[int, int] | None) -> bool:
-    """Whether the recorded process still runs: the same pid with the same start time."""
-    return record is not None and start_time(record[0]) == record[1]
+    """Whether the recorded process still runs: the same pid with the same start time, and
+    not a zombie (one that ended, not yet reaped by its parent)."""
+    if record is None:
+        return False
+    fields = _stat(record[0])
+    return len(fields) > 19 and fields[0] != b"Z" and int(fields[19]) == record[1]
 
 
 def write_atomically(folder: str, name: str, data: bytes, durable: bool = True) -> None:
@@ -102,6 +113,19 @@ def write_atomically(folder: str, name: str, data: bytes, durable: bool = True) 
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_if_written(path: str) -> None:
+    """fsync a job's output file unless it is empty (most short jobs print nothing)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        if os.fstat(fd).st_size:
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -236,60 +260,117 @@ def _kill_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+class OwnedJob:
+    """One job this process owns: started from its folder's spec (`start`), looked after
+    while it runs (`look`: its stop order, its timeout, the fence), its result written once
+    it ended (`finish`). The single-job owner (`run`) and the spawner, which owns every job
+    it starts, both drive it."""
+
+    def __init__(
+        self,
+        folder: str,
+        spec: dict,
+        group: cgroups.JobGroup | None,
+        pid: int,
+        started: float,
+        oom_before: int | None,
+    ) -> None:
+        self.folder = folder
+        self.group = group
+        self.pid = pid
+        self.started = started
+        self.oom_before = oom_before
+        self.timeout = spec.get("timeout_secs") or 0
+        self.grace = float(spec.get("kill_grace_secs", 10))
+        self.waiter = os.pidfd_open(pid)
+        """Readable once the job has ended."""
+        self.why, self.note = "exit", ""
+        self.kill_at: float | None = None
+        self.killed = False
+
+    @classmethod
+    def start(cls, folder: str) -> OwnedJob | None:
+        """Claim `folder` and start its job; None when the folder has its owner already, or
+        when the job could not start (its result, written here, says so: exit 127)."""
+        if not claim(folder):
+            return None  # the job has its owner: this one ends unused
+        with open(os.path.join(folder, SPEC)) as f:
+            spec = json.load(f)
+        group = cgroups.JobGroup.from_spec(spec.get("cgroup"))
+        oom_before = group.oom_kills() if group is not None else None
+        started = time.monotonic()
+        pid = _spawn(spec, folder, group)
+        if pid is None:  # nothing ran: the code a shell gives a command it cannot run
+            usage = cgroups.usage(0.0, 0.0, 0.0, None)
+            result = {"exit_code": 127, "why": "exit", "note": "", "usage": usage}
+            write_atomically(folder, RESULT, json.dumps(result).encode())
+            return None
+        _record(folder, JOB_PID, pid)
+        return cls(folder, spec, group, pid, started, oom_before)
+
+    def look(self, now: float, stop_asked: bool = False) -> None:
+        """Stop the job when it is asked to (`stop_asked`, or a `stop` file), when its
+        timeout or the fence has passed; SIGKILL it once the grace after that is over."""
+        if self.kill_at is None:
+            folder = self.folder
+            if stop_asked or os.path.exists(os.path.join(folder, STOP)):
+                self.why, self.note = "stopped", _read_text(folder, STOP) or ""
+            elif self.timeout and now - self.started >= self.timeout:
+                self.why, self.note = "timeout", ""
+            elif _fence_passed(folder, now):
+                self.why = "fenced"
+                self.note = (
+                    "\n[tiny-scheduler agent: stopped: no word from the scheduler in time]\n"
+                )
+            if self.why != "exit":
+                _kill_group(self.pid, signal.SIGTERM)
+                self.kill_at = now + self.grace
+        elif not self.killed and now >= self.kill_at:
+            _kill_group(self.pid, signal.SIGKILL)
+            self.killed = True
+
+    def finish(self) -> None:
+        """Once the job has ended (`waiter` readable): collect it, end what it left behind,
+        and write its result."""
+        os.close(self.waiter)
+        _, status, rusage = os.wait4(self.pid, 0)
+        wall = time.monotonic() - self.started
+        _kill_group(self.pid, signal.SIGKILL)  # what the job left behind in its group ends with it
+        code = os.waitstatus_to_exitcode(status)
+        exit_code = 128 - code if code < 0 else code  # killed by signal N: 128 + N
+        group, why = self.group, self.why
+        if group is not None:
+            # Also what left the job's process group (a daemon it started): the group holds it.
+            group.kill_all()
+            if why == "exit" and cgroups.out_of_memory(
+                self.oom_before, group.oom_kills(), exit_code
+            ):
+                why = "out_of_memory"
+        usage = cgroups.usage(
+            wall, rusage.ru_utime + rusage.ru_stime, rusage.ru_maxrss / 1024, group
+        )
+        if group is not None:
+            group.remove()  # when it cannot be yet, the agent tries again with the job's folder
+        result = {"exit_code": exit_code, "why": why, "note": self.note, "usage": usage}
+        # The result is the job's outcome on this node until a scheduler has it: what it
+        # printed is made as durable as the result that points to it.
+        for name in (STDOUT, STDERR):
+            _sync_if_written(os.path.join(self.folder, name))
+        write_atomically(self.folder, RESULT, json.dumps(result).encode())
+
+
 def run(folder: str) -> int:
+    """Own the one job in `folder`, as a process of its own, until its result is written."""
     folder = os.path.abspath(folder)  # the owner moves to the job's directory to start it
     signal.signal(signal.SIGTERM, _on_stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    if not claim(folder):
-        return 0  # the job has its owner: this process was a second one, and ends unused
-    with open(os.path.join(folder, SPEC)) as f:
-        spec = json.load(f)
-    group = cgroups.JobGroup.from_spec(spec.get("cgroup"))
-    oom_before = group.oom_kills() if group is not None else None
-    started = time.monotonic()
-    pid = _spawn(spec, folder, group)
-    if pid is None:  # nothing ran: the code a shell gives a command it cannot run
-        usage = cgroups.usage(0.0, 0.0, 0.0, None)
-        result = {"exit_code": 127, "why": "exit", "note": "", "usage": usage}
-        write_atomically(folder, RESULT, json.dumps(result).encode())
+    job = OwnedJob.start(folder)
+    if job is None:
         return 0
-    _record(folder, JOB_PID, pid)
-    timeout = spec.get("timeout_secs") or 0
-    grace = float(spec.get("kill_grace_secs", 10))
-    waiter = os.pidfd_open(pid)
-    why, note, kill_at, killed = "exit", "", None, False
-    while not select.select([waiter], [], [], LOOK_SECS)[0]:
-        now = time.monotonic()
-        if kill_at is None:
-            if _stop_asked or os.path.exists(os.path.join(folder, STOP)):
-                why, note = "stopped", _read_text(folder, STOP) or ""
-            elif timeout and now - started >= timeout:
-                why, note = "timeout", ""
-            elif _fence_passed(folder, now):
-                why = "fenced"
-                note = "\n[tiny-scheduler agent: stopped: no word from the scheduler in time]\n"
-            if why != "exit":
-                _kill_group(pid, signal.SIGTERM)
-                kill_at = now + grace
-        elif not killed and now >= kill_at:
-            _kill_group(pid, signal.SIGKILL)
-            killed = True
-    _, status, rusage = os.wait4(pid, 0)
-    wall = time.monotonic() - started
-    _kill_group(pid, signal.SIGKILL)  # what the job left behind in its group ends with it
-    code = os.waitstatus_to_exitcode(status)
-    exit_code = 128 - code if code < 0 else code  # killed by signal N: 128 + N
-    if group is not None:
-        # Also what left the job's process group (a daemon it started): the group holds it.
-        group.kill_all()
-        if why == "exit" and cgroups.out_of_memory(oom_before, group.oom_kills(), exit_code):
-            why = "out_of_memory"
-    usage = cgroups.usage(wall, rusage.ru_utime + rusage.ru_stime, rusage.ru_maxrss / 1024, group)
-    if group is not None:
-        group.remove()  # when it cannot be yet, the agent tries again with the job's folder
-    result = {"exit_code": exit_code, "why": why, "note": note, "usage": usage}
-    write_atomically(folder, RESULT, json.dumps(result).encode())
+    while not select.select([job.waiter], [], [], LOOK_SECS)[0]:
+        job.look(time.monotonic(), _stop_asked)
+    job.finish()
     return 0
 
 

@@ -1,10 +1,11 @@
 """The agent's reports: a running job's live output (about once a second, from its first
 second on: a shorter job's output goes only with its report; a 404/405/409 ends that for the
-job), and its final report, spooled (fsynced) before it is sent, sent across
-every URL, retried with backoff while no scheduler answers, and dropped only once a scheduler
-took it or refused it for good (a 4xx such as 409 `stale report`: the job is no longer that
-attempt's). A part of `Agent` (main.py), kept apart because it is one concern: the state it
-shares with the rest is named below.
+job), and its final report, kept by the job's folder (and by the spool, fsynced, when no
+folder holds it or no scheduler takes it at once), sent across every URL, retried with
+backoff while no scheduler answers, and dropped only once a scheduler took it or refused it
+for good (a 4xx such as 409 `stale report`: the job is no longer that attempt's). A part of
+`Agent` (main.py), kept apart because it is one concern: the state it shares with the rest is
+named below.
 """
 
 from __future__ import annotations
@@ -163,6 +164,13 @@ class Reporting:
                 self._delay.pop(report.job_id, None)
 
     def _later(self, report: Report) -> None:
+        with self._lock:
+            if self._held.get(report.job_id) is not report:
+                return
+        if not self.spool.has(report.job_id):
+            # No scheduler took it at once: from now on the spool shows it waiting (and its
+            # folder, when it has one, keeps it whatever becomes of the spool).
+            self._spool(report)
         with self._lock:
             if self._held.get(report.job_id) is not report:
                 return

@@ -2,9 +2,10 @@
 
 Each job gets a folder of its own under `WORK_DIR/jobs/` (`job-7.0.xxxx`: job, attempt, a
 random part). `Runner.start()` prepares the job there (fetches and unpacks a deploy zip when
-it has one), writes what to run into `spec.json`, and starts the job's **owner**
-(`owner.py`), a small process of its own session that starts the job, stops it when told (or
-at its timeout, or at the fence), and writes its result; so the job outlives the agent.
+it has one), writes what to run into `spec.json`, and hands the job to its **owner** (the
+node's spawner, `spawner.py`, or else a single owner, `owner.py`), a process of its own
+session that starts the job, stops it when told (or at its timeout, or at the fence), and
+writes its result; so the job outlives the agent.
 `Runner.adopt()` takes back a job a previous run of the agent started: its owner may still
 run it, or have left its result. `wait()` returns the outcome once the owner is done: the exit
 code, why the job ended, its resource usage, and the tails of its output.
@@ -49,7 +50,7 @@ from .groups import Groups, signal_groups
 from .protocol import PolledJob
 from .resources import Grant, Need, grant_from_spec, grant_to_spec, job_environment
 from .spawner import OWNER_LOG
-from .spawning import Spawner
+from .spawning import Spawned, Spawner
 
 DOWNLOAD_TIMEOUT = (5.0, 60.0)
 """(connect, read) seconds for fetching a `deploy_url` zip."""
@@ -77,7 +78,15 @@ class Outcome:
     stderr: str = ""
     why: str = "exit"  # exit, timeout (its own), out_of_memory, stopped (asked to), fenced
     usage: dict[str, float] | None = None
+    kept: bool = False
+    """Whether the job's folder keeps this outcome on disk (its owner's result, fsynced, and
+    its output), so that the agent's next run reports it from there after a crash; else it
+    is the agent's own (the job never started, or its owner died): only the spool keeps it."""
 
+
+RESULT_LOOK_SECS = 0.25
+"""How often the agent looks for the result of a job it does not hear about (one a previous
+run of the agent started, or whose owner is another process's)."""
 
 NO_USAGE = {"cpu_secs": 0.0, "max_rss_mb": 0.0, "wall_secs": 0.0}
 """The usage of a job that never started (its zip did not download, say)."""
@@ -164,7 +173,7 @@ class Runner:
         self.stdout = OutputFile(os.path.join(folder, owner.STDOUT), max_output_bytes, sent[0])
         self.stderr = OutputFile(os.path.join(folder, owner.STDERR), max_output_bytes, sent[1])
         self._proc: subprocess.Popen[bytes] | None = None  # the owner, when we started it
-        self._owner: tuple[int, int] | None = None  # the owner, when the spawner forked it
+        self._spawned: Spawned | None = None  # the job, when the spawner owns it
         self.live_output = not self.is_service  # false once the scheduler refused it
         # Its output goes live once it has run a while: a short job's goes with its report.
         self.created = time.monotonic()
@@ -221,7 +230,7 @@ class Runner:
         spawner: Spawner | None = None,
     ) -> None:
         """Prepare the job (and its control group, where `limits` has a layout) and start its
-        owner (forked by `spawner` when it answers, else a process of its own); raises
+        owner (`spawner` when it answers, else a single owner of its own); raises
         PrepareError when it cannot start. `fence`: the deadline (monotonic) its owner stops
         it at unless the agent moves it."""
         limits = limits or Limits()
@@ -280,9 +289,8 @@ class Runner:
         # removed, and the scheduler fails the job as lost by its agent, as it would a job
         # whose owner died with the machine.
         owner.write_atomically(self.folder, owner.SPEC, json.dumps(spec).encode(), durable=False)
-        self._owner = spawner.spawn(self.folder) if spawner is not None else None
-        if self._owner is not None:
-            self._groups.add(self._owner[0], self.job_id)
+        self._spawned = spawner.spawn(self.folder) if spawner is not None else None
+        if self._spawned is not None:
             return
         with open(os.path.join(self.folder, OWNER_LOG), "ab") as log:
             self._proc = subprocess.Popen(
@@ -322,20 +330,24 @@ class Runner:
         if self._proc is not None:
             self._proc.wait()
             self._groups.remove(self._proc.pid)
-        # Also after our own owner ended: it may have found the job claimed by one the
-        # spawner forked too late (`owner.claim`), which is the one that runs it.
-        _wait_for(self._owner or owner.read_pid(self.folder, owner.OWNER_PID))
-        if self._owner is not None:
-            self._groups.remove(self._owner[0])
-        result = read_result(self.folder)
+        if self._spawned is not None:
+            done, self._spawned = self._spawned.done, None
+            try:
+                select.select([done], [], [])  # closed: the result is written
+            finally:
+                os.close(done)
+        # Also after our own owner ended: it may have found the job claimed by the spawner,
+        # answering too late (`owner.claim`), which is the one that runs it.
+        result = _wait_for_result(self.folder)
+        kept = result is not None
         if result is None:
             result = self._owner_died()
         code, why = result.get("exit_code", -1), result.get("why", "exit")
         usage = result.get("usage") if isinstance(result.get("usage"), dict) else NO_USAGE
         if self.is_service:
-            return Outcome(code, why=why, usage=usage)
+            return Outcome(code, why=why, usage=usage, kept=kept)
         stderr = self.stderr.text() + (result.get("note") or "")
-        return Outcome(code, self.stdout.text(), stderr, why, usage)
+        return Outcome(code, self.stdout.text(), stderr, why, usage, kept)
 
     def _owner_died(self) -> dict[str, Any]:
         """The result of a job whose owner died before it wrote one (or never started):
@@ -448,24 +460,26 @@ def _read_sent(folder: str) -> tuple[int, int]:
         return 0, 0
 
 
-def _wait_for(record: tuple[int, int] | None) -> None:
-    """Wait until the recorded process (not our child) has ended; at once when it has, or
-    when the pid now belongs to another process."""
-    if not owner.alive(record):
-        return
-    assert record is not None
-    try:
-        handle = os.pidfd_open(record[0])
-    except OSError:
-        return  # gone meanwhile
-    try:
-        # The start time is checked again: the pid may have been reused between the look and
-        # the pidfd_open.
-        if owner.start_time(record[0]) != record[1]:
-            return
-        select.select([handle], [], [])
-    finally:
-        os.close(handle)
+def _wait_for_result(folder: str) -> dict[str, Any] | None:
+    """The job's result, once its owner wrote it; None when the owner (as `owner.pid`
+    records it: a single owner, or a spawner that owns other jobs too) ended without one."""
+    while True:
+        result = read_result(folder)
+        record = owner.read_pid(folder, owner.OWNER_PID)
+        if result is not None or not owner.alive(record):
+            return result if result is not None else read_result(folder)
+        assert record is not None
+        try:
+            handle = os.pidfd_open(record[0])
+        except OSError:
+            continue  # gone meanwhile: the next look says whether it left a result
+        try:
+            # The start time is checked again: the pid may have been reused between the look
+            # and the pidfd_open. A spawner ends only with its last job: look again in a while.
+            if owner.start_time(record[0]) == record[1]:
+                select.select([handle], [], [], RESULT_LOOK_SECS)
+        finally:
+            os.close(handle)
 
 
 def _whole_characters(data: bytes) -> int:

@@ -1,28 +1,39 @@
-"""The spawner: one long-lived process per agent that forks a ready owner for each job.
+"""The spawner: one long-lived process per agent that starts and owns the node's jobs.
 
-Starting an owner as a fresh interpreter (`python -I -S owner.py JOB_DIR`) costs more CPU than
-the owner's whole work for a short job: the interpreter's start, its imports, compiling the
-file. The spawner pays that once: the agent starts it like an owner (`python -I -S
-spawner.py FD`, the standard library only, in a session of its own), with `owner` already
-imported, and for each job writes the job's folder (one line) on FD, a stream socket the
-agent holds the other end of. The spawner forks; the child becomes exactly the owner that
-`owner.py` is when started on its own (`become_owner`): a session of its own, no descriptor
-of the spawner's, the signal dispositions of a fresh interpreter, its output to `owner.log`
-in the folder. The spawner answers with the child's "pid start-time" (or "0 0" when it could
-not fork) and reaps its children as they end.
+An owner process per job (`owner.py` run on its own) costs more CPU than a short job's whole
+run: an interpreter forked (or started) for it, its pages copied as it touches them, torn
+down again. The spawner owns every job it starts instead: the agent starts it like an owner
+(`python -I -S spawner.py FD JOBS_DIR`, the standard library only, in a session of its own)
+and for each job writes the job's folder (one line) on FD, a stream socket the agent holds
+the other end of. The spawner starts the job as `owner.OwnedJob` does for a single owner (it
+claims the folder in `owner.pid`, so a single owner the agent started for the same folder
+ends unused), looks after it (its stop order, its timeout, the fence) and writes its result,
+exactly as a single owner would.
 
-The owners do not depend on the spawner: one that dies (or is killed) leaves them running, as
-an agent that dies does. The spawner ends when the agent does: its end of the socket reads
-as closed. Its argv names no job: only a job's `sh -c` carries the job's command line.
+Its answer is its own "pid start-time" with, passed along it (SCM_RIGHTS), the read end of a
+pipe whose write end the spawner closes once the job's result is written: the agent waits on
+that. "0 0" and no pipe mean it took nothing (the agent then starts a single owner itself).
+
+It outlives its agent, as an owner does: when the agent's end of the socket closes (the agent
+died, or replaced it), the spawner takes no more jobs, and ends once the jobs it owns have
+ended and their results are written. A SIGTERM (the agent's way of saying "a stop order is
+in a job's folder") only makes it look at its jobs at once. Its own faults go to its log
+(the agent's `spawner.log`); one job's fault ends that job's care, never the others'.
+
+The price of one owner for many jobs: a spawner that dies (SIGKILL) takes the ownership of
+its running jobs with it; the agent then ends them as jobs whose owner died, as it does for a
+single owner's death. Its argv names no job: only a job's `sh -c` carries its command line.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
+import select
 import signal
+import socket
 import sys
+import time
+import traceback
 
 if __package__:
     from . import owner
@@ -31,84 +42,115 @@ else:  # run as a script (`python -I -S spawner.py`): its modules are the files 
     import owner  # type: ignore[no-redef]
 
 OWNER_LOG = "owner.log"
-"""File in a job's folder: what its owner printed (its own faults, never the job's output)."""
+"""File in a job's folder: what a single owner printed (its own faults, never the job's)."""
 
 NO_CHILD = b"0 0\n"
 
 
+class _Jobs:
+    """The jobs this spawner owns, by the descriptor that reads ready when each ends."""
+
+    def __init__(self) -> None:
+        self.owned: dict[int, tuple[owner.OwnedJob, int]] = {}  # waiter -> (job, pipe's end)
+
+    def start(self, folder: str) -> int | None:
+        """Start the job in `folder`; the read end of its pipe (closed on our side once its
+        result is written: at once when it could not start, or had its owner already), or
+        None when this spawner fails (the agent then starts a single owner)."""
+        try:
+            job = owner.OwnedJob.start(folder)
+        except Exception:
+            traceback.print_exc()
+            return None
+        finally:
+            # The job's own directory was this process's to start it in (posix_spawn takes
+            # none): leave it, so that nothing of ours holds a job's folder, nor passes for
+            # one of the job's processes (they work in it).
+            os.chdir("/")
+        done_read, done_write = os.pipe()
+        if job is None:
+            os.close(done_write)  # its result is there already, or it is another owner's
+        else:
+            self.owned[job.waiter] = (job, done_write)
+        return done_read
+
+    def end(self, waiter: int) -> None:
+        job, done_write = self.owned.pop(waiter)
+        try:
+            job.finish()
+        except Exception:
+            traceback.print_exc()  # no result: the agent ends it as a job whose owner died
+        finally:
+            os.close(done_write)
+
+    def look(self) -> None:
+        now = time.monotonic()
+        for job, _ in list(self.owned.values()):
+            try:
+                job.look(now)
+            except Exception:
+                traceback.print_exc()
+
+
 def serve(channel: int, jobs_dir: str) -> int:
-    """Fork an owner for each folder the agent names on the socket `channel` (a descriptor:
-    plain reads and writes need no `socket` module, nor the pages it takes in every owner),
-    until the agent closes its end."""
-    signal.signal(signal.SIGCHLD, _reap)
-    # Ctrl-C or a hangup meant for the agent's terminal is not ours: the agent ends us.
+    """Start and own a job for each folder the agent names on the socket `channel` (a
+    descriptor) until the agent closes its end, then until the jobs owned have ended."""
+    # Ctrl-C or a hangup meant for the agent's terminal is not ours.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    woken, wake = os.pipe()
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake)
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the wakeup says it
+    os.set_inheritable(channel, False)  # no job holds the agent's socket
+    agent: socket.socket | None = socket.socket(fileno=channel)
     jobs_dir = os.path.realpath(jobs_dir) + os.sep
-    # What is loaded now, the garbage collector of each owner leaves alone: it would touch,
-    # and so copy, pages the owner otherwise shares with the spawner.
-    gc.freeze()
+    jobs = _Jobs()
+    os.chdir("/")
     pending = b""
-    while True:
-        chunk = os.read(channel, 4096)
-        if not chunk:
-            return 0  # the agent is gone (or replaced us): the owners run on without us
-        pending += chunk
-        while b"\n" in pending:
-            line, pending = pending.split(b"\n", 1)
-            folder = os.fsdecode(line)
-            # Only the agent holds the other end; still, nothing outside its jobs is run.
-            if not os.path.realpath(folder).startswith(jobs_dir):
-                os.write(channel, NO_CHILD)
-                continue
-            os.write(channel, _fork_owner(folder, channel))  # a few bytes: written whole
+    next_look = time.monotonic() + owner.LOOK_SECS
+    while agent is not None or jobs.owned:
+        watched = [woken, *jobs.owned] + ([agent.fileno()] if agent is not None else [])
+        wait = max(0.0, next_look - time.monotonic())
+        ready = select.select(watched, [], [], wait)[0]
+        look_now = False
+        for fd in ready:
+            if fd == woken:
+                os.read(woken, 512)
+                look_now = True
+            elif agent is not None and fd == agent.fileno():
+                chunk = agent.recv(4096)
+                if not chunk:
+                    agent.close()  # the agent is gone (or replaced us): no more jobs
+                    agent = None
+                    continue
+                pending += chunk
+                try:
+                    while b"\n" in pending:
+                        line, pending = pending.split(b"\n", 1)
+                        _answer(agent, jobs, os.fsdecode(line), jobs_dir)
+                except OSError:
+                    agent.close()  # it went away between asking and our answer
+                    agent = None
+            elif fd in jobs.owned:
+                jobs.end(fd)
+        if look_now or time.monotonic() >= next_look:
+            jobs.look()
+            next_look = time.monotonic() + owner.LOOK_SECS
+    return 0
 
 
-def _fork_owner(folder: str, channel: int) -> bytes:
+def _answer(agent: socket.socket, jobs: _Jobs, folder: str, jobs_dir: str) -> None:
+    # Only the agent holds the other end; still, nothing outside its jobs is run.
+    done = jobs.start(folder) if os.path.realpath(folder).startswith(jobs_dir) else None
+    if done is None:
+        agent.sendall(NO_CHILD)
+        return
     try:
-        pid = os.fork()
-    except OSError:
-        return NO_CHILD  # the agent starts this one as a process of its own
-    if pid == 0:
-        become_owner(folder, channel)
-    # A child is reaped only by _reap, after this look: until then it is at worst a zombie,
-    # whose start time still reads.
-    return f"{pid} {owner.start_time(pid) or 0}\n".encode()
-
-
-def become_owner(folder: str, channel: int) -> None:
-    """In the forked child: shed what is the spawner's, then run the job's owner; never
-    returns."""
-    code = 1
-    try:
-        # First: our reaper would otherwise take the job's exit status from the owner's wait4.
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
-        os.setsid()
-        os.close(channel)
-        log = os.open(
-            os.path.join(folder, OWNER_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
-        )
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(null)
-        os.close(log)
-        code = owner.run(folder)
-    except BaseException:
-        with contextlib.suppress(BaseException):
-            sys.excepthook(*sys.exc_info())  # the interpreter's own traceback, to owner.log
-            sys.stderr.flush()
+        me = os.getpid()
+        socket.send_fds(agent, [f"{me} {owner.start_time(me) or 0}\n".encode()], [done])
     finally:
-        os._exit(code)
-
-
-def _reap(signum: int, frame: object) -> None:
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
+        os.close(done)
 
 
 if __name__ == "__main__":

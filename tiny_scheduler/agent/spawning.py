@@ -1,12 +1,13 @@
 """The agent's side of its spawner (`spawner.py`): start it, ask it for owners, replace it.
 
-`Spawner.spawn(folder)` asks the spawner to fork the owner of the job whose spec is in
-`folder` and returns the owner's (pid, start time), or None when no owner came of it in
-`timeout_secs`: the spawner is dead, hung, or could not fork. Then the caller starts the owner
-as a process of its own, as without a spawner, so that no job is lost to a spawner's fault;
-and a spawner that did not answer is killed, a new one taking its place at the next job. An
-owner the old one forked late loses nothing either: the first owner to claim a folder
-(`owner.claim`) runs its job, a second ends unused.
+`Spawner.spawn(folder)` asks the spawner to start and own the job whose spec is in `folder`
+and returns a `Spawned`: the spawner's (pid, start time) and the descriptor that reads as
+closed once the job's result is written (or the spawner died); or None when the spawner did
+not take the job within `timeout_secs`: it is dead, hung, or failed. Then the caller starts a
+single owner as a process of its own, so that no job is lost to a spawner's fault; and a
+spawner that did not answer is killed, a new one taking its place at the next job (its
+running jobs end as jobs whose owner died). A job the old one started late loses nothing
+either: the first owner to claim a folder (`owner.claim`) runs its job, a second ends unused.
 
 `spawner.pid` in the work directory names the live spawner ("pid start-time"), for whoever
 measures or inspects the node.
@@ -21,6 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
+from typing import NamedTuple
 
 from . import owner, spawner
 
@@ -32,9 +34,18 @@ PID_FILE = "spawner.pid"
 log = logging.getLogger("tiny_scheduler.agent")
 
 
+class Spawned(NamedTuple):
+    """A job the spawner took: its owner (the spawner: pid, start time) and `done`, a
+    descriptor (the caller's to close) that reads as closed once the job's result is written."""
+
+    pid: int
+    started: int
+    done: int
+
+
 class Spawner:
     """One agent's spawner process; safe to use from several threads (one request at a
-    time: a fork takes about a millisecond)."""
+    time: a job's start takes well under a millisecond)."""
 
     def __init__(self, work_dir: str, timeout_secs: float = SPAWN_TIMEOUT_SECS) -> None:
         self.work_dir = work_dir
@@ -55,24 +66,29 @@ class Spawner:
         with self._lock:
             self._ensure()
 
-    def spawn(self, folder: str) -> tuple[int, int] | None:
-        """The (pid, start time) of the owner forked for `folder`, or None (see the module)."""
+    def spawn(self, folder: str) -> Spawned | None:
+        """The job in `folder`, as the spawner took it, or None (see the module)."""
         with self._lock:
             channel = self._ensure()
             if channel is None:
                 return None
             try:
                 channel.sendall(os.fsencode(folder) + b"\n")
-                reply = _read_line(channel)
+                reply, fds = _read_answer(channel)
                 pid, started = (int(part) for part in reply.split())
             except (OSError, ValueError) as exc:
                 log.warning("the spawner did not answer (%s): starting a new one", exc)
                 self._end(kill=True)
                 return None
-            return (pid, started) if pid > 0 else None
+            if pid > 0 and len(fds) == 1:
+                return Spawned(pid, started, fds[0])
+            for fd in fds:
+                os.close(fd)
+            return None
 
     def close(self) -> None:
-        """End the spawner (the owners it forked run on)."""
+        """Let the spawner go: it takes no more jobs, and ends once the jobs it owns have
+        ended (at once when it owns none)."""
         with self._lock:
             self._end(kill=False)
 
@@ -114,28 +130,31 @@ class Spawner:
 
     def _end(self, kill: bool) -> None:
         if self._channel is not None:
-            self._channel.close()  # the spawner reads the end of its input, and ends
+            self._channel.close()  # the spawner reads the end of its input
             self._channel = None
         proc, self._proc = self._proc, None
         if proc is None:
             return
         if kill:
-            proc.kill()
-        try:
-            proc.wait(self.timeout_secs)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            proc.kill()  # it did not answer: its jobs end as jobs whose owner died
             proc.wait()
+        else:
+            # It may own jobs for hours yet: reaped whenever it ends.
+            threading.Thread(target=proc.wait, name="spawner-reaper", daemon=True).start()
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(self.work_dir, PID_FILE))
 
 
-def _read_line(channel: socket.socket) -> bytes:
-    """One answer; the channel's timeout bounds each read."""
-    reply = b""
+def _read_answer(channel: socket.socket) -> tuple[bytes, list[int]]:
+    """One answer and the descriptors passed with it; the channel's timeout bounds each
+    read."""
+    reply, fds = b"", []
     while not reply.endswith(b"\n"):
-        chunk = channel.recv(64)
+        chunk, more, _, _ = socket.recv_fds(channel, 64, 1, socket.MSG_CMSG_CLOEXEC)
+        fds += more
         if not chunk:
+            for fd in fds:
+                os.close(fd)
             raise OSError("the spawner closed its end")
         reply += chunk
-    return reply
+    return reply, fds
