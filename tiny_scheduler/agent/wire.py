@@ -12,6 +12,14 @@ caller's to judge.
 It also counts the calls that reached no scheduler (`outages`): the agent compares the count
 from before a job started with the one after it ended, to know whether the scheduler may have
 given up on the job meanwhile.
+
+The calls go over `plain_http.Pool`'s kept connections wherever it can carry them (plain
+`http://`, no proxy in the environment): through `requests` and urllib3, a job's few calls (a
+claim, a report, heartbeats) took a large share of the agent's CPU for the job, and a kept
+connection also spares each call a connect. A TLS or proxied URL goes through a `requests`
+session. Either way a call's reply is a `Reply`, which
+answers what the agent asks of one (`status_code`, `ok`, `text`, `content`, `headers`,
+`json()`).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from urllib.parse import urljoin
 
 import requests
 
+from .. import plain_http
 from ..client import session
 
 TIMEOUT = (1.0, 3.0)
@@ -41,6 +50,9 @@ MAX_REDIRECTS = 3
 
 _MOVED = (307, 308)
 
+Reply = requests.Response | plain_http.Reply
+"""A scheduler's answer, from whichever transport carried the call."""
+
 
 class Unreachable(Exception):
     """No scheduler URL gave an answer."""
@@ -53,7 +65,10 @@ class Wire:
         if not urls:
             raise ValueError("no scheduler URL")
         self.urls = [url.rstrip("/") for url in urls]
-        self._session = session(self.urls[0], key)
+        self._key = key
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._pool = plain_http.Pool()
+        self._session: requests.Session | None = None  # made when a URL needs `requests`
         self._lock = threading.Lock()
         self._first = 0  # index of the URL that answered last
         self.outages = 0  # calls that reached no scheduler, since start
@@ -66,18 +81,20 @@ class Wire:
         json: Any = None,
         params: dict[str, str] | None = None,
         timeout: tuple[float, float] = TIMEOUT,
-    ) -> requests.Response:
+    ) -> Reply:
         """One request, to the first URL that answers; raises Unreachable when none does."""
         with self._lock:
             first = self._first
         order = [(first + step) % len(self.urls) for step in range(len(self.urls))]
-        waiting: requests.Response | None = None
+        waiting: Reply | None = None
         problem = "no URL"
         for index in order:
             try:
                 reply = self._send(method, self.urls[index] + path, json, params, timeout)
-            except requests.RequestException as exc:
-                problem = f"{self.urls[index]}: {type(exc).__name__}"
+            except (plain_http.NoAnswer, requests.RequestException) as exc:
+                # NoAnswer says in a line what failed; a requests error's text is a paragraph.
+                said = exc if isinstance(exc, plain_http.NoAnswer) else type(exc).__name__
+                problem = f"{self.urls[index]}: {said}"
                 continue
             if reply.status_code == 503 and reply.text.strip() == "no leader":
                 waiting = reply  # a standby in a takeover: another URL may lead already
@@ -98,11 +115,9 @@ class Wire:
         json: Any,
         params: dict[str, str] | None,
         timeout: tuple[float, float],
-    ) -> requests.Response:
+    ) -> Reply:
         for _ in range(MAX_REDIRECTS + 1):
-            reply = self._session.request(
-                method, url, json=json, params=params, timeout=timeout, allow_redirects=False
-            )
+            reply = self._one(method, url, json, params, timeout)
             location = reply.headers.get("Location")
             if reply.status_code not in _MOVED or not location:
                 return reply
@@ -110,5 +125,28 @@ class Wire:
             url, params = urljoin(url, location), None
         return reply
 
+    def _one(
+        self,
+        method: str,
+        url: str,
+        json: Any,
+        params: dict[str, str] | None,
+        timeout: tuple[float, float],
+    ) -> Reply:
+        if plain_http.usable_for(url):
+            return self._pool.request(
+                method, url, timeout=timeout, headers=self._headers, json=json, params=params
+            )
+        with self._lock:
+            if self._session is None:
+                self._session = session(self.urls[0], self._key)
+            made = self._session
+        return made.request(
+            method, url, json=json, params=params, timeout=timeout, allow_redirects=False
+        )
+
     def close(self) -> None:
-        self._session.close()
+        self._pool.close()
+        with self._lock:
+            if self._session is not None:
+                self._session.close()
