@@ -15,6 +15,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +29,7 @@ from test_agent_process import AgentProcess, ended
 from tiny_scheduler.agent import owner
 from tiny_scheduler.agent.groups import Groups
 from tiny_scheduler.agent.protocol import PolledJob
-from tiny_scheduler.agent.runner import Runner
+from tiny_scheduler.agent.runner import Limits, Runner
 from tiny_scheduler.agent.spawning import PID_FILE, Spawner
 
 
@@ -276,3 +277,28 @@ def dead(pid: int) -> bool:
 
 def status_of(api: Api, job_id: str) -> str:
     return api.get(f"/jobs/{job_id}").json()["status"]
+
+
+def test_the_node_fence_stops_every_job_whose_owner_reads_it(
+    work_dir: Path, spawner: Spawner
+) -> None:
+    """The node's fence is one file's modification time: moved on, jobs run; passed, each
+    job is stopped as fenced; absent, no job is."""
+    fence = str(work_dir / "fence")
+    owner.write_node_fence(fence, time.monotonic() + 60)
+    assert abs(owner.read_node_fence(fence) - (time.monotonic() + 60)) < 1  # type: ignore[operator]
+    limits = Limits(fence_file=fence)
+    go, command = gate(work_dir)
+    fenced = [new_runner(work_dir, command, number) for number in (1, 2)]
+    for runner in fenced:
+        runner.start(0, 0.5, None, limits, spawner)
+        wait_for(lambda r=runner: owner.read_pid(r.folder, owner.JOB_PID), message="a start")
+    owner.write_node_fence(fence, time.monotonic() - 1)
+    for runner in fenced:
+        assert runner.wait().why == "fenced"
+    owner.write_node_fence(fence, None)
+    assert owner.read_node_fence(fence) is None
+    free = new_runner(work_dir, "echo free", 3)
+    free.start(0, 0.5, None, limits, spawner)
+    assert (free.wait().why, free.wait().stdout) == ("exit", "free\n")
+    go.touch()

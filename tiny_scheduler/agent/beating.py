@@ -14,11 +14,14 @@ scheduler that does not wait (its answer has no `jobs`) is polled instead, every
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
 
 from ..domain import fencing
+from . import owner
 from .config import AgentConfig
 from .heartbeat import Beat, Facts, beat
 from .protocol import PolledJob
@@ -54,6 +57,7 @@ class Heartbeating:
     _drain_flag: bool  # the last heartbeat reply's `drain`
     _fence_secs: float | None  # known once a heartbeat answer says enough
     _fence_deadline: float | None  # monotonic; None: no fence (yet)
+    fence_file: str  # the node's fence, which every job's owner reads
     _job_timeout_secs: float
     _other_agent: str  # the scheduler's 409: another agent serves this node
     _beat_status: int  # the heartbeat's last answer, to log changes only
@@ -197,7 +201,13 @@ class Heartbeating:
         """After a heartbeat the leader answered: the fence moves on, counted from when the
         heartbeat was sent (the answer is no older than that)."""
         if result.node_lost_secs is None:
-            return  # a scheduler from before fencing: it waits NODE_LOST_SECS alone
+            # A scheduler from before fencing: it waits NODE_LOST_SECS alone. No fence, then:
+            # not even one an earlier run of the agent left.
+            if self._fence_deadline is not None or os.path.exists(self.fence_file):
+                self._fence_deadline = None
+                with contextlib.suppress(OSError):
+                    owner.write_node_fence(self.fence_file, None)
+            return
         self._scheduler_fences = True
         period = result.heartbeat_secs or self._heartbeat_secs
         asked = self.config.fence_secs
@@ -215,8 +225,12 @@ class Heartbeating:
             log.info("fence: the jobs stop when no heartbeat is answered for %gs", fence)
         self._fence_secs = fence
         self._fence_deadline = sent_at + fence
+        try:
+            owner.write_node_fence(self.fence_file, self._fence_deadline)
+        except OSError as exc:
+            log.warning("cannot move the node's fence on (%s)", exc)
         for runner in self._live():
-            runner.renew_fence(self._fence_deadline)
+            runner.renew_fence(self._fence_deadline)  # a job whose owner has a fence of its own
 
     def _obey_stops(self, job_ids: tuple[str, ...]) -> None:
         with self._lock:

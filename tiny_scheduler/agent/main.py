@@ -86,6 +86,10 @@ stay in the spool)."""
 FLUSH_TIMEOUT = (2.0, 5.0)
 """(connect, read) seconds per call while flushing at exit."""
 
+FENCE_FILE = "fence"
+"""File in the work directory: the node's fence (`owner.write_node_fence`), which the agent
+moves on after every heartbeat the leader answers, and every job's owner reads."""
+
 AGENT_ID_FILE = "agent_id"
 """File in the work directory: this agent's id, the same across its restarts."""
 
@@ -151,6 +155,7 @@ class Agent(Reporting, Heartbeating):
         )
         self.ledger = resources.Ledger(self.capacity)  # under self._lock
         self._unfit: set[str] = set()  # polled jobs said not to fit (said once each)
+        self.fence_file = os.path.join(config.work_dir, FENCE_FILE)
         self.limits, self.enforcement = self._enforcement()
 
     def _enforcement(self) -> tuple[Limits, str]:
@@ -158,13 +163,13 @@ class Agent(Reporting, Heartbeating):
         prefix = f"tiny-scheduler.{self.agent_id}."
         if not self.config.enforce:
             log.info("enforcement: none (--enforcement none)")
-            return Limits(None, prefix, self.capacity.gpus), cgroups.NONE
+            return Limits(None, prefix, self.capacity.gpus, self.fence_file), cgroups.NONE
         layout, why = cgroups.detect(prefix + "probe")
         if layout is None:
             log.warning("enforcement: none: %s; jobs run without limits", why)
-            return Limits(None, prefix, self.capacity.gpus), cgroups.NONE
+            return Limits(None, prefix, self.capacity.gpus, self.fence_file), cgroups.NONE
         log.info("enforcement: %s (%s)", layout.version, layout.describe())
-        return Limits(layout, prefix, self.capacity.gpus), layout.version
+        return Limits(layout, prefix, self.capacity.gpus, self.fence_file), layout.version
 
     # --- lifecycle --------------------------------------------------------------------------
 

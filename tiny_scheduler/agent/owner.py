@@ -163,7 +163,35 @@ def _read_text(folder: str, name: str) -> str | None:
         return None
 
 
+def write_node_fence(path: str, deadline: float | None) -> None:
+    """Set the node's fence (the file at `path`, in the agent's work directory) to `deadline`
+    on the monotonic clock; None: the node has no fence. The deadline is the file's
+    modification time: changing it is one atomic update of an inode the file keeps, where a
+    file written anew after every heartbeat would make (and delete) an inode each time."""
+    if deadline is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    stamp = int(deadline * 1e9)
+    try:
+        os.utime(path, ns=(stamp, stamp))
+    except FileNotFoundError:
+        # Until the time is set, the new file's is the wall clock's now: on the monotonic
+        # clock, far in the future, so nothing is stopped before the line below.
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        os.utime(path, ns=(stamp, stamp))
+
+
+def read_node_fence(path: str) -> float | None:
+    """The node's fence deadline (monotonic), or None when the node has none."""
+    try:
+        return os.stat(path).st_mtime_ns / 1e9
+    except OSError:
+        return None
+
+
 def _fence_passed(folder: str, now: float) -> bool:
+    """A job folder's own fence (from an agent before the node-wide one): its text."""
     text = _read_text(folder, FENCE)
     try:
         return text is not None and now > float(text)
@@ -281,6 +309,7 @@ class OwnedJob:
         self.started = started
         self.oom_before = oom_before
         self.timeout = spec.get("timeout_secs") or 0
+        self.node_fence: str | None = spec.get("node_fence")  # else the folder's own
         self.grace = float(spec.get("kill_grace_secs", 10))
         self.waiter = os.pidfd_open(pid)
         """Readable once the job has ended."""
@@ -317,7 +346,7 @@ class OwnedJob:
                 self.why, self.note = "stopped", _read_text(folder, STOP) or ""
             elif self.timeout and now - self.started >= self.timeout:
                 self.why, self.note = "timeout", ""
-            elif _fence_passed(folder, now):
+            elif self._fence_passed(now):
                 self.why = "fenced"
                 self.note = (
                     "\n[tiny-scheduler agent: stopped: no word from the scheduler in time]\n"
@@ -328,6 +357,12 @@ class OwnedJob:
         elif not self.killed and now >= self.kill_at:
             _kill_group(self.pid, signal.SIGKILL)
             self.killed = True
+
+    def _fence_passed(self, now: float) -> bool:
+        if self.node_fence is None:
+            return _fence_passed(self.folder, now)
+        deadline = read_node_fence(self.node_fence)
+        return deadline is not None and now > deadline
 
     def finish(self) -> None:
         """Once the job has ended (`waiter` readable): collect it, end what it left behind,

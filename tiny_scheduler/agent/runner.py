@@ -95,11 +95,13 @@ NO_USAGE = {"cpu_secs": 0.0, "max_rss_mb": 0.0, "wall_secs": 0.0}
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """What the node gives every job: where job groups go (None: enforcement `none`), the
-    prefix of their names (the agent's), and how many GPUs the node has."""
+    prefix of their names (the agent's), how many GPUs the node has, and the node's fence
+    file (`owner.write_node_fence`; None: each job's folder has a fence of its own)."""
 
     layout: cgroups.Layout | None = None
     group_prefix: str = "tiny-scheduler."
     node_gpus: int = 0
+    fence_file: str | None = None
 
 
 class OutputFile:
@@ -174,6 +176,7 @@ class Runner:
         self.stderr = OutputFile(os.path.join(folder, owner.STDERR), max_output_bytes, sent[1])
         self._proc: subprocess.Popen[bytes] | None = None  # the owner, when we started it
         self._spawned: Spawned | None = None  # the job, when the spawner owns it
+        self.node_fenced = False  # its owner reads the node's fence, which the agent moves
         self.live_output = not self.is_service  # false once the scheduler refused it
         # Its output goes live once it has run a while: a short job's goes with its report.
         self.created = time.monotonic()
@@ -215,6 +218,7 @@ class Runner:
         grant = grant_from_spec(spec.get("grant"), job.job_type == "service")
         runner = cls(job, spec.get("attempt"), node_id, folder, groups, max_output_bytes, grant)
         runner.group = cgroups.JobGroup.from_spec(spec.get("cgroup"))
+        runner.node_fenced = isinstance(spec.get("node_fence"), str)
         return runner
 
     @property
@@ -232,7 +236,7 @@ class Runner:
         """Prepare the job (and its control group, where `limits` has a layout) and start its
         owner (`spawner` when it answers, else a single owner of its own); raises
         PrepareError when it cannot start. `fence`: the deadline (monotonic) its owner stops
-        it at unless the agent moves it."""
+        it at unless the agent moves it (without a node fence file in `limits`)."""
         limits = limits or Limits()
         argv, cwd = self._prepare(os.path.join(self.folder, "work"))
         env = {**os.environ, "TINY_NODE_ID": self.node_id, "TINY_JOB_ID": self.job_id}
@@ -250,7 +254,9 @@ class Runner:
             except OSError as exc:
                 raise PrepareError(f"cannot make the job's cgroup: {exc}") from None
         try:
-            self._start_owner(argv, cwd, env, timeout_secs, kill_grace_secs, fence, spawner)
+            self._start_owner(
+                argv, cwd, env, timeout_secs, kill_grace_secs, fence, limits.fence_file, spawner
+            )
         except BaseException:
             if self.group is not None:
                 self.group.remove()  # nothing of the job ran in it
@@ -264,6 +270,7 @@ class Runner:
         timeout_secs: float,
         kill_grace_secs: float,
         fence: float | None,
+        node_fence: str | None,
         spawner: Spawner | None,
     ) -> None:
         job = self.job
@@ -280,7 +287,9 @@ class Runner:
             "request": {"cpus": job.cpus, "memory_mb": job.memory_mb, "gpus": job.gpus},
             "grant": grant_to_spec(self.grant),
             "cgroup": self.group.to_spec() if self.group is not None else None,
+            "node_fence": node_fence,
         }
+        self.node_fenced = node_fence is not None
         if fence is not None:
             self.renew_fence(fence)
         # Not fsynced (two fsyncs, ~16 ms, on every job's path to its start): the spec is
@@ -392,8 +401,11 @@ class Runner:
                 os.kill(record[0], signal.SIGTERM)
 
     def renew_fence(self, deadline: float) -> None:
-        """Move the fence on: the owner stops the job once the monotonic clock passes
-        `deadline`. Not fsynced: after a crash of the machine nothing of the job runs."""
+        """Move the job's own fence on (a job whose owner reads the node's fence, which the
+        agent moves for all, has none): the owner stops the job once the monotonic clock
+        passes `deadline`. Not fsynced: after a crash of the machine nothing of the job runs."""
+        if self.node_fenced:
+            return
         path = os.path.join(self.folder, owner.FENCE)
         with contextlib.suppress(OSError):
             with open(path + ".tmp", "w") as f:
