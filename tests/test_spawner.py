@@ -26,7 +26,7 @@ from helpers import Api, wait_for
 from test_agent_owner import FENCED_ENV, start_node
 from test_agent_process import AgentProcess, ended
 
-from tiny_scheduler.agent import owner
+from tiny_scheduler.agent import cgroups, owner
 from tiny_scheduler.agent.groups import Groups
 from tiny_scheduler.agent.protocol import PolledJob
 from tiny_scheduler.agent.runner import Limits, Runner
@@ -302,3 +302,17 @@ def test_the_node_fence_stops_every_job_whose_owner_reads_it(
     free.start(0, 0.5, None, limits, spawner)
     assert (free.wait().why, free.wait().stdout) == ("exit", "free\n")
     go.touch()
+
+
+def test_a_job_that_cannot_join_its_control_group_ends_127_and_says_why(
+    work_dir: Path, spawner: Spawner, tmp_path: Path
+) -> None:
+    """The shell that puts the job into its group before it becomes the job stops there when
+    the group cannot be joined: the job's command never runs outside its limits."""
+    runner = new_runner(work_dir, f"touch {tmp_path / 'ran'}")
+    runner.group = cgroups.JobGroup(cgroups.V2, (("unified", str(tmp_path / "no-such-group")),))
+    runner.start(0, 1.0, None, spawner=spawner)
+    outcome = runner.wait()
+    assert outcome.exit_code == 127, outcome
+    assert "cannot join its cgroup" in outcome.stderr, outcome.stderr
+    assert not (tmp_path / "ran").exists(), "the command did not run"

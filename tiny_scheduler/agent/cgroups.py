@@ -312,8 +312,12 @@ class JobGroup:
 
     def join(self, pid: int) -> None:
         """Put process `pid` (a whole thread group) into the group, in every hierarchy."""
-        for path in self.paths():
-            _write(os.path.join(path, "cgroup.procs"), str(pid))
+        for path in self.procs_files():
+            _write(path, str(pid))
+
+    def procs_files(self) -> list[str]:
+        """The files a process joins the group by writing its pid, one per hierarchy."""
+        return [os.path.join(path, "cgroup.procs") for path in self.paths()]
 
     def oom_kills(self) -> int | None:
         """How many processes the kernel killed in the group for its memory limit so far;

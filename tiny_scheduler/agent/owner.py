@@ -9,8 +9,8 @@ agent, is the job's parent. It
 - starts the job (`sh -c …`, as `spec.json` in JOB_DIR says) in a session and process group of
   its own, its stdout and stderr going straight to the files `stdout` and `stderr` in JOB_DIR
   (so its output outlives the agent and the owner too), and in the job's control group when
-  the spec names one (`cgroups.py`: joined between fork and exec, so the job's first
-  instruction already runs within its limits);
+  the spec names one (`cgroups.py`: joined by a shell that then becomes the job, so the
+  job's first instruction already runs within its limits);
 - stops the job's whole group (SIGTERM, SIGKILL after the grace) when the agent asks (SIGTERM
   to the owner, with the reason in `stop`), when its `timeout_secs` have passed since it
   started, or when the **fence** has passed: `fence` holds a deadline on the machine's
@@ -214,24 +214,15 @@ def _spawn(spec: dict, folder: str, group: cgroups.JobGroup | None) -> int | Non
     its output going to the files; None when it could not start (said in its stderr)."""
     out = os.open(os.path.join(folder, STDOUT), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     err = os.open(os.path.join(folder, STDERR), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    argv = spec["argv"] if group is None else _joining(group, spec["argv"])
     try:
-        if group is None:
-            return _spawn_plain(spec, out, err)
-        return _fork_into(group, spec, out, err)
-    finally:
-        os.close(out)
-        os.close(err)
-
-
-def _spawn_plain(spec: dict, out: int, err: int) -> int | None:
-    """posix_spawn (a vfork, not a copy of this process's memory: about 2 ms less CPU per
-    job than a fork). It cannot change the child's directory, so the owner moves there first:
-    everything it opens afterwards is named by absolute path."""
-    try:
+        # posix_spawn (a vfork, not a copy of this process's memory: about 2 ms less CPU per
+        # job than a fork). It cannot change the child's directory, so the owner moves there
+        # first: everything it opens afterwards is named by absolute path.
         os.chdir(spec["cwd"])
         return os.posix_spawn(
-            _executable(spec["argv"][0], spec["env"]),
-            spec["argv"],
+            _executable(argv[0], spec["env"]),
+            argv,
             spec["env"],
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
@@ -244,6 +235,25 @@ def _spawn_plain(spec: dict, out: int, err: int) -> int | None:
     except OSError as exc:
         os.write(err, f"cannot start the job: {exc}\n".encode())
         return None
+    finally:
+        os.close(out)
+        os.close(err)
+
+
+JOIN_THEN_EXEC = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do '
+    'echo $$ > "$1" || { echo "cannot start the job: cannot join its cgroup $1" >&2; exit 127; }; '
+    'shift; n=$((n - 1)); done; exec "$@"'
+)
+"""A shell that puts itself into the job's control group (its pid into each hierarchy's
+`cgroup.procs`) and then becomes the job (`exec`), as cgexec does: the job's first
+instruction runs within its limits, and the owner needs no fork of its own (a copy of a
+Python process, where posix_spawn copies nothing)."""
+
+
+def _joining(group: cgroups.JobGroup, argv: list[str]) -> list[str]:
+    files = group.procs_files()
+    return ["/bin/sh", "-c", JOIN_THEN_EXEC, "tiny-scheduler-join", str(len(files)), *files, *argv]
 
 
 def _executable(name: str, env: dict[str, str]) -> str:
@@ -256,31 +266,6 @@ def _executable(name: str, env: dict[str, str]) -> str:
         if os.access(path, os.X_OK) and not os.path.isdir(path):
             return path
     raise FileNotFoundError(2, "No such file or directory", name)
-
-
-def _fork_into(group: cgroups.JobGroup, spec: dict, out: int, err: int) -> int:
-    """Fork, join the control group between fork and exec (so the job's first instruction
-    already runs within its limits), exec."""
-    pid = os.fork()
-    if pid == 0:  # the child: becomes the job
-        try:
-            os.setsid()
-            try:
-                group.join(os.getpid())
-            except OSError as exc:
-                raise OSError(f"cannot join its cgroup {exc.filename}: {exc.strerror}") from None
-            os.chdir(spec["cwd"])
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.dup2(out, 1)
-            os.dup2(err, 2)
-            for number in JOB_DEFAULT_SIGNALS:
-                signal.signal(number, signal.SIG_DFL)
-            os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
-        except BaseException as exc:
-            os.write(2, f"cannot start the job: {exc}\n".encode())
-        os._exit(127)
-    return pid
 
 
 def _kill_group(pgid: int, sig: int) -> None:
