@@ -64,7 +64,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..domain.jobs import TIMED_OUT_STDERR, Reason, with_last_line
-from . import cgroups, resources
+from . import cgroups, owner, resources
 from .beating import Heartbeating
 from .config import AgentConfig
 from .dev_registry import DevRegistry
@@ -175,6 +175,7 @@ class Agent(Reporting, Heartbeating):
 
     def run(self) -> None:
         """Run until asked to stop, then detach (or drain); returns when the agent is done."""
+        owner.raise_open_files()  # a descriptor per running job, waited on
         for report in self.spool.entries():
             self._hold(report, next_try=0.0)
         if self._held:

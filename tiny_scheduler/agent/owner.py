@@ -117,6 +117,25 @@ def write_atomically(folder: str, name: str, data: bytes, durable: bool = True) 
         os.close(fd)
 
 
+def _write_result(folder: str, exit_code: int, note: str) -> None:
+    """The result of a job that did not run (or not for long): no usage to speak of."""
+    usage = cgroups.usage(0.0, 0.0, 0.0, None)
+    result = {"exit_code": exit_code, "why": "exit", "note": note, "usage": usage}
+    write_atomically(folder, RESULT, json.dumps(result).encode())
+
+
+def raise_open_files() -> None:
+    """Raise this process's soft limit of open files to its hard one: an owner of many jobs
+    (and the agent that waits on them) holds descriptors per job, and the usual soft limit,
+    1024, is below what a node with many services needs."""
+    import resource  # here: a single owner never needs it
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def _sync_if_written(path: str) -> None:
     """fsync a job's output file unless it is empty (most short jobs print nothing)."""
     try:
@@ -315,12 +334,20 @@ class OwnedJob:
         started = time.monotonic()
         pid = _spawn(spec, folder, group)
         if pid is None:  # nothing ran: the code a shell gives a command it cannot run
-            usage = cgroups.usage(0.0, 0.0, 0.0, None)
-            result = {"exit_code": 127, "why": "exit", "note": "", "usage": usage}
-            write_atomically(folder, RESULT, json.dumps(result).encode())
+            _write_result(folder, 127, "")
             return None
-        _record(folder, JOB_PID, pid)
-        return cls(folder, spec, group, pid, started, oom_before)
+        try:
+            _record(folder, JOB_PID, pid)
+            return cls(folder, spec, group, pid, started, oom_before)
+        except OSError as exc:
+            # A job nobody could look after (no descriptor left to wait on it, say) must not
+            # run on unseen: it ends here, and its result says why.
+            _kill_group(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            _write_result(
+                folder, -1, f"\n[tiny-scheduler agent: cannot look after the job: {exc}]\n"
+            )
+            return None
 
     def look(self, now: float, stop_asked: bool = False) -> None:
         """Stop the job when it is asked to (`stop_asked`, or a `stop` file), when its
@@ -388,7 +415,9 @@ def run(folder: str) -> int:
     job = OwnedJob.start(folder)
     if job is None:
         return 0
-    while not select.select([job.waiter], [], [], LOOK_SECS)[0]:
+    ended = select.poll()
+    ended.register(job.waiter, select.POLLIN)
+    while not ended.poll(LOOK_SECS * 1000):
         job.look(time.monotonic(), _stop_asked)
     job.finish()
     return 0

@@ -342,7 +342,7 @@ class Runner:
         if self._spawned is not None:
             done, self._spawned = self._spawned.done, None
             try:
-                select.select([done], [], [])  # closed: the result is written
+                _wait_readable(done, None)  # closed: the result is written
             finally:
                 os.close(done)
         # Also after our own owner ended: it may have found the job claimed by the spawner,
@@ -489,9 +489,17 @@ def _wait_for_result(folder: str) -> dict[str, Any] | None:
             # The start time is checked again: the pid may have been reused between the look
             # and the pidfd_open. A spawner ends only with its last job: look again in a while.
             if owner.start_time(record[0]) == record[1]:
-                select.select([handle], [], [], RESULT_LOOK_SECS)
+                _wait_readable(handle, RESULT_LOOK_SECS)
         finally:
             os.close(handle)
+
+
+def _wait_readable(fd: int, seconds: float | None) -> None:
+    """Until `fd` reads ready (or `seconds` have passed). poll, not select: an agent with many
+    jobs holds descriptors numbered above select's 1024."""
+    waiter = select.poll()
+    waiter.register(fd, select.POLLIN)
+    waiter.poll(None if seconds is None else seconds * 1000)
 
 
 def _whole_characters(data: bytes) -> int:

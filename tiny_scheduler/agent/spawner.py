@@ -50,7 +50,8 @@ NO_CHILD = b"0 0\n"
 class _Jobs:
     """The jobs this spawner owns, by the descriptor that reads ready when each ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, poller: select.poll) -> None:
+        self.poller = poller
         self.owned: dict[int, tuple[owner.OwnedJob, int]] = {}  # waiter -> (job, pipe's end)
 
     def start(self, folder: str) -> int | None:
@@ -72,10 +73,12 @@ class _Jobs:
             os.close(done_write)  # its result is there already, or it is another owner's
         else:
             self.owned[job.waiter] = (job, done_write)
+            self.poller.register(job.waiter, select.POLLIN)
         return done_read
 
     def end(self, waiter: int) -> None:
         job, done_write = self.owned.pop(waiter)
+        self.poller.unregister(waiter)
         try:
             job.finish()
         except Exception:
@@ -98,6 +101,7 @@ def serve(channel: int, jobs_dir: str) -> int:
     # Ctrl-C or a hangup meant for the agent's terminal is not ours.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    owner.raise_open_files()  # two descriptors per job owned
     woken, wake = os.pipe()
     os.set_blocking(wake, False)
     signal.set_wakeup_fd(wake)
@@ -105,32 +109,33 @@ def serve(channel: int, jobs_dir: str) -> int:
     os.set_inheritable(channel, False)  # no job holds the agent's socket
     agent: socket.socket | None = socket.socket(fileno=channel)
     jobs_dir = os.path.realpath(jobs_dir) + os.sep
-    jobs = _Jobs()
+    poller = select.poll()  # not select(): descriptors may number more than 1024
+    poller.register(woken, select.POLLIN)
+    poller.register(channel, select.POLLIN)
+    jobs = _Jobs(poller)
     os.chdir("/")
     pending = b""
     next_look = time.monotonic() + owner.LOOK_SECS
     while agent is not None or jobs.owned:
-        watched = [woken, *jobs.owned] + ([agent.fileno()] if agent is not None else [])
         wait = max(0.0, next_look - time.monotonic())
-        ready = select.select(watched, [], [], wait)[0]
         look_now = False
-        for fd in ready:
+        for fd, _ in poller.poll(wait * 1000):
             if fd == woken:
                 os.read(woken, 512)
                 look_now = True
-            elif agent is not None and fd == agent.fileno():
-                chunk = agent.recv(4096)
-                if not chunk:
-                    agent.close()  # the agent is gone (or replaced us): no more jobs
-                    agent = None
-                    continue
-                pending += chunk
+            elif agent is not None and fd == channel:
                 try:
+                    chunk = agent.recv(4096)
+                    pending += chunk
                     while b"\n" in pending:
                         line, pending = pending.split(b"\n", 1)
                         _answer(agent, jobs, os.fsdecode(line), jobs_dir)
                 except OSError:
-                    agent.close()  # it went away between asking and our answer
+                    chunk = b""  # it went away between asking and our answer
+                if not chunk:
+                    # The agent is gone, or let us go: no more jobs; those owned, to the end.
+                    poller.unregister(channel)
+                    agent.close()
                     agent = None
             elif fd in jobs.owned:
                 jobs.end(fd)

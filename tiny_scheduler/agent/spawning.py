@@ -5,8 +5,8 @@ and returns a `Spawned`: the spawner's (pid, start time) and the descriptor that
 closed once the job's result is written (or the spawner died); or None when the spawner did
 not take the job within `timeout_secs`: it is dead, hung, or failed. Then the caller starts a
 single owner as a process of its own, so that no job is lost to a spawner's fault; and a
-spawner that did not answer is killed, a new one taking its place at the next job (its
-running jobs end as jobs whose owner died). A job the old one started late loses nothing
+spawner that did not answer is let go (not killed: it owns its running jobs to their ends),
+a new one taking its place at the next job. A job the old one started late loses nothing
 either: the first owner to claim a folder (`owner.claim`) runs its job, a second ends unused.
 
 `spawner.pid` in the work directory names the live spawner ("pid start-time"), for whoever
@@ -78,7 +78,7 @@ class Spawner:
                 pid, started = (int(part) for part in reply.split())
             except (OSError, ValueError) as exc:
                 log.warning("the spawner did not answer (%s): starting a new one", exc)
-                self._end(kill=True)
+                self._end()
                 return None
             if pid > 0 and len(fds) == 1:
                 return Spawned(pid, started, fds[0])
@@ -90,12 +90,12 @@ class Spawner:
         """Let the spawner go: it takes no more jobs, and ends once the jobs it owns have
         ended (at once when it owns none)."""
         with self._lock:
-            self._end(kill=False)
+            self._end()
 
     def _ensure(self) -> socket.socket | None:
         if self._proc is not None and self._proc.poll() is not None:
             log.warning("the spawner ended (status %s): starting a new one", self._proc.returncode)
-            self._end(kill=False)
+            self._end()
         if self._channel is not None:
             return self._channel
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -128,19 +128,19 @@ class Spawner:
             )
         return ours
 
-    def _end(self, kill: bool) -> None:
+    def _end(self) -> None:
+        """Let the spawner go, never kill it: one that was only slow (a disk that took
+        seconds over a result's fsync) owns running jobs, which stay its own; it takes no
+        more (its end of the socket reads as closed) and ends after them. One that answers
+        late starts nothing a single owner took first (`owner.claim`)."""
         if self._channel is not None:
-            self._channel.close()  # the spawner reads the end of its input
+            self._channel.close()
             self._channel = None
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        if kill:
-            proc.kill()  # it did not answer: its jobs end as jobs whose owner died
-            proc.wait()
-        else:
-            # It may own jobs for hours yet: reaped whenever it ends.
-            threading.Thread(target=proc.wait, name="spawner-reaper", daemon=True).start()
+        # It may own jobs for hours yet: reaped whenever it ends.
+        threading.Thread(target=proc.wait, name="spawner-reaper", daemon=True).start()
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(self.work_dir, PID_FILE))
 
