@@ -782,13 +782,18 @@ def _e2e_rows(case: dict[str, Any] | None) -> list[Row]:
         m = case[name]["median"]
         ratio = f" ({m['jobs_s'] / rq['jobs_s']:.2f}x RQ)" if rq else ""
         cpu_ratio = f" ({m['cpu_ms_per_job'] / rq['cpu_ms_per_job']:.2f}x RQ)" if rq else ""
+        # The targets are the default settings' (a 0.1 s poll caps two slots near 20 jobs/s:
+        # that row shows what polling costs, beside them).
+        judged = name == "ours"
         out.append(
             Row(
                 f"e2e {case['jobs']} x true, 2 slots, ours ({label})",
                 "jobs/s end to end",
                 f"{_num(m['jobs_s'], 1)}{ratio}",
-                target=f">= {TARGET_JOBS_S:g} and >= 1.0x RQ",
-                met=m["jobs_s"] >= TARGET_JOBS_S and (rq is None or m["jobs_s"] >= rq["jobs_s"]),
+                target=f">= {TARGET_JOBS_S:g} and >= 1.0x RQ" if judged else "",
+                met=m["jobs_s"] >= TARGET_JOBS_S and (rq is None or m["jobs_s"] >= rq["jobs_s"])
+                if judged
+                else None,
             )
         )
         out.append(
@@ -797,9 +802,11 @@ def _e2e_rows(case: dict[str, Any] | None) -> list[Row]:
                 "CPU ms/job: all (daemon / agent / owners)",
                 f"{_num(m['cpu_ms_per_job'], 1)}{cpu_ratio} ({_num(m['daemon_ms_per_job'], 1)}"
                 f" / {_num(m['agent_ms_per_job'], 1)} / {_num(m['owners_ms_per_job'], 1)})",
-                target=f"<= {TARGET_CPU_MS:g} and <= 1.0x RQ",
+                target=f"<= {TARGET_CPU_MS:g} and <= 1.0x RQ" if judged else "",
                 met=m["cpu_ms_per_job"] <= TARGET_CPU_MS
-                and (rq is None or m["cpu_ms_per_job"] <= rq["cpu_ms_per_job"]),
+                and (rq is None or m["cpu_ms_per_job"] <= rq["cpu_ms_per_job"])
+                if judged
+                else None,
             )
         )
     if rq:
