@@ -18,13 +18,15 @@ reason, when Redis does not answer or RQ cannot be installed.
 
 **CPU per job**: each side's processes, from /proc/<pid>/stat, user + system, themselves and
 their reaped children (`cutime`/`cstime`), over the run: ours the gunicorn master and worker
-and the agent with its spawner (`spawner.pid` in its work dir: the spawner's children are the
-jobs' owners, theirs the jobs; an owner the agent starts itself is the agent's child); RQ's the
-two workers (their children are the work horses, theirs the jobs) and redis-server. The jobs'
-own processes are taken out the same way on both sides: the CPU of one `sh -c true`, measured
-here (JOB_COST_RUNS of them, from this process's children's rusage), times the jobs run. What
-is left is the scheduler's and the agent's (or the workers' and Redis') cost of getting each
-job run. The split of ours (daemon / agent / owners) is in the JSON and the table.
+and the agent with its spawner (`spawner.pid` in its work dir: the spawner owns the jobs, its
+children; a single owner the agent starts itself is the agent's child, its job the owner's);
+RQ's the two workers (their children are the work horses, theirs the jobs) and redis-server.
+The jobs' own processes are taken out the same way on both sides: the CPU of one
+`sh -c true`, measured here (JOB_COST_RUNS of them, from this process's children's rusage),
+times the jobs run. What is left is the scheduler's and the agent's (or the workers' and
+Redis') cost of getting each job run (ours includes the shell that puts a job into its
+control group, where the agent enforces limits). The split of ours (daemon / agent / owners)
+is in the JSON and the table.
 """
 
 from __future__ import annotations
