@@ -1,10 +1,12 @@
 """The process groups an agent started, recorded on disk, and how to end them.
 
-Every job runs in a process group of its own. The agent writes the group ids of its live jobs
-to `children.pids` in its work directory, so that whoever comes after an agent that could not
-clean up (a SIGKILL) can: the agent itself when it starts again, the dev cluster, its watchdog.
-A job's control group, when it has one, is named in its folder's spec: what is left in it is
-killed and the group removed too.
+Every job runs in a process group of its own. Whoever comes after an agent that could not
+clean up (a SIGKILL) finds them all: the agent itself when it starts again, the dev cluster,
+its watchdog. A job's folder names its owner and its process (`owner.pid`, `job.pid`:
+`owned_jobs`), and the agent writes the group ids of the single owners it started itself to
+`children.pids` in its work directory (a job the spawner owns needs no line there: its folder
+says all). A job's control group, when it has one, is named in its folder's spec: what is
+left in it is killed and the group removed too.
 """
 
 from __future__ import annotations
