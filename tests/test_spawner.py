@@ -4,17 +4,24 @@ the folder in the spawner's argv, the job's result; several jobs at once, each s
 own order); a hung spawner costs no job (the agent starts that job's owner itself, a new
 spawner serves the next); a SIGKILLed one ends its running jobs as jobs whose owner died (and
 the scheduler runs them again); a folder is owned once, even when two owners are started for
-it; the spawner outlives its agent while it owns jobs, and ends after them. The agent-level
-guarantees (jobs outlive the agent and are taken back) are test_agent_owner.py's, which run
-through the spawner too."""
+it; the spawner outlives its agent while it owns jobs, and ends after them. Under load (30
+jobs on two slots, the spawner SIGKILLed three times) no job is lost or run twice at once:
+each ends done once, retried once per kill that hit it (by the jobs' own log and by /proc).
+The agent-level guarantees (jobs outlive the agent and are taken back) are
+test_agent_owner.py's, which run through the spawner too."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
+import re
 import select
+import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -325,3 +332,212 @@ def test_a_job_that_cannot_join_its_control_group_ends_127_and_says_why(
     assert outcome.exit_code == 127, outcome
     assert "cannot join its cgroup" in outcome.stderr, outcome.stderr
     assert not (tmp_path / "ran").exists(), "the command did not run"
+
+
+class MarkedCopies:
+    """Every 0.05 s, the live copies of each job marked `<mark>.<n>.` in its command line: a
+    process that carries the mark and whose parent does not carry the same one (the job's
+    shell forked on its way to run `sleep` is the same copy, not a second one)."""
+
+    def __init__(self, mark: str) -> None:
+        self.pattern = re.compile(re.escape(mark.encode()) + rb"\.(\d+)\.")
+        self.most: dict[int, int] = {}  # n -> the most copies of job n seen at once
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            for n, pids in self.now().items():
+                self.most[n] = max(self.most.get(n, 0), len(pids))
+            self.samples += 1
+
+    def now(self) -> dict[int, list[int]]:
+        marked: dict[int, tuple[int, int]] = {}  # pid -> (n, parent)
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                found = self.pattern.search(Path(f"/proc/{entry}/cmdline").read_bytes())
+                if found is None:
+                    continue
+                fields = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()
+                if fields[0] != b"Z":
+                    marked[int(entry)] = (int(found[1]), int(fields[1]))
+        copies: dict[int, list[int]] = {}
+        for pid, (n, parent) in marked.items():
+            if marked.get(parent, (None,))[0] != n:
+                copies.setdefault(n, []).append(pid)
+        return copies
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def logged_job(log: Path, mark: str, n: int) -> str:
+    """A job that appends `start`, five `tick`s 0.08 s apart and `end` to `log`, each line
+    naming the job, its shell's pid and its folder (`jobs/job-N.<attempt>.xxxx/work`), then
+    prints `ok job-N`. Only builtins write: no fork carries the mark but the job's shell."""
+    line = f'"$TINY_JOB_ID $$ $PWD" >> {shlex.quote(str(log))}'
+    return (
+        f": {mark}.{n}.; echo start {line}; "
+        f"for i in 1 2 3 4 5; do sleep 0.08; echo tick {line}; done; "
+        f'echo end {line}; echo "ok $TINY_JOB_ID"'
+    )
+
+
+def owned_by(jobs_dir: Path, record: tuple[int, int]) -> dict[Path, bool]:
+    """The job folders whose owner is the spawner `record`: whether each has its result."""
+    found = {}
+    for folder in jobs_dir.iterdir():
+        if owner.read_pid(str(folder), owner.OWNER_PID) == record:
+            found[folder] = (folder / owner.RESULT).exists()
+    return found
+
+
+def running_under(jobs_dir: Path, record: tuple[int, int]) -> list[Path]:
+    return [
+        folder
+        for folder, ended_ in owned_by(jobs_dir, record).items()
+        if not ended_ and (folder / owner.JOB_PID).exists()
+    ]
+
+
+def started(log: Path) -> tuple[set[str], set[str]]:
+    """The jobs, and the job folders (names), that have written a start line to `log`."""
+    jobs, folders = set(), set()
+    text = log.read_text() if log.exists() else ""
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 4 and fields[0] == "start":
+            jobs.add(fields[1])
+            folders.add(Path(fields[3]).parent.name)
+    return jobs, folders
+
+
+def attempt_of(folder: str) -> tuple[str, int]:
+    """(job id, attempt) from a job folder's name, `job-N.<attempt>.xxxx`."""
+    job_id, attempt, _ = Path(folder).name.split(".", 2)
+    return job_id, int(attempt)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("enforcement", ["auto", "none"])
+def test_spawners_sigkilled_under_load_cost_no_job_and_never_two_copies_at_once(
+    enforcement: str,
+    tmp_path: Path,
+    scheduler_factory: SchedulerFactory,
+    agents: list[AgentProcess],
+) -> None:
+    """30 jobs on two slots; the spawner SIGKILLed three times, each while two jobs it owns
+    run. Every job ends done once, its attempts one more than the kills that hit it (each
+    killed attempt failed as its owner's death), the retry starting only after the killed
+    copy was gone: no two copies of a job at once, by the jobs' own log and by /proc.
+    With control groups (`auto`, where the machine has them) and without (`none`): the
+    agent kills a killed spawner's job through its process group and through its cgroup,
+    and the group's removal waits for it to empty, so each way is tested on its own."""
+    jobs_total, kills_wanted = 30, 3
+    sched = scheduler_factory({**FENCED_ENV, "MAX_JOB_RETRIES": "5"})
+    api = Api(sched.url)
+    options = ("--slots", "2", "--enforcement", enforcement)
+    agent = start_node(agents, tmp_path, "node-a", sched.url, *options)
+    jobs_dir = agent.work_dir / "jobs"
+    log = tmp_path / "runs.log"
+    mark = f"MARK{uuid.uuid4().hex}"
+    copies = MarkedCopies(mark)
+    hits: dict[tuple[str, int], int] = {}  # (job, attempt) a kill ended -> which kill
+    kill_offsets: list[int] = []  # the log's length at each kill
+    killed: list[tuple[int, int]] = []
+    try:
+        submitted = [
+            api.submit(command=logged_job(log, mark, n))["job_id"] for n in range(jobs_total)
+        ]
+        for number in range(kills_wanted):
+            # Kills spread over the batch: each once a later job has started, and while two
+            # jobs the current spawner owns run (each has written its start line).
+            target = submitted[2 + number * 9]
+
+            def ready(target: str = target) -> tuple[int, int] | None:
+                record = owner.read_pid(str(agent.work_dir), PID_FILE)
+                if record is None or record in killed or not owner.alive(record):
+                    return None
+                jobs, folders = started(log)
+                running = [f for f in running_under(jobs_dir, record) if f.name in folders]
+                return record if target in jobs and len(running) >= 2 else None
+
+            current = wait_for(ready, timeout=20, message=agent.waiting(f"{target} to run"))
+            # The agent held for the instant of the kill: the jobs hit are read from their
+            # folders before it ends them and clears the folders away.
+            os.kill(agent.pid, signal.SIGSTOP)
+            try:
+                kill_offsets.append(log.stat().st_size if log.exists() else 0)
+                os.kill(current[0], signal.SIGKILL)
+                killed.append(current)
+                wait_for(lambda current=current: dead(current[0]), message="the spawner's end")
+                for folder, has_result in owned_by(jobs_dir, current).items():
+                    if not has_result:
+                        hits[attempt_of(str(folder))] = len(killed) - 1
+            finally:
+                os.kill(agent.pid, signal.SIGCONT)
+        wait_for(
+            lambda: all(job["status"] in ("done", "failed") for job in api.jobs()),
+            timeout=40,
+            message=agent.waiting("every job to end"),
+        )
+    finally:
+        copies.stop()
+    final = {job["job_id"]: api.job(job["job_id"]) for job in api.jobs()}
+    texts = log.read_text().splitlines()
+    lines = [text.split() for text in texts]
+    starts = [0, *itertools.accumulate(len(text) + 1 for text in texts)]  # each line's offset
+    retries = sum(job["retry_count"] for job in final.values())
+    print(
+        f"enforcement {enforcement}: {len(submitted)} jobs, {len(killed)} spawner kills, "
+        f"{len(hits)} attempts hit, {retries} retries, {copies.samples} /proc samples, "
+        f"most copies of a job at once: {max(copies.most.values(), default=0)}"
+    )
+    # None lost, none made up: the acknowledged submissions are the jobs, each done once.
+    assert sorted(final) == sorted(submitted), (sorted(final), sorted(submitted))
+    for job_id, job in final.items():
+        assert (job["status"], job["stdout"]) == ("done", f"ok {job_id}\n"), job
+    # The kills hit running jobs, and each job's retries are exactly the kills that hit it,
+    # each killed attempt failed as its owner's death.
+    assert len(killed) == kills_wanted and len(hits) >= kills_wanted, hits
+    for job_id, job in final.items():
+        hit = sorted(attempt for hit_job, attempt in hits if hit_job == job_id)
+        assert hit == list(range(job["retry_count"])), (job_id, hit, job["retry_count"])
+        failed = job.get("attempts", [])
+        assert len(failed) == job["retry_count"], (job_id, failed)
+        for each in failed:
+            assert "owner process died" in each.get("stderr", ""), (job_id, each)
+    # The jobs' own log: for each job, every line of an attempt comes before the first line
+    # of the next (a killed copy left alive would tick on after its retry's start); each
+    # retry starts after the kill that ended the attempt before it (a copy hit before its
+    # first line wrote none); the last attempt, the one reported done, ran start to end.
+    spans: dict[str, dict[int, list[int]]] = {}  # job -> attempt -> its lines (indexes)
+    for index, (kind, job_id, _pid, folder) in enumerate(lines):
+        assert kind in ("start", "tick", "end"), lines[index]
+        attempt = attempt_of(str(Path(folder).parent))[1]
+        spans.setdefault(job_id, {}).setdefault(attempt, []).append(index)
+    assert sorted(spans) == sorted(submitted)
+    for job_id, attempts in spans.items():
+        retry_count = final[job_id]["retry_count"]
+        assert retry_count in attempts and max(attempts) == retry_count, (job_id, attempts)
+        seen = sorted(attempts)
+        for first, then in itertools.pairwise(seen):
+            overlap = f"two copies of {job_id} at once: {attempts}"
+            assert attempts[first][-1] < attempts[then][0], overlap
+        for attempt in range(retry_count):
+            kill = kill_offsets[hits[job_id, attempt]]
+            retry = min(number for number in seen if number > attempt)
+            assert kill <= starts[attempts[retry][0]], f"{job_id}'s retry began before its kill"
+            if attempt in attempts:
+                assert starts[attempts[attempt][0]] < kill, f"{job_id}: hit before it started?"
+        last = [lines[index][0] for index in attempts[retry_count]]
+        assert last == ["start", *["tick"] * 5, "end"], (job_id, last)
+    # And /proc: never two live copies of one job.
+    assert copies.samples > 0
+    assert max(copies.most.values(), default=0) == 1, copies.most
+    api.close()
