@@ -623,3 +623,48 @@ def test_a_job_folder_of_a_wrong_shape_never_reaches_the_heartbeat(
     assert not folder.exists()
     assert "heartbeat answered 400" not in agent.log()
     api.close()
+
+
+def ended_folder(work_dir: Path, job_id: str, attempt: int) -> Path:
+    """A job folder as its owner leaves it once the job ended: spec, output and result."""
+    folder = work_dir / "jobs" / f"{job_id}.{attempt}.{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True)
+    identity = {"job_id": job_id, "attempt": attempt, "job_type": None, "port": None}
+    (folder / owner.SPEC).write_text(json.dumps({**identity, "argv": ["true"], "env": {}}))
+    (folder / owner.STDOUT).write_text(f"attempt {attempt}\n")
+    (folder / owner.STDERR).write_text("")
+    result = {"exit_code": 0, "why": "exit", "note": "", "usage": {}, **identity}
+    (folder / owner.RESULT).write_text(json.dumps(result))
+    return folder
+
+
+def test_a_restarted_agent_reports_only_the_latest_attempt_of_a_job(tmp_path: Path) -> None:
+    """Of one job's attempts found at a start (folders, spooled reports), only the latest is
+    reported: an earlier one's folder goes, and a spooled report of an earlier attempt is
+    dropped when a folder holds a later one. (No scheduler answers here: the reports that
+    stay are held, to be sent, which is what is looked at.)"""
+    config = AgentConfig(
+        urls=("http://127.0.0.1:9",),
+        node_id="node-a",
+        slots=1,
+        work_dir=str(tmp_path),
+        spool_dir=str(tmp_path / "spool"),
+    )
+    agent = Agent(config)
+    try:
+        earlier = ended_folder(tmp_path, "job-4", 0)
+        later = ended_folder(tmp_path, "job-4", 1)
+        agent.spool.put(spool.Report("job-5", {"status": "done", "exit_code": 0}, 0))
+        newer = ended_folder(tmp_path, "job-5", 1)
+        for report in agent.spool.entries():
+            agent._hold(report, next_try=float("inf"))
+        agent._adopt()
+        wait_for(
+            lambda: {j: r.retry_count for j, r in agent._held.items()} == {"job-4": 1, "job-5": 1},
+            message=lambda: f"the latest attempts held ({agent._held})",
+        )
+        assert agent._held["job-4"].body["stdout"] == "attempt 1\n"
+        assert agent._held["job-5"].folder == str(newer)
+        assert not earlier.exists() and later.exists()
+    finally:
+        agent.wire.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import re
 import select
@@ -541,3 +542,73 @@ def test_spawners_sigkilled_under_load_cost_no_job_and_never_two_copies_at_once(
     assert copies.samples > 0
     assert max(copies.most.values(), default=0) == 1, copies.most
     api.close()
+
+
+def test_a_job_the_spawner_claimed_but_cannot_start_is_ended_not_waited_for_forever(
+    work_dir: Path, spawner: Spawner
+) -> None:
+    """The spawner owns the folder once it has claimed it; when it then cannot start the
+    job (here its output file cannot be opened), it says so on the job's pipe, and the agent
+    ends the job at once instead of waiting for a result from a live spawner."""
+    runner = new_runner(work_dir, "echo never")
+    os.mkdir(os.path.join(runner.folder, owner.STDOUT))  # opening it for output fails
+    runner.start(0, 1.0, None, spawner=spawner)
+    assert owner.read_pid(runner.folder, owner.OWNER_PID)[0] == spawner.pid  # type: ignore[index]
+    outcome = runner.wait()
+    assert outcome.exit_code == -1 and "could not start or end it" in outcome.stderr, outcome
+    assert spawner.pid is not None, "the spawner serves on"
+    later = new_runner(work_dir, "echo later", 2)
+    later.start(0, 1.0, None, spawner=spawner)
+    assert later.wait().stdout == "later\n"
+
+
+def spec_only(work_dir: Path, marker: Path) -> str:
+    """A job folder as an agent leaves it when it dies between writing the spec and handing
+    the job to an owner."""
+    folder = new_runner(work_dir, "").folder
+    spec = {
+        "job_id": "job-9",
+        "attempt": 0,
+        "argv": ["sh", "-c", f"touch {marker}"],
+        "cwd": folder,
+        "env": {"PATH": os.environ["PATH"]},
+    }
+    Path(folder, owner.SPEC).write_text(json.dumps(spec))
+    return folder
+
+
+def test_a_job_reported_never_started_is_never_started_by_an_owner_answering_late(
+    work_dir: Path, spawner: Spawner, tmp_path: Path
+) -> None:
+    """A folder no owner claimed is claimed by the agent before it reports the job as never
+    started: a spawner (or single owner) that gets to it afterwards starts nothing."""
+    marker = tmp_path / "ran"
+    folder = spec_only(work_dir, marker)
+    adopted = Runner.adopt(folder, "node-a", Groups(str(work_dir)), 4096)
+    assert adopted is not None
+    outcome = adopted.wait()
+    assert outcome.exit_code == -1 and "stopped before the job started" in outcome.stderr
+    late = spawner.spawn(folder)
+    assert late is not None
+    _wait_closed(late.done)
+    assert not marker.exists() and owner.read_pid(folder, owner.JOB_PID) is None
+
+
+def test_a_result_outlives_a_lost_spec_and_is_taken_back(work_dir: Path, spawner: Spawner) -> None:
+    """The spec is not fsynced; the result is, and says who the job was: a folder whose spec
+    a crash of the machine took is still taken back and reported, never cleared away."""
+    runner = new_runner(work_dir, "echo kept", 5)
+    runner.start(0, 1.0, None, spawner=spawner)
+    assert runner.wait().stdout == "kept\n"
+    os.unlink(os.path.join(runner.folder, owner.SPEC))
+    adopted = Runner.adopt(runner.folder, "node-a", Groups(str(work_dir)), 4096)
+    assert adopted is not None and (adopted.job_id, adopted.attempt) == ("job-5", 0)
+    outcome = adopted.wait()
+    assert (outcome.exit_code, outcome.stdout, outcome.kept) == (0, "kept\n", True)
+
+
+def _wait_closed(fd: int) -> None:
+    try:
+        select.select([fd], [], [], 30)
+    finally:
+        os.close(fd)

@@ -23,7 +23,7 @@ drains and returns. Its threads:
 Each job is owned by a process of its own (`runner`, `owner`), not by the agent: a restarted
 agent takes its running jobs back (`_adopt`), their live output going on and their ends
 reported, and lists them in its first heartbeat (with their attempts), so none is taken for
-lost. The **fence**: after every heartbeat the leader answers, the agent moves each job's
+lost. The **fence**: after every heartbeat the leader answers, the agent moves the node's
 fence on by `fence_secs`; when no answer comes for that long (the node is cut off, or the
 agent is dead or frozen), the jobs' owners stop them, so that the copy the scheduler then
 starts elsewhere is the only one.
@@ -72,7 +72,7 @@ from .groups import Groups
 from .heartbeat import agent_version
 from .protocol import RUNNING_UPDATE, PolledJob, parse_poll_reply, report_update
 from .reporting import BACKOFF_FIRST_SECS, Reporting
-from .runner import NO_USAGE, Limits, Outcome, PrepareError, Runner
+from .runner import NO_USAGE, Limits, Outcome, PrepareError, Runner, remove_folder
 from .spawning import Spawner
 from .spool import Report, Spool
 from .wire import Unreachable, Wire
@@ -107,7 +107,7 @@ class Agent(Reporting, Heartbeating):
         self.wire = Wire(config.urls, config.key)
         self.spool = Spool(config.spool_dir)
         self.groups = Groups(config.work_dir)
-        self.spawner = Spawner(config.work_dir)  # forks the jobs' owners (started by run())
+        self.spawner = Spawner(config.work_dir)  # starts and owns the jobs (from run() on)
         self.version = agent_version()
         self.registry = (
             DevRegistry(config.registry_url, config.node_id, config.slots, config.key)
@@ -175,7 +175,6 @@ class Agent(Reporting, Heartbeating):
 
     def run(self) -> None:
         """Run until asked to stop, then detach (or drain); returns when the agent is done."""
-        owner.raise_open_files()  # a descriptor per running job, waited on
         for report in self.spool.entries():
             self._hold(report, next_try=0.0)
         if self._held:
@@ -220,12 +219,15 @@ class Agent(Reporting, Heartbeating):
 
     def _adopt(self) -> None:
         """Take back the jobs an earlier run of this agent started: each job folder holds a
-        job whose owner still runs it, or has left its result, or died before it could."""
+        job whose owner still runs it, or has left its result, or died before it could. Of
+        one job's attempts only the latest counts (the scheduler gave the others up): a
+        report of an earlier one, spooled or in a folder, is dropped, and so is its folder
+        (a copy of it still running is stopped first)."""
         jobs_dir = os.path.join(self.config.work_dir, "jobs")
         if not os.path.isdir(jobs_dir):
             return
         spooled = {report.folder for report in self._held.values() if report.folder}
-        taken = 0
+        latest: dict[str, Runner] = {}
         for name in sorted(os.listdir(jobs_dir)):
             folder = os.path.join(jobs_dir, name)
             if folder in spooled or not os.path.isdir(folder):
@@ -233,12 +235,24 @@ class Agent(Reporting, Heartbeating):
             runner = Runner.adopt(
                 folder, self.config.node_id, self.groups, self.config.max_output_bytes
             )
-            if runner is None or runner.job_id in self._held:
-                # Never started (no spec), or its report is in the spool already: the
-                # folder's job is over and reported from there.
-                if runner is None:
-                    shutil.rmtree(folder, ignore_errors=True)
+            if runner is None:
+                shutil.rmtree(folder, ignore_errors=True)  # never started: no spec, no result
                 continue
+            other = latest.get(runner.job_id)
+            if other is not None and _attempt_order(other.attempt) > _attempt_order(runner.attempt):
+                runner, other = other, runner
+            latest[runner.job_id] = runner
+            if other is not None:
+                self._drop_earlier_attempt(other)
+        taken = 0
+        for runner in latest.values():
+            held = self._held.get(runner.job_id)
+            if held is not None:
+                if _attempt_order(held.retry_count) >= _attempt_order(runner.attempt):
+                    self._drop_earlier_attempt(runner)  # the spool has this one's, or later
+                    continue
+                log.warning("%s: a spooled report of an earlier attempt is dropped", held.job_id)
+                self._settle(held)
             with self._lock:
                 self._runners[runner.job_id] = runner
                 self.ledger.restore(runner.job_id, runner.grant)
@@ -246,6 +260,16 @@ class Agent(Reporting, Heartbeating):
             taken += 1
         if taken:
             log.info("took back %d jobs an earlier run of this agent started", taken)
+
+    def _drop_earlier_attempt(self, runner: Runner) -> None:
+        """An earlier attempt's folder, when a later one of the same job is known: a copy of
+        it still running is stopped (its folder then stays, for the next start to remove),
+        an ended one's folder goes."""
+        if runner.ended:
+            remove_folder(runner.folder)
+        else:
+            log.warning("%s: stopping a copy of an earlier attempt", runner.job_id)
+            runner.stop(note="\n[tiny-scheduler agent: stopped: a later attempt is known]\n")
 
     def _remove_leftover_groups(self) -> None:
         """Remove the control groups of this agent's jobs whose folders are gone (an owner
@@ -501,11 +525,17 @@ class Agent(Reporting, Heartbeating):
             self._next_try.pop(job.job_id, None)
         if stale is not None or self.spool.has(job.job_id):
             # The scheduler let this job run again, so it ended the attempt that report was
-            # about some other way (lost node): that report must not pass for this one's.
-            log.warning("%s claimed again: its earlier spooled report is dropped", job.job_id)
+            # about some other way (lost node): that report must not pass for this one's,
+            # neither from the spool nor from its folder at the agent's next start.
+            log.warning("%s claimed again: its earlier report is dropped", job.job_id)
             self.spool.remove(job.job_id)
+            if stale is not None and stale.folder:
+                remove_folder(stale.folder)
         retry_count = claimed.get("retry_count")
         attempt = retry_count if isinstance(retry_count, int) else job.retry_count
+        with self._lock:
+            running = len(self._runners)
+        owner.raise_open_files(running + 256)  # a descriptor per running job, waited on
         runner = Runner.new(
             job,
             attempt,
@@ -602,6 +632,12 @@ class Agent(Reporting, Heartbeating):
         while not self._done.is_set():
             self.registry.heartbeat()
             self._done.wait(self.config.registry_heartbeat_secs)
+
+
+def _attempt_order(attempt: int | None) -> int:
+    """Attempts in the order they were made; one of unknown number (a scheduler that does not
+    say) before any numbered one."""
+    return -1 if attempt is None else attempt
 
 
 def _agent_id(work_dir: str) -> str:

@@ -11,17 +11,19 @@ agent, is the job's parent. It
   (so its output outlives the agent and the owner too), and in the job's control group when
   the spec names one (`cgroups.py`: joined by a shell that then becomes the job, so the
   job's first instruction already runs within its limits);
-- stops the job's whole group (SIGTERM, SIGKILL after the grace) when the agent asks (SIGTERM
-  to the owner, with the reason in `stop`), when its `timeout_secs` have passed since it
-  started, or when the **fence** has passed: `fence` holds a deadline on the machine's
-  monotonic clock that the agent moves on after every heartbeat the leader answers; a node cut
-  off from the scheduler, or whose agent is dead or frozen, stops its own jobs by then;
+- stops the job's whole group (SIGTERM, SIGKILL after the grace) when the agent asks (the
+  reason in the folder's `stop` file; a SIGTERM to the owner makes it look at once), when
+  its `timeout_secs` have passed since it started, or when the **fence** has passed: the
+  node's fence file (`write_node_fence`; a job from an agent before it: the folder's own
+  `fence`) holds a deadline on the machine's monotonic clock that the agent moves on after
+  every heartbeat the leader answers; a node cut off from the scheduler, or whose agent is
+  dead or frozen, stops its own jobs by then;
 - collects the exit status and the resource usage (`wait4`, or the control group's own
   accounting, which counts every process the job started), kills what the job left in its
   process group and its control group, tells an out-of-memory end (the group's OOM-kill count
   rose) from an ordinary one, removes the control group, and writes `result.json`
-  (atomically, fsynced, after the output files it points to), the job's final result, which
-  stays until the agent has had the scheduler acknowledge it.
+  (atomically, fsynced, after the output files it points to, repeating who the job was), the
+  job's final result, which stays until the agent has had the scheduler acknowledge it.
 
 `owner.pid` is created once (`claim`): a second owner started for the same folder ends unused
 (it names the spawner when the spawner owns the job).
@@ -51,6 +53,15 @@ else:  # run as a script (`python -I -S owner.py`): its one module is the file b
 SPEC, RESULT, STOP, FENCE = "spec.json", "result.json", "stop", "fence"
 OWNER_PID, JOB_PID = "owner.pid", "job.pid"
 STDOUT, STDERR = "stdout", "stderr"
+
+GAVE_UP = b"!"
+"""Written into a job's done pipe by a spawner that claimed the job and can give no result
+(it could not start it, or not write its result): the agent ends the job then, rather than
+wait for a result from an owner that is alive and will never write one."""
+
+IDENTITY = ("job_id", "attempt", "job_type", "port")
+"""The spec's fields a result repeats: a folder whose spec did not survive a crash of the
+machine (it is not fsynced) is still known by its result, which is."""
 
 LOOK_SECS = 0.25
 """How often the owner looks at its stop order, the timeout and the fence while the job runs."""
@@ -117,23 +128,27 @@ def write_atomically(folder: str, name: str, data: bytes, durable: bool = True) 
         os.close(fd)
 
 
-def _write_result(folder: str, exit_code: int, note: str) -> None:
+def _write_result(folder: str, spec: dict, exit_code: int, note: str) -> None:
     """The result of a job that did not run (or not for long): no usage to speak of."""
     usage = cgroups.usage(0.0, 0.0, 0.0, None)
     result = {"exit_code": exit_code, "why": "exit", "note": note, "usage": usage}
+    result.update({name: spec.get(name) for name in IDENTITY})
     write_atomically(folder, RESULT, json.dumps(result).encode())
 
 
-def raise_open_files() -> None:
-    """Raise this process's soft limit of open files to its hard one: an owner of many jobs
-    (and the agent that waits on them) holds descriptors per job, and the usual soft limit,
-    1024, is below what a node with many services needs."""
+def raise_open_files(needed: int) -> None:
+    """Raise this process's soft limit of open files (towards its hard one) when `needed`
+    descriptors would not fit: an owner of many jobs, and the agent that waits on them, hold
+    descriptors per job. Only then: what a process starts inherits its limit, and programs
+    that use select() want the usual 1024."""
     import resource  # here: a single owner never needs it
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != soft:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return
+    target = hard if hard == resource.RLIM_INFINITY else min(hard, 2 * needed)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
 
 
 def _sync_if_written(path: str) -> None:
@@ -155,6 +170,12 @@ def _record(folder: str, name: str, pid: int) -> None:
     with open(f"{path}.tmp", "w") as f:
         f.write(f"{pid} {start_time(pid)}\n")
     os.replace(f"{path}.tmp", path)
+
+
+def claimed_by_me(folder: str) -> bool:
+    """Whether this process is the one `owner.pid` in `folder` names."""
+    record = read_pid(folder, OWNER_PID)
+    return record is not None and record[0] == os.getpid()
 
 
 def claim(folder: str) -> bool:
@@ -195,10 +216,12 @@ def write_node_fence(path: str, deadline: float | None) -> None:
     try:
         os.utime(path, ns=(stamp, stamp))
     except FileNotFoundError:
-        # Until the time is set, the new file's is the wall clock's now: on the monotonic
-        # clock, far in the future, so nothing is stopped before the line below.
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
-        os.utime(path, ns=(stamp, stamp))
+        # Made whole under another name, its time set, then put in place: a fence file is
+        # never seen with the wall clock's time (on the monotonic clock, far ahead).
+        temporary = f"{path}.{os.getpid()}"
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+        os.utime(temporary, ns=(stamp, stamp))
+        os.replace(temporary, path)
 
 
 def read_node_fence(path: str) -> float | None:
@@ -312,6 +335,7 @@ class OwnedJob:
         self.pid = pid
         self.started = started
         self.oom_before = oom_before
+        self.identity = {name: spec.get(name) for name in IDENTITY}
         self.timeout = spec.get("timeout_secs") or 0
         self.node_fence: str | None = spec.get("node_fence")  # else the folder's own
         self.grace = float(spec.get("kill_grace_secs", 10))
@@ -334,7 +358,7 @@ class OwnedJob:
         started = time.monotonic()
         pid = _spawn(spec, folder, group)
         if pid is None:  # nothing ran: the code a shell gives a command it cannot run
-            _write_result(folder, 127, "")
+            _write_result(folder, spec, 127, "")
             return None
         try:
             _record(folder, JOB_PID, pid)
@@ -344,9 +368,8 @@ class OwnedJob:
             # run on unseen: it ends here, and its result says why.
             _kill_group(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            _write_result(
-                folder, -1, f"\n[tiny-scheduler agent: cannot look after the job: {exc}]\n"
-            )
+            note = f"\n[tiny-scheduler agent: cannot look after the job: {exc}]\n"
+            _write_result(folder, spec, -1, note)
             return None
 
     def look(self, now: float, stop_asked: bool = False) -> None:
@@ -399,6 +422,7 @@ class OwnedJob:
         if group is not None:
             group.remove()  # when it cannot be yet, the agent tries again with the job's folder
         result = {"exit_code": exit_code, "why": why, "note": self.note, "usage": usage}
+        result.update(self.identity)
         # The result is the job's outcome on this node until a scheduler has it: what it
         # printed is made as durable as the result that points to it.
         for name in (STDOUT, STDERR):

@@ -65,6 +65,10 @@ OWNER_DIED = (
     "the job was stopped and its exit status is unknown]\n"
 )
 NEVER_STARTED = "\n[tiny-scheduler agent: the agent stopped before the job started]\n"
+OWNER_GAVE_UP = (
+    "\n[tiny-scheduler agent: the job's owner could not start or end it (its log says why); "
+    "the job was stopped]\n"
+)
 
 
 class PrepareError(Exception):
@@ -301,17 +305,25 @@ class Runner:
         self._spawned = spawner.spawn(self.folder) if spawner is not None else None
         if self._spawned is not None:
             return
-        with open(os.path.join(self.folder, OWNER_LOG), "ab") as log:
-            self._proc = subprocess.Popen(
-                # -I -S: the standard library only, nothing from the environment.
-                [sys.executable, "-I", "-S", owner.__file__, self.folder],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                # A session of its own: a signal to the agent's group (Ctrl-C, systemd's
-                # stop of the agent) does not reach it.
-                start_new_session=True,
-            )
+        try:
+            with open(os.path.join(self.folder, OWNER_LOG), "ab") as log:
+                self._proc = subprocess.Popen(
+                    # -I -S: the standard library only, nothing from the environment.
+                    [sys.executable, "-I", "-S", owner.__file__, self.folder],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    # A session of its own: a signal to the agent's group (Ctrl-C, systemd's
+                    # stop of the agent) does not reach it.
+                    start_new_session=True,
+                )
+        except OSError:
+            # No owner: the job did not start, and will not, once the agent holds the folder
+            # (a spawner that answers late then starts nothing). When a late spawner claimed
+            # it first, the job runs: wait() follows it.
+            if owner.claim(self.folder):
+                raise
+            return
         self._groups.add(self._proc.pid, self.job_id)
 
     def _prepare(self, scratch: str) -> tuple[list[str], str]:
@@ -339,18 +351,20 @@ class Runner:
         if self._proc is not None:
             self._proc.wait()
             self._groups.remove(self._proc.pid)
+        gave_up = False
         if self._spawned is not None:
             done, self._spawned = self._spawned.done, None
             try:
                 _wait_readable(done, None)  # closed: the result is written
+                gave_up = os.read(done, 1) == owner.GAVE_UP
             finally:
                 os.close(done)
         # Also after our own owner ended: it may have found the job claimed by the spawner,
         # answering too late (`owner.claim`), which is the one that runs it.
-        result = _wait_for_result(self.folder)
+        result = read_result(self.folder) if gave_up else self._wait_for_result()
         kept = result is not None
         if result is None:
-            result = self._owner_died()
+            result = self._owner_died(OWNER_GAVE_UP if gave_up else None)
         code, why = result.get("exit_code", -1), result.get("why", "exit")
         usage = result.get("usage") if isinstance(result.get("usage"), dict) else NO_USAGE
         if self.is_service:
@@ -358,10 +372,22 @@ class Runner:
         stderr = self.stderr.text() + (result.get("note") or "")
         return Outcome(code, self.stdout.text(), stderr, why, usage, kept)
 
-    def _owner_died(self) -> dict[str, Any]:
-        """The result of a job whose owner died before it wrote one (or never started):
-        whatever of the job still runs has nobody to report it, and ends here; what it used
-        is what its control group counted (no rusage is left)."""
+    def _wait_for_result(self) -> dict[str, Any] | None:
+        """The job's result, once its owner wrote it; None when its owner ended without one,
+        or when it never had one: then the agent has claimed the folder itself (so that no
+        owner answering late starts the job it is about to report as never started)."""
+        while True:
+            result = _wait_for_result(self.folder)
+            if result is not None or owner.read_pid(self.folder, owner.OWNER_PID) is not None:
+                return result
+            if owner.claim(self.folder):
+                return read_result(self.folder)
+            # An owner claimed it just now: wait for that one.
+
+    def _owner_died(self, note: str | None = None) -> dict[str, Any]:
+        """The result of a job whose owner died before it wrote one (or never started, or
+        gave up: `note`): whatever of the job still runs has nobody to report it, and ends
+        here; what it used is what its control group counted (no rusage is left)."""
         job = owner.read_pid(self.folder, owner.JOB_PID)
         if owner.alive(job):
             assert job is not None
@@ -380,7 +406,7 @@ class Runner:
         return {
             "exit_code": -1,
             "why": "exit",
-            "note": OWNER_DIED if job is not None else NEVER_STARTED,
+            "note": note or (OWNER_DIED if job is not None else NEVER_STARTED),
             "usage": usage,
         }
 
@@ -434,8 +460,14 @@ def remove_folder(folder: str) -> None:
 def read_spec(folder: str) -> dict[str, Any] | None:
     """The job a folder was made for, or None when its spec is missing or not of the shape
     the agent writes (a job id `job-N`, an attempt number or none): such a folder holds no
-    job, and its contents must never reach a heartbeat, which the scheduler would refuse."""
-    spec = _read_json(os.path.join(folder, owner.SPEC))
+    job, and its contents must never reach a heartbeat, which the scheduler would refuse.
+    A spec lost to a crash of the machine (it is not fsynced) is made good by the job's
+    result, which is, and repeats who the job was (`owner.IDENTITY`)."""
+    spec = _job_record(_read_json(os.path.join(folder, owner.SPEC)))
+    return spec if spec is not None else _job_record(read_result(folder))
+
+
+def _job_record(spec: dict[str, Any] | None) -> dict[str, Any] | None:
     if spec is None or not isinstance(spec.get("job_id"), str):
         return None
     attempt = spec.get("attempt")
@@ -483,8 +515,11 @@ def _wait_for_result(folder: str) -> dict[str, Any] | None:
         assert record is not None
         try:
             handle = os.pidfd_open(record[0])
-        except OSError:
+        except ProcessLookupError:
             continue  # gone meanwhile: the next look says whether it left a result
+        except OSError:
+            time.sleep(RESULT_LOOK_SECS)  # no descriptor to wait with (EMFILE): look later
+            continue
         try:
             # The start time is checked again: the pid may have been reused between the look
             # and the pidfd_open. A spawner ends only with its last job: look again in a while.

@@ -18,7 +18,11 @@ It outlives its agent, as an owner does: when the agent's end of the socket clos
 died, or replaced it), the spawner takes no more jobs, and ends once the jobs it owns have
 ended and their results are written. A SIGTERM (the agent's way of saying "a stop order is
 in a job's folder") only makes it look at its jobs at once. Its own faults go to its log
-(the agent's `spawner.log`); one job's fault ends that job's care, never the others'.
+(the agent's `spawner.log`); one job's fault ends that job's care, never the others': a job
+it claimed and can give no result for (it could not start it, or not write its result) is
+said so on the job's pipe (`GAVE_UP`), and the agent ends it. Jobs end on threads of their own
+(`FINISHERS`): an end that takes seconds (a process stuck in its group, a slow disk) holds
+up neither the other jobs' stop orders, timeouts and fence, nor the next start.
 
 The price of one owner for many jobs: a spawner that dies (SIGKILL) takes the ownership of
 its running jobs with it; the agent then ends them as jobs whose owner died, as it does for a
@@ -27,6 +31,7 @@ single owner's death. Its argv names no job: only a job's `sh -c` carries its co
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -34,6 +39,7 @@ import socket
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 if __package__:
     from . import owner
@@ -45,6 +51,14 @@ OWNER_LOG = "owner.log"
 """File in a job's folder: what a single owner printed (its own faults, never the job's)."""
 
 NO_CHILD = b"0 0\n"
+"""The answer that says this spawner took nothing (the agent then starts a single owner)."""
+
+GAVE_UP = owner.GAVE_UP
+
+FINISHERS = 4
+"""Threads that end jobs (collect them, kill what they left, remove their groups, fsync and
+write their results): an end can take seconds (a process stuck in its group, a slow disk),
+and the loop must go on looking at the other jobs' fences and answering starts meanwhile."""
 
 
 class _Jobs:
@@ -53,22 +67,32 @@ class _Jobs:
     def __init__(self, poller: select.poll) -> None:
         self.poller = poller
         self.owned: dict[int, tuple[owner.OwnedJob, int]] = {}  # waiter -> (job, pipe's end)
+        self.finishers = ThreadPoolExecutor(FINISHERS, thread_name_prefix="finish")
 
     def start(self, folder: str) -> int | None:
         """Start the job in `folder`; the read end of its pipe (closed on our side once its
-        result is written: at once when it could not start, or had its owner already), or
-        None when this spawner fails (the agent then starts a single owner)."""
+        result is written: at once when it could not start, or had its owner already; with
+        GAVE_UP written first when we claimed it and can give no result), or None when we
+        took nothing (the agent then starts a single owner)."""
+        # Two descriptors per job owned, and the agent's socket: the usual soft limit of
+        # 1024 is raised only once a node runs hundreds of jobs at once (a job inherits it).
+        owner.raise_open_files(2 * len(self.owned) + 64)
+        done_read, done_write = os.pipe()  # first: once the folder is claimed, no way back
         try:
             job = owner.OwnedJob.start(folder)
         except Exception:
             traceback.print_exc()
-            return None
+            if not owner.claimed_by_me(folder):
+                os.close(done_read)
+                os.close(done_write)
+                return None
+            os.write(done_write, GAVE_UP)  # ours, and no result will come of it
+            job = None
         finally:
             # The job's own directory was this process's to start it in (posix_spawn takes
             # none): leave it, so that nothing of ours holds a job's folder, nor passes for
             # one of the job's processes (they work in it).
             os.chdir("/")
-        done_read, done_write = os.pipe()
         if job is None:
             os.close(done_write)  # its result is there already, or it is another owner's
         else:
@@ -77,14 +101,10 @@ class _Jobs:
         return done_read
 
     def end(self, waiter: int) -> None:
+        """The job behind `waiter` has ended: a finisher collects it and writes its result."""
         job, done_write = self.owned.pop(waiter)
         self.poller.unregister(waiter)
-        try:
-            job.finish()
-        except Exception:
-            traceback.print_exc()  # no result: the agent ends it as a job whose owner died
-        finally:
-            os.close(done_write)
+        self.finishers.submit(_finish, job, done_write)
 
     def look(self) -> None:
         now = time.monotonic()
@@ -95,13 +115,24 @@ class _Jobs:
                 traceback.print_exc()
 
 
+def _finish(job: owner.OwnedJob, done_write: int) -> None:
+    try:
+        job.finish()
+    except BaseException:
+        traceback.print_exc()
+        # No result: the agent ends the job as one whose owner could not (and says so).
+        with contextlib.suppress(OSError):
+            os.write(done_write, GAVE_UP)
+    finally:
+        os.close(done_write)
+
+
 def serve(channel: int, jobs_dir: str) -> int:
     """Start and own a job for each folder the agent names on the socket `channel` (a
     descriptor) until the agent closes its end, then until the jobs owned have ended."""
     # Ctrl-C or a hangup meant for the agent's terminal is not ours.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    owner.raise_open_files()  # two descriptors per job owned
     woken, wake = os.pipe()
     os.set_blocking(wake, False)
     signal.set_wakeup_fd(wake)
@@ -142,6 +173,7 @@ def serve(channel: int, jobs_dir: str) -> int:
         if look_now or time.monotonic() >= next_look:
             jobs.look()
             next_look = time.monotonic() + owner.LOOK_SECS
+    jobs.finishers.shutdown(wait=True)  # the last results written before we go
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The agent's side of its spawner (`spawner.py`): start it, ask it for owners, replace it.
+"""The agent's side of its spawner (`spawner.py`): start it, hand it jobs, replace it.
 
 `Spawner.spawn(folder)` asks the spawner to start and own the job whose spec is in `folder`
 and returns a `Spawned`: the spawner's (pid, start time) and the descriptor that reads as
