@@ -72,11 +72,14 @@ class Spawner:
             channel = self._ensure()
             if channel is None:
                 return None
+            fds: list[int] = []
             try:
                 channel.sendall(os.fsencode(folder) + b"\n")
-                reply, fds = _read_answer(channel)
+                reply = _read_answer(channel, fds)
                 pid, started = (int(part) for part in reply.split())
             except (OSError, ValueError) as exc:
+                for fd in fds:
+                    os.close(fd)
                 log.warning("the spawner did not answer (%s): starting a new one", exc)
                 self._end()
                 return None
@@ -145,16 +148,14 @@ class Spawner:
             os.unlink(os.path.join(self.work_dir, PID_FILE))
 
 
-def _read_answer(channel: socket.socket) -> tuple[bytes, list[int]]:
-    """One answer and the descriptors passed with it; the channel's timeout bounds each
-    read."""
-    reply, fds = b"", []
+def _read_answer(channel: socket.socket, fds: list[int]) -> bytes:
+    """One answer; the descriptors passed with it go into `fds` as they come (the caller's
+    to close, also when this raises). The channel's timeout bounds each read."""
+    reply = b""
     while not reply.endswith(b"\n"):
         chunk, more, _, _ = socket.recv_fds(channel, 64, 1, socket.MSG_CMSG_CLOEXEC)
         fds += more
         if not chunk:
-            for fd in fds:
-                os.close(fd)
             raise OSError("the spawner closed its end")
         reply += chunk
-    return reply, fds
+    return reply
