@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import SchedulerFactory
@@ -345,6 +346,33 @@ class BrokenSpool:
             subprocess.run(["umount", "-l", str(self.folder)], capture_output=True)
 
 
+def report_to_a_broken_spool(
+    tmp_path: Path,
+    api: Api,
+    path: SilentProxy,
+    broken: BrokenSpool,
+    agents: list[AgentProcess],
+    command: str,
+) -> tuple[AgentProcess, dict[str, Any]]:
+    """An agent reaching the scheduler through `path` runs a job (`command`, once let go);
+    while it runs, the spool breaks and the path is cut, so that the job's report, which no
+    scheduler takes at once, finds the spool broken. (The agent, the job.)"""
+    broken.prepare()
+    go = tmp_path / "go"
+    agent = start_node(agents, tmp_path, "node-a", path.url, "--fence-secs", "30")
+    job = api.submit(command=f"while [ ! -e {go} ]; do sleep 0.05; done; {command}")
+    wait_for(lambda: status_is(api, job["job_id"], "running"), message="the job to run")
+    broken.brake()
+    path.cut()
+    go.touch()
+    wait_for(
+        lambda: "cannot write the spool" in agent.log(),
+        timeout=30,
+        message=agent.waiting("the report to find the spool broken"),
+    )
+    return agent, job
+
+
 @pytest.mark.parametrize("how", ["file", "full", "read-only"])
 def test_a_spool_that_cannot_be_written_stops_new_work_and_loses_nothing(
     how: str, tmp_path: Path, scheduler_factory: SchedulerFactory, agents: list[AgentProcess]
@@ -356,20 +384,8 @@ def test_a_spool_that_cannot_be_written_stops_new_work_and_loses_nothing(
     api = Api(sched.url)
     path = SilentProxy(sched.url)
     broken = BrokenSpool(tmp_path / "agent-node-a" / "spool", how)
-    broken.prepare()
-    go = tmp_path / "go"
     try:
-        agent = start_node(agents, tmp_path, "node-a", path.url, "--fence-secs", "30")
-        first = api.submit(command=f"while [ ! -e {go} ]; do sleep 0.05; done; echo one")
-        wait_for(lambda: status_is(api, first["job_id"], "running"), message="the job to run")
-        broken.brake()
-        path.cut()
-        go.touch()
-        wait_for(
-            lambda: "cannot write the spool" in agent.log(),
-            timeout=30,
-            message=agent.waiting("the report to find the spool broken"),
-        )
+        agent, first = report_to_a_broken_spool(tmp_path, api, path, broken, agents, "echo one")
         path.heal()
         wait_for(
             lambda: "spool not writable" in json.dumps(expect_json(api.get("/nodes/node-a"), 200)),
@@ -406,21 +422,10 @@ def test_a_report_neither_spooled_nor_sent_survives_an_agent_crash(
     api = Api(sched.url)
     path = SilentProxy(sched.url)
     broken = BrokenSpool(tmp_path / "agent-node-a" / "spool", "file")
-    broken.prepare()
-    go = tmp_path / "go"
     try:
-        agent = start_node(agents, tmp_path, "node-a", path.url, "--fence-secs", "30")
         runs = tmp_path / "runs"
-        waits = f"while [ ! -e {go} ]; do sleep 0.05; done"
-        job = api.submit(command=f"{waits}; echo ran; date +%N >> {runs}")
-        wait_for(lambda: status_is(api, job["job_id"], "running"), message="the job to run")
-        broken.brake()
-        path.cut()
-        go.touch()
-        wait_for(
-            lambda: "cannot write the spool" in agent.log(),
-            timeout=30,
-            message=agent.waiting("the end"),
+        agent, job = report_to_a_broken_spool(
+            tmp_path, api, path, broken, agents, f"echo ran; date +%N >> {runs}"
         )
         os.kill(agent.pid, signal.SIGKILL)
         agent.wait_exit()
@@ -571,19 +576,23 @@ def test_a_fence_longer_than_the_scheduler_allows_is_refused(
     assert "NODE_LOST_SECS 4" in said
 
 
-def test_a_full_spool_refuses_work_by_files_and_by_bytes(tmp_path: Path) -> None:
-    """The agent's own account of its spool (no scheduler needed): at either cap it says
-    why it takes no work, in the words its heartbeat carries."""
+def agent_alone(work_dir: Path, **settings: Any) -> Agent:
+    """An agent in this process, not started, whose scheduler URL answers nothing."""
     config = AgentConfig(
         urls=("http://127.0.0.1:9",),
         node_id="node-a",
         slots=1,
-        work_dir=str(tmp_path),
-        spool_dir=str(tmp_path / "spool"),
-        spool_max_files=2,
-        spool_max_bytes=10_000,
+        work_dir=str(work_dir),
+        spool_dir=str(work_dir / "spool"),
+        **settings,
     )
-    agent = Agent(config)
+    return Agent(config)
+
+
+def test_a_full_spool_refuses_work_by_files_and_by_bytes(tmp_path: Path) -> None:
+    """The agent's own account of its spool (no scheduler needed): at either cap it says
+    why it takes no work, in the words its heartbeat carries."""
+    agent = agent_alone(tmp_path, spool_max_files=2, spool_max_bytes=10_000)
     try:
         assert agent.refusing_work() == ""
         agent.spool.put(spool.Report("job-1", {"status": "done", "exit_code": 0}, 0))
@@ -643,14 +652,7 @@ def test_a_restarted_agent_reports_only_the_latest_attempt_of_a_job(tmp_path: Pa
     reported: an earlier one's folder goes, and a spooled report of an earlier attempt is
     dropped when a folder holds a later one. (No scheduler answers here: the reports that
     stay are held, to be sent, which is what is looked at.)"""
-    config = AgentConfig(
-        urls=("http://127.0.0.1:9",),
-        node_id="node-a",
-        slots=1,
-        work_dir=str(tmp_path),
-        spool_dir=str(tmp_path / "spool"),
-    )
-    agent = Agent(config)
+    agent = agent_alone(tmp_path)
     try:
         earlier = ended_folder(tmp_path, "job-4", 0)
         later = ended_folder(tmp_path, "job-4", 1)

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from test_plain_http import Conn, KeptServer, answer_all
+from test_plain_http import Conn, KeptServer, answer_all, kept_servers
 
 from tiny_scheduler import plain_http
 from tiny_scheduler.agent.wire import Unreachable, Wire
@@ -35,15 +35,8 @@ def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.fixture
 def kept(transport: str) -> Iterator[Start]:
-    made: list[KeptServer] = []
-
-    def start(handle: Callable[[Conn, int], None]) -> KeptServer:
-        made.append(KeptServer(handle))
-        return made[-1]
-
-    yield start
-    for server in made:
-        server.close()
+    with kept_servers() as start:
+        yield start
 
 
 def target(head: bytes) -> str:

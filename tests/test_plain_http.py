@@ -247,17 +247,27 @@ def answer_all(conn: Conn, number: int = 0, reply: bytes = OK) -> None:
         conn.send(reply)
 
 
-@pytest.fixture
-def kept() -> Iterator[Callable[[Callable[[Conn, int], None]], KeptServer]]:
+@contextlib.contextmanager
+def kept_servers() -> Iterator[Callable[[Callable[[Conn, int], None]], KeptServer]]:
+    """A maker of keep-alive test servers, each serving with the handler it is given; all
+    closed at the end."""
     made: list[KeptServer] = []
 
     def start(handle: Callable[[Conn, int], None]) -> KeptServer:
         made.append(KeptServer(handle))
         return made[-1]
 
-    yield start
-    for server in made:
-        server.close()
+    try:
+        yield start
+    finally:
+        for server in made:
+            server.close()
+
+
+@pytest.fixture
+def kept() -> Iterator[Callable[[Callable[[Conn, int], None]], KeptServer]]:
+    with kept_servers() as start:
+        yield start
 
 
 @pytest.fixture
