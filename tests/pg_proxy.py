@@ -64,11 +64,20 @@ class SilentProxy:
         while not self._closed:
             try:
                 client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
                 upstream = socket.create_connection(self._target, timeout=5)
             except OSError:
+                client.close()
                 return
             upstream.settimeout(None)
             self._sockets += [client, upstream]
+            if self._closed:
+                # close() ran while this connection was being made: it may not have seen it.
+                client.close()
+                upstream.close()
+                return
             self._spawn(self._pump, client, upstream)
             self._spawn(self._pump, upstream, client)
 
