@@ -44,6 +44,10 @@ import signal
 import sys
 import time
 
+TYPE_CHECKING = False  # typing itself is not imported: a single owner keeps to a few MiB
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 if __package__:
     from . import cgroups
 else:  # run as a script (`python -I -S owner.py`): its one module is the file beside it
@@ -128,11 +132,22 @@ def write_atomically(folder: str, name: str, data: bytes, durable: bool = True) 
         os.close(fd)
 
 
-def _write_result(folder: str, spec: dict, exit_code: int, note: str) -> None:
-    """The result of a job that did not run (or not for long): no usage to speak of."""
-    usage = cgroups.usage(0.0, 0.0, 0.0, None)
-    result = {"exit_code": exit_code, "why": "exit", "note": note, "usage": usage}
+def _write_result(
+    folder: str,
+    spec: dict,
+    exit_code: int,
+    note: str,
+    why: str = "exit",
+    usage: dict[str, float] | None = None,
+) -> None:
+    """Write the job's result (`usage`: none to speak of, for a job that did not run or not
+    for long), saying who the job was (`IDENTITY`, from its `spec`). The result is the job's
+    outcome on this node until a scheduler has it: what it printed is made as durable first."""
+    result = {"exit_code": exit_code, "why": why, "note": note}
+    result["usage"] = usage if usage is not None else cgroups.usage(0.0, 0.0, 0.0, None)
     result.update({name: spec.get(name) for name in IDENTITY})
+    for name in (STDOUT, STDERR):
+        _sync_if_written(os.path.join(folder, name))
     write_atomically(folder, RESULT, json.dumps(result).encode())
 
 
@@ -232,7 +247,7 @@ def read_node_fence(path: str) -> float | None:
         return None
 
 
-def _fence_passed(folder: str, now: float) -> bool:
+def _folder_fence_passed(folder: str, now: float) -> bool:
     """A job folder's own fence (from an agent before the node-wide one): its text."""
     text = _read_text(folder, FENCE)
     try:
@@ -335,7 +350,7 @@ class OwnedJob:
         self.pid = pid
         self.started = started
         self.oom_before = oom_before
-        self.identity = {name: spec.get(name) for name in IDENTITY}
+        self.spec = spec
         self.timeout = spec.get("timeout_secs") or 0
         self.node_fence: str | None = spec.get("node_fence")  # else the folder's own
         self.grace = float(spec.get("kill_grace_secs", 10))
@@ -372,16 +387,22 @@ class OwnedJob:
             _write_result(folder, spec, -1, note)
             return None
 
-    def look(self, now: float, stop_asked: bool = False) -> None:
+    def look(
+        self,
+        now: float,
+        stop_asked: bool = False,
+        node_fence: Callable[[str], float | None] = read_node_fence,
+    ) -> None:
         """Stop the job when it is asked to (`stop_asked`, or a `stop` file), when its
-        timeout or the fence has passed; SIGKILL it once the grace after that is over."""
+        timeout or the fence has passed (the node's, as `node_fence` reads it); SIGKILL it
+        once the grace after that is over."""
         if self.kill_at is None:
             folder = self.folder
             if stop_asked or os.path.exists(os.path.join(folder, STOP)):
                 self.why, self.note = "stopped", _read_text(folder, STOP) or ""
             elif self.timeout and now - self.started >= self.timeout:
                 self.why, self.note = "timeout", ""
-            elif self._fence_passed(now):
+            elif self._fence_passed(now, node_fence):
                 self.why = "fenced"
                 self.note = (
                     "\n[tiny-scheduler agent: stopped: no word from the scheduler in time]\n"
@@ -393,10 +414,10 @@ class OwnedJob:
             _kill_group(self.pid, signal.SIGKILL)
             self.killed = True
 
-    def _fence_passed(self, now: float) -> bool:
+    def _fence_passed(self, now: float, node_fence: Callable[[str], float | None]) -> bool:
         if self.node_fence is None:
-            return _fence_passed(self.folder, now)
-        deadline = read_node_fence(self.node_fence)
+            return _folder_fence_passed(self.folder, now)
+        deadline = node_fence(self.node_fence)
         return deadline is not None and now > deadline
 
     def finish(self) -> None:
@@ -421,13 +442,7 @@ class OwnedJob:
         )
         if group is not None:
             group.remove()  # when it cannot be yet, the agent tries again with the job's folder
-        result = {"exit_code": exit_code, "why": why, "note": self.note, "usage": usage}
-        result.update(self.identity)
-        # The result is the job's outcome on this node until a scheduler has it: what it
-        # printed is made as durable as the result that points to it.
-        for name in (STDOUT, STDERR):
-            _sync_if_written(os.path.join(self.folder, name))
-        write_atomically(self.folder, RESULT, json.dumps(result).encode())
+        _write_result(self.folder, self.spec, exit_code, self.note, why, usage)
 
 
 def run(folder: str) -> int:

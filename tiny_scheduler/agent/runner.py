@@ -373,16 +373,36 @@ class Runner:
         return Outcome(code, self.stdout.text(), stderr, why, usage, kept)
 
     def _wait_for_result(self) -> dict[str, Any] | None:
-        """The job's result, once its owner wrote it; None when its owner ended without one,
-        or when it never had one: then the agent has claimed the folder itself (so that no
-        owner answering late starts the job it is about to report as never started)."""
+        """The job's result, once its owner (as `owner.pid` records it: a single owner, or a
+        spawner that owns other jobs too) wrote it; None when the owner ended without one,
+        or when the folder never had one: then the agent has claimed the folder itself, so
+        that no owner answering late starts the job it is about to report as never started."""
         while True:
-            result = _wait_for_result(self.folder)
-            if result is not None or owner.read_pid(self.folder, owner.OWNER_PID) is not None:
+            result = read_result(self.folder)
+            if result is not None:
                 return result
-            if owner.claim(self.folder):
-                return read_result(self.folder)
-            # An owner claimed it just now: wait for that one.
+            record = owner.read_pid(self.folder, owner.OWNER_PID)
+            if record is None:
+                if owner.claim(self.folder):
+                    return None
+                continue  # an owner claimed it just now: wait for that one
+            if not owner.alive(record):
+                return read_result(self.folder)  # written just before it ended, or never
+            try:
+                handle = os.pidfd_open(record[0])
+            except ProcessLookupError:
+                continue  # gone meanwhile: the next look says whether it left a result
+            except OSError:
+                time.sleep(RESULT_LOOK_SECS)  # no descriptor to wait with (EMFILE): look later
+                continue
+            try:
+                # The start time is checked again: the pid may have been reused between the
+                # look and the pidfd_open. A spawner ends only with its last job: look again
+                # in a while.
+                if owner.start_time(record[0]) == record[1]:
+                    _wait_readable(handle, RESULT_LOOK_SECS)
+            finally:
+                os.close(handle)
 
     def _owner_died(self, note: str | None = None) -> dict[str, Any]:
         """The result of a job whose owner died before it wrote one (or never started, or
@@ -502,31 +522,6 @@ def _read_sent(folder: str) -> tuple[int, int]:
         return int(out), int(err)
     except (OSError, ValueError):
         return 0, 0
-
-
-def _wait_for_result(folder: str) -> dict[str, Any] | None:
-    """The job's result, once its owner wrote it; None when the owner (as `owner.pid`
-    records it: a single owner, or a spawner that owns other jobs too) ended without one."""
-    while True:
-        result = read_result(folder)
-        record = owner.read_pid(folder, owner.OWNER_PID)
-        if result is not None or not owner.alive(record):
-            return result if result is not None else read_result(folder)
-        assert record is not None
-        try:
-            handle = os.pidfd_open(record[0])
-        except ProcessLookupError:
-            continue  # gone meanwhile: the next look says whether it left a result
-        except OSError:
-            time.sleep(RESULT_LOOK_SECS)  # no descriptor to wait with (EMFILE): look later
-            continue
-        try:
-            # The start time is checked again: the pid may have been reused between the look
-            # and the pidfd_open. A spawner ends only with its last job: look again in a while.
-            if owner.start_time(record[0]) == record[1]:
-                _wait_readable(handle, RESULT_LOOK_SECS)
-        finally:
-            os.close(handle)
 
 
 def _wait_readable(fd: int, seconds: float | None) -> None:

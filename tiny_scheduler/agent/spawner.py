@@ -32,6 +32,7 @@ single owner's death. Its argv names no job: only a job's `sh -c` carries its co
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import signal
@@ -53,8 +54,6 @@ OWNER_LOG = "owner.log"
 NO_CHILD = b"0 0\n"
 """The answer that says this spawner took nothing (the agent then starts a single owner)."""
 
-GAVE_UP = owner.GAVE_UP
-
 FINISHERS = 4
 """Threads that end jobs (collect them, kill what they left, remove their groups, fsync and
 write their results): an end can take seconds (a process stuck in its group, a slow disk),
@@ -72,7 +71,7 @@ class _Jobs:
     def start(self, folder: str) -> int | None:
         """Start the job in `folder`; the read end of its pipe (closed on our side once its
         result is written: at once when it could not start, or had its owner already; with
-        GAVE_UP written first when we claimed it and can give no result), or None when we
+        `owner.GAVE_UP` written first when we claimed it and can give no result), or None when we
         took nothing (the agent then starts a single owner)."""
         # Two descriptors per job owned, and the agent's socket: the usual soft limit of
         # 1024 is raised only once a node runs hundreds of jobs at once (a job inherits it).
@@ -86,7 +85,7 @@ class _Jobs:
                 os.close(done_read)
                 os.close(done_write)
                 return None
-            os.write(done_write, GAVE_UP)  # ours, and no result will come of it
+            os.write(done_write, owner.GAVE_UP)  # ours, and no result will come of it
             job = None
         finally:
             # The job's own directory was this process's to start it in (posix_spawn takes
@@ -108,9 +107,11 @@ class _Jobs:
 
     def look(self) -> None:
         now = time.monotonic()
+        # Every job reads the one node fence: read once a round, not once a job.
+        fence = functools.lru_cache(maxsize=None)(owner.read_node_fence)
         for job, _ in list(self.owned.values()):
             try:
-                job.look(now)
+                job.look(now, node_fence=fence)
             except Exception:
                 traceback.print_exc()
 
@@ -122,7 +123,7 @@ def _finish(job: owner.OwnedJob, done_write: int) -> None:
         traceback.print_exc()
         # No result: the agent ends the job as one whose owner could not (and says so).
         with contextlib.suppress(OSError):
-            os.write(done_write, GAVE_UP)
+            os.write(done_write, owner.GAVE_UP)
     finally:
         os.close(done_write)
 
@@ -144,6 +145,7 @@ def serve(channel: int, jobs_dir: str) -> int:
     poller.register(woken, select.POLLIN)
     poller.register(channel, select.POLLIN)
     jobs = _Jobs(poller)
+    me = f"{os.getpid()} {owner.start_time(os.getpid()) or 0}\n".encode()  # our answer
     os.chdir("/")
     pending = b""
     next_look = time.monotonic() + owner.LOOK_SECS
@@ -160,7 +162,7 @@ def serve(channel: int, jobs_dir: str) -> int:
                     pending += chunk
                     while b"\n" in pending:
                         line, pending = pending.split(b"\n", 1)
-                        _answer(agent, jobs, os.fsdecode(line), jobs_dir)
+                        _answer(agent, jobs, os.fsdecode(line), jobs_dir, me)
                 except OSError:
                     chunk = b""  # it went away between asking and our answer
                 if not chunk:
@@ -177,15 +179,16 @@ def serve(channel: int, jobs_dir: str) -> int:
     return 0
 
 
-def _answer(agent: socket.socket, jobs: _Jobs, folder: str, jobs_dir: str) -> None:
+def _answer(agent: socket.socket, jobs: _Jobs, folder: str, jobs_dir: str, me: bytes) -> None:
+    """Take the job in `folder` and answer: `me` (our "pid start-time") with its pipe, or
+    NO_CHILD."""
     # Only the agent holds the other end; still, nothing outside its jobs is run.
     done = jobs.start(folder) if os.path.realpath(folder).startswith(jobs_dir) else None
     if done is None:
         agent.sendall(NO_CHILD)
         return
     try:
-        me = os.getpid()
-        socket.send_fds(agent, [f"{me} {owner.start_time(me) or 0}\n".encode()], [done])
+        socket.send_fds(agent, [me], [done])
     finally:
         os.close(done)
 
